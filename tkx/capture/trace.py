@@ -1,0 +1,95 @@
+"""Tracing a training step into an FX graph on fake tensors.
+
+``make_fx(functionalize(step), tracing_mode="fake")`` with the curated decomposition table.
+While tracing, a small ``TorchFunctionMode`` tags every FX node with the user's source line
+and whether it was made while autograd ran the backward pass (inside
+``torch.autograd.grad``, which ``torch.func.grad`` calls). The tags travel in
+``node.meta["custom"]`` through ``torch.fx.traceback.preserve_node_meta``.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import sys
+import sysconfig
+import traceback
+from types import FrameType, TracebackType
+from typing import Any
+
+import torch
+import torch.fx.traceback as fx_traceback
+from torch.overrides import TorchFunctionMode
+
+from ..errors import SourceLine
+
+_SKIP_DIRS = tuple(
+    os.path.dirname(p) + os.sep for p in (torch.__file__, os.path.dirname(__file__))
+) + tuple(
+    os.path.realpath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib")
+)
+TAG = "tkx"
+
+
+def is_user_file(filename: str) -> bool:
+    """False for frames inside torch, tkx itself or the Python standard library."""
+    if filename.startswith("<frozen") or filename.startswith("<built-in"):
+        return False
+    real = os.path.realpath(filename) if not filename.startswith("<") else filename
+    tkx_dir = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep
+    if real.startswith(tkx_dir) and os.sep + "examples" + os.sep not in real[len(tkx_dir) - 1:]:
+        return False
+    return not any(real.startswith(d) for d in _SKIP_DIRS)
+
+
+def _source_of(filename: str, lineno: int, function: str) -> SourceLine:
+    code = linecache.getline(filename, lineno).strip()
+    return SourceLine(filename, lineno, code, function)
+
+
+def user_frame(start: FrameType | None) -> SourceLine | None:
+    """The innermost user frame at or above ``start``."""
+    f = start
+    while f is not None:
+        if is_user_file(f.f_code.co_filename):
+            return _source_of(f.f_code.co_filename, f.f_lineno, f.f_code.co_name)
+        f = f.f_back
+    return None
+
+
+def user_frame_of_traceback(tb: TracebackType | None) -> SourceLine | None:
+    """The innermost user frame in an exception's traceback."""
+    found = None
+    for frame, lineno in traceback.walk_tb(tb):
+        if is_user_file(frame.f_code.co_filename):
+            found = _source_of(frame.f_code.co_filename, lineno, frame.f_code.co_name)
+    return found
+
+
+class SourceTagMode(TorchFunctionMode):
+    """Tag FX nodes with the user's line and the autograd backward flag."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: D105
+        kwargs = kwargs or {}
+        previous = fx_traceback.current_meta.get("custom")
+        prev_tag = (previous or {}).get(TAG, {})
+        in_backward = prev_tag.get("backward", False) or func is torch.autograd.grad
+        src = user_frame(sys._getframe(1))
+        tag = {"backward": in_backward, "source": src if src is not None else prev_tag.get("source"),
+               "torch_fn": getattr(func, "__name__", str(func))}
+        custom = dict(previous or {})
+        custom[TAG] = tag
+        fx_traceback.current_meta["custom"] = custom
+        try:
+            return func(*args, **kwargs)
+        finally:
+            if previous is None:
+                fx_traceback.current_meta.pop("custom", None)
+            else:
+                fx_traceback.current_meta["custom"] = previous
+
+
+def node_tag(node: torch.fx.Node) -> dict[str, Any]:
+    """The tkx tag of an FX node: ``{"backward": bool, "source": SourceLine | None}``."""
+    custom = node.meta.get("custom") or {}
+    return custom.get(TAG, {})

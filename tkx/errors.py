@@ -1,0 +1,71 @@
+"""The public exceptions of tkx.
+
+Every error raised on bad user input is a :class:`UnsupportedError` (or its parent
+:class:`TkxError`). Its message names the offending operation, the FX node it became,
+the user's source line and what to do instead, so a notebook cell shows one readable
+sentence rather than a torch traceback.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class TkxError(Exception):
+    """Base class of every error tkx raises on purpose."""
+
+
+@dataclass(frozen=True)
+class SourceLine:
+    """Where a value came from in the user's program.
+
+    ``file`` and ``line`` point at the user's Python source (1-based line number),
+    ``code`` is the stripped text of that line and ``function`` the enclosing function.
+    """
+
+    file: str
+    line: int
+    code: str = ""
+    function: str = ""
+
+    def short(self) -> str:
+        """``file.py:LINE`` with the folder stripped (deterministic across machines)."""
+        return f"{self.file.rsplit('/', 1)[-1]}:{self.line}"
+
+    def __str__(self) -> str:
+        text = f"{self.short()} in {self.function}" if self.function else self.short()
+        return f"{text}: {self.code}" if self.code else text
+
+
+class UnsupportedError(TkxError):
+    """The training step uses something tkx cannot compile.
+
+    Attributes
+    ----------
+    kind: short machine-readable category (``"unsupported-op"``, ``"dynamic-shape"``,
+        ``"data-dependent-control-flow"``, ``"closed-over-tensor"``, ``"random-op"``,
+        ``"unsupported-dtype"``, ``"bad-input"``, ``"device-mismatch"``).
+    op: the PyTorch operation involved (e.g. ``aten.nonzero.default``) or ``None``.
+    node: the FX node name, or ``None`` when the error precedes tracing.
+    source: the user's :class:`SourceLine`, or ``None`` when unknown.
+    hint: what to do instead.
+    """
+
+    def __init__(self, kind: str, what: str, *, op: str | None = None, node: str | None = None,
+                 source: SourceLine | None = None, hint: str = "") -> None:
+        self.kind = kind
+        self.what = what
+        self.op = op
+        self.node = node
+        self.source = source
+        self.hint = hint
+        parts = [f"tkx cannot compile this step ({kind}): {what}"]
+        if op is not None:
+            parts.append(f"  op:     {op}" + (f" (FX node {node})" if node else ""))
+        elif node is not None:
+            parts.append(f"  node:   {node}")
+        if source is not None:
+            parts.append(f"  source: {source}")
+        if hint:
+            parts.append(f"  fix:    {hint}")
+        super().__init__("\n".join(parts))

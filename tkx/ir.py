@@ -1,0 +1,368 @@
+"""The tkx IR: SSA tensor values with explicit layouts, primitive ops, and programs.
+
+A :class:`Program` is a list of :class:`Op` records in topological order. Every op defines
+one new *root buffer* (named by the op's stable ``id``) in a contiguous layout. Values read
+by ops are :class:`TensorSpec` objects: a root buffer plus shape, strides and element
+offset. Views (transpose, permute, expand, reshape, squeeze/unsqueeze, slice, select) are
+therefore metadata on a ``TensorSpec``, never ops.
+
+Scalars (Python ``int``/``float``/``bool``) may appear directly as op operands.
+
+The primitive op set is :data:`OPS`; each entry says its family (``pointwise``,
+``reduction``, ``matmul``, ``generator``), its arity and what it computes. The same table
+drives the reference interpreter, the schedule, the code generator and their tests.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Union
+
+from .errors import SourceLine, TkxError
+
+#: dtypes a value may have, with their size in bytes.
+DTYPE_BYTES: dict[str, int] = {
+    "float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "bool": 1,
+}
+FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+#: Short names used by the printer (JAX style).
+DTYPE_SHORT = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "int64": "i64",
+               "int32": "i32", "bool": "bool"}
+
+REGIONS = ("forward", "backward", "optimizer")
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Row-major strides (in elements) of a dense tensor of ``shape``."""
+    strides, acc = [], 1
+    for dim in reversed(shape):
+        strides.append(acc)
+        acc *= max(dim, 1)
+    return tuple(reversed(strides))
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A tensor value: a window onto a root buffer.
+
+    shape/strides are in elements; ``offset`` is the element offset into the root buffer;
+    ``buffer`` names the root (a program input's buffer name or the id of the op that
+    defines it); ``dtype`` is one of :data:`DTYPE_BYTES`.
+    """
+
+    shape: tuple[int, ...]
+    dtype: str
+    strides: tuple[int, ...]
+    buffer: str
+    offset: int = 0
+
+    @staticmethod
+    def dense(buffer: str, shape: tuple[int, ...], dtype: str) -> TensorSpec:
+        """The contiguous, offset-0 root value of ``buffer``."""
+        return TensorSpec(tuple(shape), dtype, contiguous_strides(tuple(shape)), buffer, 0)
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the elements this value spans if stored densely."""
+        return self.numel * DTYPE_BYTES[self.dtype]
+
+    @property
+    def is_dense(self) -> bool:
+        """True when this value is its root buffer itself: contiguous and at offset 0."""
+        return self.offset == 0 and all(
+            d == 1 or s == c for d, s, c in zip(self.shape, self.strides, contiguous_strides(self.shape)))
+
+    @property
+    def extent(self) -> int:
+        """One past the largest element index this value touches (0 when empty)."""
+        if self.numel == 0:
+            return 0
+        return self.offset + 1 + sum((d - 1) * s for d, s in zip(self.shape, self.strides))
+
+
+Operand = Union[TensorSpec, int, float, bool]
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    """One primitive of the IR: family, arity (``None`` = variadic), meaning."""
+
+    name: str
+    family: str
+    arity: int | None
+    doc: str
+
+
+def _table(family: str, arity: int | None, entries: str) -> dict[str, OpInfo]:
+    out = {}
+    for line in entries.strip().splitlines():
+        name, doc = line.split(":", 1)
+        out[name.strip()] = OpInfo(name.strip(), family, arity, doc.strip())
+    return out
+
+
+OPS: dict[str, OpInfo] = {
+    **_table("pointwise", 1, """
+        neg: -x
+        exp: e**x
+        log: natural logarithm
+        tanh: hyperbolic tangent
+        sigmoid: 1 / (1 + exp(-x))
+        sqrt: square root
+        rsqrt: 1 / sqrt(x)
+        abs: |x|
+        sign: -1, 0 or 1
+        erf: Gauss error function
+        reciprocal: 1 / x
+        logical_not: x == 0
+        cast: convert to the output dtype (also a plain copy when dtypes agree)
+        clamp: clamp(x, attrs['min'], attrs['max']); either bound may be None
+    """),
+    **_table("pointwise", 2, """
+        add: x + y
+        sub: x - y
+        mul: x * y
+        div: x / y (true division)
+        pow: x ** y with a scalar exponent y
+        maximum: elementwise max (NaN-propagating)
+        minimum: elementwise min (NaN-propagating)
+        eq: x == y
+        ne: x != y
+        lt: x < y
+        le: x <= y
+        gt: x > y
+        ge: x >= y
+        logical_and: x and y
+        logical_or: x or y
+    """),
+    **_table("pointwise", 3, """
+        where: cond ? x : y
+    """),
+    **_table("reduction", 1, """
+        sum: sum over attrs['dims'] (keepdim in attrs['keepdim'])
+        mean: mean over attrs['dims']
+        amax: max over attrs['dims']
+        amin: min over attrs['dims']
+    """),
+    **_table("matmul", 2, """
+        mm: [M,K] @ [K,N] -> [M,N]
+        bmm: [B,M,K] @ [B,K,N] -> [B,M,N]
+    """),
+    **_table("matmul", 3, """
+        addmm: beta*bias + alpha*([M,K] @ [K,N]), bias broadcast to [M,N]
+    """),
+    **_table("generator", 0, """
+        fill: every element equals attrs['value']
+        iota: attrs['start'] + attrs['step'] * index along attrs['dim']
+    """),
+}
+
+POINTWISE = frozenset(k for k, v in OPS.items() if v.family == "pointwise")
+COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
+
+
+@dataclass(frozen=True)
+class Op:
+    """One IR operation, defining the root buffer ``id``.
+
+    ``id`` is stable across passes (it starts as the FX node name); ``kind`` is a key of
+    :data:`OPS`; ``out`` is the dense value this op writes (``out.buffer == id``);
+    ``region`` is ``forward``/``backward``/``optimizer``; ``source`` is the user's line
+    and ``fx_node`` the FX node this op was lowered from (``None`` for ops a pass made).
+    """
+
+    id: str
+    kind: str
+    inputs: tuple[Operand, ...]
+    out: TensorSpec
+    attrs: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    region: str = "forward"
+    source: SourceLine | None = field(default=None, compare=False)
+    fx_node: str | None = field(default=None, compare=False)
+
+    @property
+    def info(self) -> OpInfo:
+        return OPS[self.kind]
+
+    @property
+    def family(self) -> str:
+        return OPS[self.kind].family
+
+    @property
+    def tensor_inputs(self) -> tuple[TensorSpec, ...]:
+        return tuple(x for x in self.inputs if isinstance(x, TensorSpec))
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        return self.attrs.get(name, default)
+
+    def replace(self, **changes: Any) -> Op:
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """A program input: a leaf of the step's input pytree.
+
+    ``name`` is the pytree path (``params['w1']``), ``value`` its layout at capture time
+    (the buffer name is ``value.buffer``), ``mutated`` whether the step writes it in place.
+    """
+
+    name: str
+    value: TensorSpec
+    mutated: bool = False
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """A program output: a leaf of the step's output pytree, by pytree path."""
+
+    name: str
+    value: TensorSpec
+
+
+@dataclass(frozen=True)
+class StateUpdate:
+    """An in-place update of input ``input_index`` with ``value`` (``input.copy_(value)``).
+
+    Functionalization turns ``p.sub_(...)`` into a pure op plus this copy back, which the
+    compiled step performs on the user's tensor after every read of the old value.
+    """
+
+    input_index: int
+    value: TensorSpec
+
+
+@dataclass(frozen=True)
+class Program:
+    """A validated SSA program: inputs, ops in topological order, outputs, state updates.
+
+    ``in_tree``/``out_tree`` are the torch pytree specs of the step's inputs (a tuple of
+    positional arguments) and outputs; they do not take part in equality.
+    """
+
+    inputs: tuple[InputSpec, ...]
+    ops: tuple[Op, ...]
+    outputs: tuple[OutputSpec, ...]
+    updates: tuple[StateUpdate, ...] = ()
+    name: str = "step"
+    in_tree: Any = field(default=None, compare=False, repr=False)
+    out_tree: Any = field(default=None, compare=False, repr=False)
+
+    # -- queries --------------------------------------------------------------------
+    def op(self, op_id: str) -> Op:
+        for op in self.ops:
+            if op.id == op_id:
+                return op
+        raise KeyError(op_id)
+
+    @property
+    def producers(self) -> dict[str, Op]:
+        """Root buffer name -> the op that defines it."""
+        return {op.id: op for op in self.ops}
+
+    def users(self) -> dict[str, list[Op]]:
+        """Root buffer name -> ops reading it (an op appears once per buffer)."""
+        out: dict[str, list[Op]] = {}
+        for op in self.ops:
+            for buf in dict.fromkeys(x.buffer for x in op.tensor_inputs):
+                out.setdefault(buf, []).append(op)
+        return out
+
+    def sinks(self) -> Iterator[TensorSpec]:
+        """Values the program must produce: outputs and state-update values."""
+        yield from (o.value for o in self.outputs)
+        yield from (u.value for u in self.updates)
+
+    def replace(self, **changes: Any) -> Program:
+        return replace(self, **changes)
+
+    def __str__(self) -> str:
+        from .printer import format_program
+        return format_program(self)
+
+    def __repr__(self) -> str:
+        return (f"<tkx.Program {self.name}: {len(self.inputs)} inputs, {len(self.ops)} ops, "
+                f"{len(self.outputs)} outputs, {len(self.updates)} in-place updates>")
+
+    def __rich__(self) -> Any:
+        from .printer import rich_program
+        return rich_program(self)
+
+
+class IRValidationError(TkxError):
+    """A Program breaks an IR invariant (a compiler bug or a broken user pass)."""
+
+
+def validate(program: Program) -> Program:
+    """Check the IR invariants; return ``program`` unchanged.
+
+    Checks: op ids unique and not input buffer names; every op kind known with the right
+    arity; every op output dense and named by its op; every read refers to a buffer
+    defined earlier; views stay inside their root and keep its dtype; outputs and
+    updates read defined buffers; an update's value matches its input's shape/dtype.
+
+    Raises :class:`IRValidationError` naming the op at fault.
+    """
+    roots: dict[str, TensorSpec] = {}
+    for i, inp in enumerate(program.inputs):
+        v = inp.value
+        if v.buffer in roots:
+            raise IRValidationError(f"input {i} ({inp.name}) reuses buffer name {v.buffer!r}")
+        if v.dtype not in DTYPE_BYTES:
+            raise IRValidationError(f"input {inp.name} has unknown dtype {v.dtype}")
+        roots[v.buffer] = v
+
+    def check_read(spec: TensorSpec, where: str) -> None:
+        if spec.buffer not in roots:
+            raise IRValidationError(f"{where} reads {spec.buffer!r}, which is not defined before it")
+        root = roots[spec.buffer]
+        if spec.dtype != root.dtype:
+            raise IRValidationError(f"{where} reads {spec.buffer!r} as {spec.dtype}, root is {root.dtype}")
+        if len(spec.shape) != len(spec.strides) or min(spec.strides, default=0) < 0 or spec.offset < 0:
+            raise IRValidationError(f"{where} has a malformed view of {spec.buffer!r}")
+        if spec.extent > max(root.extent, 0) and spec.numel:
+            raise IRValidationError(f"{where} reads past the end of {spec.buffer!r}")
+
+    for op in program.ops:
+        where = f"op {op.id} ({op.kind})"
+        info = OPS.get(op.kind)
+        if info is None:
+            raise IRValidationError(f"{where}: unknown op kind")
+        if info.arity is not None and len(op.inputs) != info.arity:
+            raise IRValidationError(f"{where}: expects {info.arity} operands, has {len(op.inputs)}")
+        if op.region not in REGIONS:
+            raise IRValidationError(f"{where}: unknown region {op.region!r}")
+        for x in op.inputs:
+            if isinstance(x, TensorSpec):
+                check_read(x, where)
+            elif not isinstance(x, (int, float, bool)):
+                raise IRValidationError(f"{where}: operand of type {type(x).__name__}")
+        if op.id in roots:
+            raise IRValidationError(f"{where}: id defined twice")
+        if op.out.buffer != op.id or not op.out.is_dense or op.out.strides != contiguous_strides(op.out.shape):
+            raise IRValidationError(f"{where}: output must be the dense root buffer {op.id!r}")
+        roots[op.id] = op.out
+    for o in program.outputs:
+        check_read(o.value, f"output {o.name}")
+    seen = set()
+    for u in program.updates:
+        if not 0 <= u.input_index < len(program.inputs):
+            raise IRValidationError(f"update of missing input {u.input_index}")
+        if u.input_index in seen:
+            raise IRValidationError(f"input {u.input_index} updated twice")
+        seen.add(u.input_index)
+        target = program.inputs[u.input_index].value
+        check_read(u.value, f"update of {program.inputs[u.input_index].name}")
+        if u.value.shape != target.shape or u.value.dtype != target.dtype:
+            raise IRValidationError(f"update of {program.inputs[u.input_index].name} changes shape or dtype")
+    return program
