@@ -26,7 +26,6 @@ TORCH_DECOMPOSED = [
     aten.sigmoid_backward, aten.tanh_backward,
     aten.native_layer_norm, aten.native_layer_norm_backward,
     aten.threshold_backward,
-    aten.var_mean, aten.var,
     aten.addcmul, aten.addcdiv, aten.lerp,
     aten.hardtanh, aten.hardtanh_backward,
     aten.leaky_relu, aten.leaky_relu_backward,
@@ -84,9 +83,28 @@ def _nll_loss_backward(grad_output, self, target, weight, reduction, ignore_inde
     return grad.squeeze(0) if squeeze else grad
 
 
+def _var_mean(x, dim=None, *, correction=None, keepdim=False):
+    """var_mean as mean / sum of squared deviations (torch's rule emits prims.var)."""
+    dims = list(range(x.dim())) if dim is None else ([dim] if isinstance(dim, int) else list(dim))
+    n = 1
+    for d in dims:
+        n *= x.shape[d]
+    mean = x.mean(dim=dims, keepdim=True)
+    dev = x - mean
+    c = 1 if correction is None else correction
+    var = (dev * dev).sum(dim=dims, keepdim=keepdim) / max(n - c, 0)
+    return var, (mean if keepdim else mean.squeeze(dims))
+
+
+def _var(x, dim=None, *, correction=None, keepdim=False):
+    return _var_mean(x, dim, correction=correction, keepdim=keepdim)[0]
+
+
 def decomposition_table() -> dict[torch._ops.OpOverload, Callable]:
     """The table passed to ``make_fx``: torch's rules plus tkx's one-hot NLL loss."""
     table = dict(get_decompositions(TORCH_DECOMPOSED))
     table[aten.nll_loss_forward.default] = _nll_loss_forward
     table[aten.nll_loss_backward.default] = _nll_loss_backward
+    table[aten.var_mean.correction] = _var_mean
+    table[aten.var.correction] = _var
     return table

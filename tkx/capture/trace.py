@@ -33,8 +33,10 @@ TAG = "tkx"
 
 def is_user_file(filename: str) -> bool:
     """False for frames inside torch, tkx itself or the Python standard library."""
-    if filename.startswith("<frozen") or filename.startswith("<built-in"):
-        return False
+    if filename.startswith("<"):
+        # Generated code (torch's "<string>" lambdas, "<frozen ...>") is never the user's,
+        # but classic IPython cells are.
+        return filename.startswith("<ipython-input")
     real = os.path.realpath(filename) if not filename.startswith("<") else filename
     tkx_dir = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep
     if real.startswith(tkx_dir) and os.sep + "examples" + os.sep not in real[len(tkx_dir) - 1:]:

@@ -1,0 +1,43 @@
+# make tour  - build the virtual environment (first run only) and walk an example through tkx
+# make test  - build the virtual environment (first run only) and run the CPU test suite
+# make lint  - ruff
+
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.make-stamp
+
+.PHONY: venv tour test lint
+
+venv: $(STAMP)
+
+# Rebuilt when pyproject.toml changes. Without a GPU, torch==2.13.0 goes in first: pip finds the CPU
+# wheel of that release on these machines' disk, where an unpinned torch would pull a CUDA build of
+# several GB. With a GPU (nvidia-smi present) pip picks torch itself.
+$(STAMP): pyproject.toml
+	@test -x $(PY) || python3 -m venv $(VENV)
+	@if ! command -v nvidia-smi >/dev/null 2>&1; then \
+		echo "no GPU found: installing the CPU build of torch 2.13.0"; \
+		$(PY) -m pip install 'torch==2.13.0'; \
+	fi
+	$(PY) -m pip install -e '.[gpu,examples,dev]'
+	@if ! command -v dot >/dev/null 2>&1; then \
+		if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+			echo "installing graphviz (the dot binary) with apt-get"; \
+			export DEBIAN_FRONTEND=noninteractive; \
+			apt-get install -y -q graphviz >/dev/null 2>&1 \
+			|| { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q graphviz >/dev/null 2>&1; } \
+			|| echo "note: could not install graphviz; graphs will show as text and DOT source"; \
+		else \
+			echo "note: graphviz's dot is not installed; graphs will show as text and DOT source"; \
+		fi; \
+	fi
+	@touch $(STAMP)
+
+tour: venv
+	$(VENV)/bin/tkx tour
+
+test: venv
+	$(PY) -m pytest -q -m "not gpu"
+
+lint: venv
+	$(VENV)/bin/ruff check .

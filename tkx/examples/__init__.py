@@ -1,0 +1,89 @@
+"""The example zoo: static functional training steps in plain PyTorch, ready for ``tkx.capture``.
+
+Each entry is an :class:`Example` (name, description, ``step_fn``, ``make_inputs``, ``loss_output``).
+Gradients come from ``torch.func.grad_and_value``; optimizers are written out by hand.
+
+=====================  ==========================================  ============================  ==========
+name                   step signature                              shapes (batch, in, hid, out)  dtype
+=====================  ==========================================  ============================  ==========
+linear_regression      step(params, x, y) -> (loss, new_params)    32, 8, -, 1                   fp32
+tiny_online            step(params, x, y) -> (loss, new_params)    1, 64, 128, 1                 fp32
+online                 step(params, x, y) -> (loss, new_params)    8, 256, 512, 16               fp32
+small                  step(params, x, y) -> (loss, new_params)    64, 512, 1024, 128            bf16
+medium                 step(params, x, y) -> (loss, new_params)    256, 1024, 4096, 1024         bf16
+digits_mlp             step(params, momentum_buf, x, y) -> loss    64, 64, 128, 10               fp32/int64
+layernorm_gelu_adamw   step(params, m, v, beta1_power,             16, 64, 128, 64               fp32
+                       beta2_power, x, y) -> loss
+mixed_precision        step(params, x, y) -> (loss, new_params)    32, 128, 256, 32              fp32+bf16
+=====================  ==========================================  ============================  ==========
+
+Functional steps (``-> (loss, new_params)``) mutate nothing; in-place steps (``-> loss``) update their
+parameter and optimizer-state arguments the way ``torch.optim`` does. This package imports nothing from
+the rest of tkx.
+"""
+
+from __future__ import annotations
+
+from torch.utils._pytree import tree_leaves
+
+from . import digits, layernorm_adamw, linear, mixed_precision, mlp
+from ._base import Example
+from .digits import accuracy, digits_batches, digits_dataset, digits_logits, digits_source
+
+__all__ = [
+    "Example",
+    "accuracy",
+    "all_examples",
+    "digits_batches",
+    "digits_dataset",
+    "digits_logits",
+    "digits_source",
+    "eager_losses",
+    "get",
+    "names",
+]
+
+_REGISTRY: dict[str, Example] = {
+    ex.name: ex
+    for ex in [
+        linear.EXAMPLE,
+        *mlp.EXAMPLES,
+        digits.EXAMPLE,
+        layernorm_adamw.EXAMPLE,
+        mixed_precision.EXAMPLE,
+    ]
+}
+
+
+def names() -> list[str]:
+    """Registered example names, smallest workloads first."""
+    return list(_REGISTRY)
+
+
+def get(name: str) -> Example:
+    """The example called ``name``; ``KeyError`` naming the available ones otherwise."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"no example named {name!r}; available: {', '.join(_REGISTRY)}") from None
+
+
+def all_examples() -> list[Example]:
+    """Every registered example, in the order of :func:`names`."""
+    return list(_REGISTRY.values())
+
+
+def eager_losses(example: Example, steps: int = 5, seed: int = 0, device="cpu") -> list[float]:
+    """Run ``steps`` eager training steps from ``make_inputs(seed, device)`` and return the losses.
+
+    A functional step's ``new_params`` (the second element of its output) replaces the first argument
+    for the next step; an in-place step updates its own arguments, which are simply passed again.
+    """
+    args = example.make_inputs(seed, device)
+    losses = []
+    for _ in range(steps):
+        out = example.step_fn(*args)
+        losses.append(float(tree_leaves(out)[example.loss_output]))
+        if isinstance(out, tuple):
+            args = (out[1], *args[1:])
+    return losses

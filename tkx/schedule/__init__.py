@@ -1,0 +1,574 @@
+"""The scheduler: fusion groups, stages, barriers, homes and the grid.
+
+``schedule(program, options) -> FusedSchedule`` works in five steps, each recorded:
+
+1. **Epilogues.** Each GEMM and reduction grows a chain of same-shaped pointwise consumers
+   it can apply in registers (the value read through an identity view, single consumer).
+2. **Inlining.** Every other pointwise/generator op is either inlined into all of its
+   consumers (recomputed where read) or materialised; each producer/consumer pair is a
+   candidate judged by the fusion rules (:mod:`tkx.schedule.rules`).
+3. **Groups.** Materialised ops become groups; same-shaped pointwise ops that read a
+   group's value through an identity view join it (multi-output loops, side outputs).
+4. **Stages and barriers** from read-after-write dependencies between groups; in-place
+   state updates go straight into the user's tensor when every other read of the old value
+   is in an earlier stage (write-after-read proven), otherwise through a staged commit.
+5. **Mode and grid**: one block with ``__syncthreads`` or the whole grid with grid
+   barriers, by a cost estimate that is recorded with its numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import TkxError
+from ..ir import Op, Program, TensorSpec
+from .model import (
+    Barrier, CopyTask, FusedSchedule, FusionDecision, Group, Home,
+)
+from .rules import (
+    BUILTIN_RULES, Candidate, FusionRule, Verdict, active_rules, fuse, fusion_rule, judge, keep,
+    remove_fusion_rule,
+)
+
+__all__ = [
+    "schedule", "FusedSchedule", "Group", "Home", "FusionDecision", "Barrier", "CopyTask",
+    "FusionRule", "Candidate", "Verdict", "fuse", "keep", "fusion_rule", "remove_fusion_rule",
+    "BUILTIN_RULES", "is_identity", "SM_COUNT",
+]
+
+#: Multiprocessors assumed when estimating costs without a GPU (an H100/H200 has 132).
+SM_COUNT = 132
+#: Cost-model constants (µs), from DESIGN.md's measured anchors on the H200.
+GRID_BARRIER_US = 1.2
+BLOCK_BARRIER_US = 0.04
+ITEM_OVERHEAD_US = 0.3
+SM_FLOPS_PER_US = 0.45e6       # fp32 FMA throughput of one SM, ~60 TFLOP/s / 132
+SM_BYTES_PER_US = 0.025e6      # a single SM's share of streaming bandwidth (~25 GB/s)
+
+
+def is_identity(view: TensorSpec, root: TensorSpec) -> bool:
+    """True when ``view`` reads ``root`` element for element (same shape, same layout)."""
+    if view.shape != root.shape or view.offset != root.offset:
+        return False
+    return all(d == 1 or a == b for d, a, b in zip(view.shape, view.strides, root.strides))
+
+
+class _Graph:
+    """Dependency facts about a program used by every scheduling step."""
+
+    def __init__(self, program: Program) -> None:
+        self.program = program
+        self.ops = {op.id: op for op in program.ops}
+        self.pos = {op.id: i for i, op in enumerate(program.ops)}
+        self.users: dict[str, list[tuple[Op, TensorSpec]]] = {}
+        for op in program.ops:
+            for x in op.tensor_inputs:
+                self.users.setdefault(x.buffer, []).append((op, x))
+        self.sink_buffers = {v.buffer for v in program.sinks()}
+        self.input_buffers = {i.value.buffer: k for k, i in enumerate(program.inputs)}
+        anc: dict[str, int] = {}
+        for op in program.ops:
+            mask = 0
+            for x in op.tensor_inputs:
+                if x.buffer in self.pos:
+                    mask |= anc[x.buffer] | (1 << self.pos[x.buffer])
+            anc[op.id] = mask
+        self.anc = anc
+
+    def consumer_ops(self, buf: str) -> list[Op]:
+        return list({op.id: op for op, _ in self.users.get(buf, [])}.values())
+
+    def depends(self, a: str, b: str) -> bool:
+        """Does op ``a`` (transitively) read op ``b``?"""
+        return b in self.pos and bool(self.anc[a] >> self.pos[b] & 1)
+
+
+@dataclass
+class _Work:
+    """Mutable scratchpad of the scheduler."""
+
+    graph: _Graph
+    options: Any
+    rules: tuple[FusionRule, ...]
+    decisions: list[FusionDecision] = field(default_factory=list)
+    domain_of: dict[str, str] = field(default_factory=dict)     # op id -> group anchor id
+    domains: dict[str, list[str]] = field(default_factory=dict)  # anchor id -> domain ops
+    inlined: set[str] = field(default_factory=set)
+    cost: dict[str, int] = field(default_factory=dict)
+
+    def record(self, kind: str, producer: str, consumer: str, rule: str, v: Verdict) -> None:
+        self.decisions.append(FusionDecision(kind, producer, consumer, v.fuse, rule, v.code, v.reason))
+
+    def ask(self, kind: str, producer: Op, consumer: Op, view: TensorSpec | None) -> bool:
+        c = Candidate(kind, producer, consumer, view, len(self.graph.consumer_ops(producer.id)),
+                      self.cost.get(producer.id, 1), self.graph.program, self.options)
+        rule, v = judge(c, self.rules)
+        self.record(kind, producer.id, consumer.id, rule, v)
+        return v.fuse
+
+
+def _memory_deps(w: _Work, op: Op, group_ops: set[str]) -> set[str]:
+    """Materialised ops ``op`` reads (through inlined producers), excluding ``group_ops``."""
+    out: set[str] = set()
+    stack = [x.buffer for x in op.tensor_inputs]
+    seen: set[str] = set()
+    while stack:
+        b = stack.pop()
+        if b in seen or b not in w.graph.ops:
+            continue
+        seen.add(b)
+        if b in w.inlined:
+            stack.extend(x.buffer for x in w.graph.ops[b].tensor_inputs)
+        elif b not in group_ops:
+            out.add(b)
+    return out
+
+
+def _can_join(w: _Work, anchor: str, op: Op, via: TensorSpec) -> str | None:
+    """Legality of adding ``op`` to the domain of ``anchor``'s group; None when legal."""
+    g = w.graph
+    root = g.ops[via.buffer].out
+    anchor_op = g.ops[anchor]
+    if op.family != "pointwise":
+        return "not pointwise"
+    if op.out.shape != anchor_op.out.shape or not is_identity(via, root):
+        return "not fused: the value is read through a view (transposed, broadcast or reshaped)"
+    members = set(w.domains[anchor])
+    for x in op.tensor_inputs:
+        if x.buffer in members and not is_identity(x, g.ops[x.buffer].out):
+            return "not fused: another operand reads the group's value through a view"
+    for dep in _memory_deps(w, op, members):
+        if any(g.depends(dep, m) or dep == m for m in members):
+            return "not fused: another operand is computed after this group"
+    return None
+
+
+def _inline_cost(w: _Work, op: Op) -> int:
+    return 1 + sum(w.cost.get(x.buffer, 0) for x in op.tensor_inputs if x.buffer in w.inlined)
+
+
+def _grow_epilogue(w: _Work, anchor: Op) -> None:
+    """Step 1: extend ``anchor``'s domain with single-consumer same-shaped pointwise ops."""
+    g = w.graph
+    current = anchor
+    while current.id not in g.sink_buffers:
+        users = g.users.get(current.id, [])
+        consumers = g.consumer_ops(current.id)
+        if len(consumers) != 1:
+            break
+        nxt = consumers[0]
+        view = users[0][1]
+        if nxt.family != "pointwise" or nxt.id in w.domain_of:
+            break
+        if any(x.buffer == current.id and x is not view and x != view for x in nxt.tensor_inputs):
+            break
+        reason = _can_join(w, anchor.id, nxt, view)
+        if reason is not None:
+            w.record("epilogue", current.id, nxt.id, "legality", keep("illegal", reason))
+            break
+        if not w.ask("epilogue", current, nxt, view):
+            break
+        w.domains[anchor.id].append(nxt.id)
+        w.domain_of[nxt.id] = anchor.id
+        current = nxt
+
+
+def _decide_inlining(w: _Work) -> None:
+    """Step 2: inline each remaining pointwise/generator op into all consumers, or not."""
+    g = w.graph
+    for op in g.program.ops:
+        if op.id in w.domain_of or op.family not in ("pointwise", "generator"):
+            continue
+        w.cost[op.id] = _inline_cost(w, op)
+        consumers = g.users.get(op.id, [])
+        if op.id in g.sink_buffers:
+            for c, _ in consumers[:1]:
+                w.record("inline", op.id, c.id, "returned-value",
+                         keep("returned", "not fused: the value is returned or written back by the step, "
+                                          "so it is stored"))
+            continue
+        if not consumers:
+            continue
+        verdicts = [w.ask("inline", op, c, v) for c, v in {c.id: (c, v) for c, v in consumers}.values()]
+        if all(verdicts):
+            w.inlined.add(op.id)
+
+
+def _fix_register_reads(w: _Work) -> bool:
+    """Un-inline ops that would read a domain value of their group at other coordinates.
+
+    Inside a group, a domain value exists only in registers at the point being computed;
+    an inlined producer reached through a non-identity view would need it elsewhere.
+    """
+    g = w.graph
+    bad: set[str] = set()
+    for anchor, members in w.domains.items():
+        mset = set(members)
+        evaluated_at_point = members[1:] if g.ops[anchor].family != "pointwise" else members
+        for m in evaluated_at_point:
+            for x in g.ops[m].tensor_inputs:
+                _check_path(w, x, mset, identity=is_identity(x, _root(g, x)), fix=bad.add)
+    for b in bad:
+        w.inlined.discard(b)
+        w.record("inline", b, "-", "legality",
+                 keep("register-view", "not fused: it reads a value of the same group at other "
+                                       "coordinates than the group is computing"))
+    return bool(bad)
+
+
+def _root(g: _Graph, x: TensorSpec) -> TensorSpec:
+    if x.buffer in g.ops:
+        return g.ops[x.buffer].out
+    return g.program.inputs[g.input_buffers[x.buffer]].value
+
+
+def _check_path(w: _Work, x: TensorSpec, members: set[str], identity: bool, fix) -> None:
+    g = w.graph
+    if x.buffer in members:
+        return
+    if x.buffer in w.inlined:
+        op = g.ops[x.buffer]
+        ident = identity and is_identity(x, op.out)
+        for y in op.tensor_inputs:
+            if y.buffer in members and not (ident and is_identity(y, g.ops[y.buffer].out)):
+                fix(op.id)
+            else:
+                _check_path(w, y, members, ident and is_identity(y, _root(g, y)), fix)
+
+
+def _group_reads(w: _Work, members: list[str], walk: list[str] | None = None
+                 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(buffers read from memory, ops inlined) for a group with domain ``members``,
+    following the operands of ``walk`` (default: all members)."""
+    g = w.graph
+    mset = set(members)
+    reads: dict[str, None] = {}
+    inl: dict[str, None] = {}
+    stack = [x.buffer for m in (members if walk is None else walk) for x in g.ops[m].tensor_inputs]
+    while stack:
+        b = stack.pop(0)
+        if b in mset:
+            continue
+        if b in w.inlined:
+            if b not in inl:
+                inl[b] = None
+                stack.extend(x.buffer for x in g.ops[b].tensor_inputs)
+        else:
+            reads[b] = None
+    order = {op.id: i for i, op in enumerate(g.program.ops)}
+    return tuple(reads), tuple(sorted(inl, key=order.__getitem__))
+
+
+def _gemm_params(op: Op, options: Any) -> dict[str, Any]:
+    a, b = (op.inputs[1], op.inputs[2]) if op.kind == "addmm" else (op.inputs[0], op.inputs[1])
+    assert isinstance(a, TensorSpec) and isinstance(b, TensorSpec)
+    batch = a.shape[0] if op.kind == "bmm" else 1
+    m, k = a.shape[-2], a.shape[-1]
+    n = b.shape[-1]
+    low = {a.dtype, b.dtype} <= {"bfloat16"} or {a.dtype, b.dtype} <= {"float16"}
+    if m <= 4 or n <= 4:
+        impl = "gemv"
+    elif low and m >= 16 and n >= 16:
+        impl = "wmma"
+    elif options.fp32_math == "tf32" and a.dtype == b.dtype == "float32" and m >= 16 and n >= 16:
+        impl = "tf32"
+    else:
+        impl = "simt"
+    tm, tn = min(options.tile_m, _pow2_at_least(m, 16)), min(options.tile_n, _pow2_at_least(n, 16))
+    params = {"impl": impl, "m": m, "n": n, "k": k, "batch": batch,
+              "tile_m": tm, "tile_n": tn, "tile_k": options.tile_k}
+    return params
+
+
+def _pow2_at_least(x: int, lo: int) -> int:
+    p = lo
+    while p < x:
+        p *= 2
+    return p
+
+
+def _reduction_params(op: Op, threads: int) -> dict[str, Any]:
+    x = op.inputs[0]
+    assert isinstance(x, TensorSpec)
+    dims = tuple(op.attr("dims", ()))
+    rows = op.out.numel
+    size = math.prod(x.shape[d] for d in dims) if dims else 1
+    kept = [d for d in range(x.ndim) if d not in dims]
+    inner_contiguous = bool(dims) and x.strides[dims[-1]] == 1 and (not kept or kept[-1] < dims[-1])
+    if size <= 32 or (not inner_contiguous and rows >= threads):
+        strategy = "thread_row"
+    elif rows * size >= 1 << 16 and rows < SM_COUNT and size >= 4096:
+        strategy = "two_phase"
+    else:
+        strategy = "warp_row"
+    params: dict[str, Any] = {"strategy": strategy, "rows": rows, "size": size}
+    if strategy == "two_phase":
+        params["parts"] = max(2, min(SM_COUNT * 2 // max(rows, 1), math.ceil(size / 1024)))
+    return params
+
+
+def _items_and_cost(group: Group, program_ops: dict[str, Op], threads: int) -> tuple[int, int, int]:
+    anchor = program_ops[group.anchor] if group.anchor in program_ops else None
+    p = group.params
+    nbytes = 0
+    for s in group.stores:
+        if s in program_ops:
+            nbytes += program_ops[s].out.nbytes
+    if group.kind == "gemm":
+        m, n, k, batch = p["m"], p["n"], p["k"], p["batch"]
+        flops = 2 * m * n * k * batch
+        nbytes += (m * k + k * n) * batch * 4
+        if p["impl"] == "gemv":
+            items = math.ceil(m * n * batch / (threads // 32))
+        else:
+            items = math.ceil(m / p["tile_m"]) * math.ceil(n / p["tile_n"]) * batch
+        return items, flops, nbytes
+    if group.kind in ("reduction", "reduction_partial"):
+        rows, size = p["rows"], p["size"]
+        nbytes += rows * size * 4
+        strategy = p["strategy"]
+        if group.kind == "reduction_partial":
+            items = rows * p["parts"]
+        elif strategy == "thread_row":
+            items = math.ceil(rows / threads)
+        elif strategy == "two_phase":
+            items = math.ceil(rows / (threads // 32))
+            nbytes = rows * p["parts"] * 4
+        else:
+            items = math.ceil(rows / (threads // 32))
+        return items, rows * size, nbytes
+    numel = anchor.out.numel if anchor is not None else p.get("numel", 1)
+    nbytes += numel * 4 * max(1, len(group.reads))
+    return max(1, math.ceil(numel / threads)), numel * max(1, len(group.ops)), nbytes
+
+
+def schedule(program: Program, options: Any = None, *, rules: tuple[FusionRule, ...] = ()) -> FusedSchedule:
+    """Fuse and schedule ``program`` under ``options`` (a :class:`tkx.Options`).
+
+    ``rules`` are extra fusion rules asked before the registered user rules and the
+    built-ins. Returns a :class:`FusedSchedule` recording every decision with its reason.
+    Raises :class:`TkxError` if the program cannot be scheduled (a compiler bug).
+    """
+    from ..options import Options
+
+    options = options if options is not None else Options()
+    g = _Graph(program)
+    w = _Work(g, options, active_rules(tuple(rules)))
+
+    # Step 1: epilogues of GEMMs and reductions.
+    for op in program.ops:
+        if op.family in ("matmul", "reduction"):
+            w.domains[op.id] = [op.id]
+            w.domain_of[op.id] = op.id
+            w.cost[op.id] = 1
+            _grow_epilogue(w, op)
+    # Step 2: inlining decisions.
+    _decide_inlining(w)
+    for _ in range(len(program.ops)):
+        if not _fix_register_reads(w):
+            break
+    # Step 3: pointwise groups and loop fusion, in program order.
+    for op in program.ops:
+        if op.id in w.domain_of or op.id in w.inlined:
+            continue
+        if not g.users.get(op.id) and op.id not in g.sink_buffers:
+            continue  # dead op (run the dce pass to remove it)
+        joined = False
+        for x in op.tensor_inputs:
+            anchor = w.domain_of.get(x.buffer)
+            if anchor is None or x.buffer not in w.domains[anchor]:
+                continue
+            reason = _can_join(w, anchor, op, x)
+            if reason is not None:
+                w.record("loop", x.buffer, op.id, "legality", keep("illegal", reason))
+                continue
+            if w.ask("loop", g.ops[x.buffer], op, x):
+                w.domains[anchor].append(op.id)
+                w.domain_of[op.id] = anchor
+                joined = True
+                break
+        if not joined:
+            w.domains[op.id] = [op.id]
+            w.domain_of[op.id] = op.id
+
+    # Which domain values must be stored: read from memory by another group, or a sink.
+    stored: set[str] = set()
+    group_reads: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+    for anchor, members in w.domains.items():
+        group_reads[anchor] = _group_reads(w, members)
+        for b in group_reads[anchor][0]:
+            if b in g.ops:
+                stored.add(b)
+    stored |= {b for b in g.sink_buffers if b in g.ops}
+
+    # Build groups (ids in program order of their anchors).
+    anchors = sorted(w.domains, key=g.pos.__getitem__)
+    groups: dict[str, Group] = {}
+    gid_of_anchor: dict[str, str] = {}
+    threads = options.threads_per_block
+    for i, anchor in enumerate(anchors):
+        members = w.domains[anchor]
+        a = g.ops[anchor]
+        kind = {"matmul": "gemm", "reduction": "reduction"}.get(a.family, "pointwise")
+        params: dict[str, Any] = {}
+        if kind == "gemm":
+            params = _gemm_params(a, options)
+        elif kind == "reduction":
+            params = _reduction_params(a, threads)
+        reads, inl = group_reads[anchor]
+        stores = tuple(m for m in members if m in stored)
+        if not stores:
+            raise TkxError(f"scheduler: group of {anchor} stores nothing (a dead value?)")
+        gid = f"g{i}"
+        gid_of_anchor[anchor] = gid
+        groups[gid] = Group(gid, kind, anchor, tuple(members), stores, reads, inl, params=params)
+
+    # Two-phase reductions become a partial group plus the final group.
+    scratch: dict[str, int] = {}
+    for gid in list(groups):
+        grp = groups[gid]
+        if grp.kind == "reduction" and grp.params.get("strategy") == "two_phase":
+            name = f"{grp.anchor}_partials"
+            parts = grp.params["parts"]
+            scratch[name] = grp.params["rows"] * parts * 4
+            pid = f"{gid}p"
+            in_reads, in_inl = _group_reads(w, list(grp.ops), [grp.anchor])
+            epi_reads, epi_inl = _group_reads(w, list(grp.ops), list(grp.ops[1:]))
+            groups[pid] = Group(pid, "reduction_partial", grp.anchor, (grp.anchor,), (name,), in_reads,
+                                in_inl, params=dict(grp.params, partials=name))
+            groups[gid] = Group(gid, "reduction", grp.anchor, grp.ops, grp.stores, epi_reads + (name,),
+                                epi_inl, params=dict(grp.params, partials=name))
+
+    # Step 4: stages from read-after-write dependencies.
+    producer_group: dict[str, str] = {}
+    for gid, grp in groups.items():
+        for s in grp.stores:
+            producer_group[s] = gid
+    stage: dict[str, int] = {}
+
+    def stage_of(gid: str, depth: int = 0) -> int:
+        if gid in stage:
+            return stage[gid]
+        if depth > len(groups) + 1:
+            raise TkxError("scheduler: cyclic group dependencies (a fusion legality bug)")
+        deps = [producer_group[b] for b in groups[gid].reads if b in producer_group and producer_group[b] != gid]
+        stage[gid] = 1 + max((stage_of(d, depth + 1) for d in deps), default=-1)
+        return stage[gid]
+
+    for gid in groups:
+        stage_of(gid)
+
+    # Homes: outputs first, then in-place updates, the rest in the arena.
+    homes: dict[str, Home] = {s: Home("arena") for grp in groups.values() for s in grp.stores if s in g.ops}
+    copies: list[tuple[TensorSpec, Home, int]] = []  # (src view, destination, earliest stage)
+    for k, out in enumerate(program.outputs):
+        v = out.value
+        if v.buffer in g.ops and v.buffer in homes and homes[v.buffer].kind == "arena" \
+                and is_identity(v, g.ops[v.buffer].out):
+            homes[v.buffer] = Home("output", k)
+        else:
+            src_stage = stage[producer_group[v.buffer]] + 1 if v.buffer in producer_group else 0
+            copies.append((v, Home("output", k), src_stage))
+    readers_of_input: dict[int, list[str]] = {}
+    for gid, grp in groups.items():
+        for b in grp.reads:
+            if b in g.input_buffers:
+                readers_of_input.setdefault(g.input_buffers[b], []).append(gid)
+    hazards_extra: dict[int, list[str]] = {}
+    for upd in program.updates:
+        v = upd.value
+        name = program.inputs[upd.input_index].name
+        producer = producer_group.get(v.buffer)
+        direct = (producer is not None and is_identity(v, g.ops[v.buffer].out)
+                  and homes.get(v.buffer) == Home("arena") and groups[producer].kind == "pointwise")
+        if direct:
+            own = groups[producer]
+            others = [r for r in readers_of_input.get(upd.input_index, []) if r != producer]
+            late = [r for r in others if stage[r] >= stage[producer]]
+            inp_buf = program.inputs[upd.input_index].value.buffer
+            own_ok = all(is_identity(x, program.inputs[upd.input_index].value)
+                         for m in own.ops + own.inlined for x in g.ops[m].tensor_inputs if x.buffer == inp_buf)
+            if not late and own_ok:
+                homes[v.buffer] = Home("input", upd.input_index)
+                w.decisions.append(FusionDecision(
+                    "in-place", v.buffer, name, True, "in-place", "last-read-proven",
+                    f"written in place: every other read of the old {name} happens in an earlier stage"))
+                continue
+            why = (f"groups {', '.join(late)} still read the old value in the same or a later stage"
+                   if late else "the producing loop reads the old value through a view")
+        else:
+            why = "the new value is not produced by an elementwise loop"
+        last_reader = max((stage[r] for r in readers_of_input.get(upd.input_index, [])), default=-1)
+        src_stage = stage[producer] if producer is not None else -1
+        copies.append((v, Home("input", upd.input_index), max(last_reader, src_stage) + 1))
+        w.decisions.append(FusionDecision(
+            "in-place", v.buffer, name, False, "in-place", "staged-commit",
+            f"staged commit: {why}, so the new value is copied into {name} afterwards"))
+        hazards_extra.setdefault(max(last_reader, src_stage) + 1, []).append(
+            f"WAR {name}: commit after its last read")
+
+    copy_tasks: list[CopyTask] = []
+    for j, (src, dst, earliest) in enumerate(copies):
+        cid = f"c{j}"
+        numel = src.numel
+        groups[cid] = Group(cid, "copy", src.buffer, (), (), (src.buffer,),
+                            params={"numel": numel, "dst": str(dst)})
+        stage[cid] = max(earliest, 0)
+        copy_tasks.append(CopyTask(cid, src, dst))
+
+    # Costs and work items.
+    for gid, grp in list(groups.items()):
+        items, flops, nbytes = _items_and_cost(grp, g.ops, threads)
+        groups[gid] = Group(grp.id, grp.kind, grp.anchor, grp.ops, grp.stores, grp.reads, grp.inlined,
+                            items, flops, nbytes, grp.params)
+
+    nstages = 1 + max(stage.values(), default=0)
+    stages = tuple(tuple(gid for gid in groups if stage[gid] == s) for s in range(nstages))
+    stages = tuple(s for s in stages if s)
+    # Barriers: the RAW hazards that cross into each stage.
+    barriers = []
+    index_of = {gid: i for i, s in enumerate(stages) for gid in s}
+    for si in range(1, len(stages)):
+        hz = []
+        for gid in stages[si]:
+            for b in groups[gid].reads:
+                p = producer_group.get(b)
+                if p is not None and index_of.get(p) == si - 1:
+                    hz.append(f"RAW {b}: {p} -> {gid}")
+        hz.extend(hazards_extra.get(si, []))
+        barriers.append(Barrier(si, "", tuple(dict.fromkeys(hz)) or ("ordering",)))
+
+    mode, blocks, reason = _choose_mode(groups, stages, options)
+    barrier_kind = "__syncthreads" if mode == "block" else "grid"
+    barriers = [Barrier(b.stage, barrier_kind, b.hazards) for b in barriers]
+    return FusedSchedule(
+        program=program, groups=groups, stages=stages, barriers=tuple(barriers),
+        inlined=frozenset(w.inlined), homes=homes, copies=tuple(copy_tasks), scratch=scratch,
+        decisions=tuple(w.decisions), mode=mode, mode_reason=reason, blocks=blocks,
+        threads=threads, options=options)
+
+
+def _choose_mode(groups: dict[str, Group], stages: tuple[tuple[str, ...], ...],
+                 options: Any) -> tuple[str, int, str]:
+    """One block or the whole grid: estimated µs of each, from DESIGN.md's anchors."""
+    def item_us(grp: Group) -> float:
+        items = max(grp.work_items, 1)
+        return ITEM_OVERHEAD_US * 0.1 + max(grp.flops / SM_FLOPS_PER_US, grp.bytes / SM_BYTES_PER_US) / items
+
+    want = max((sum(groups[g].work_items for g in s) for s in stages), default=1)
+    cap = options.max_blocks or SM_COUNT * options.blocks_per_sm
+    blocks_grid = max(1, min(want, cap))
+    t_block = sum(sum(groups[g].work_items * item_us(groups[g]) for g in s) for s in stages) \
+        + BLOCK_BARRIER_US * (len(stages) - 1)
+    t_grid = sum(max(math.ceil(groups[g].work_items / blocks_grid) * item_us(groups[g]) for g in s)
+                 for s in stages) + GRID_BARRIER_US * (len(stages) - 1)
+    numbers = f"estimated {t_block:.1f} µs on one block vs {t_grid:.1f} µs on {blocks_grid} blocks"
+    if options.mode == "block":
+        return "block", 1, f"mode='block' requested ({numbers})"
+    if options.mode == "grid":
+        return "grid", blocks_grid, f"mode='grid' requested ({numbers})"
+    if t_block <= t_grid:
+        return "block", 1, f"auto: one block is cheaper: {numbers}"
+    return "grid", blocks_grid, f"auto: the grid is cheaper: {numbers}"

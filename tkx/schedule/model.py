@@ -1,0 +1,193 @@
+"""The data model of a fused schedule (what :func:`tkx.schedule.schedule` returns).
+
+Vocabulary
+----------
+* A **group** (schedule entry) is one unit of generated code: a GEMM with its epilogue, a
+  reduction with its fused producers, a pointwise loop, or a copy. It *computes* a set of
+  IR ops, of which some are **stored** (materialised in memory) and the rest are
+  **inlined** (recomputed in registers wherever they are read).
+* A **stage** is a set of groups with no dependencies between them; the work items of all
+  its groups are spread over the blocks of the grid. Consecutive stages are separated by a
+  **barrier** (``__syncthreads`` in one-block mode, a grid barrier otherwise).
+* Every stored value has a **home**: the arena (workspace), a program output tensor, or -
+  for in-place state updates proven safe - the user's input tensor itself.
+
+Everything here is plain frozen data so that renderers, the arena planner, the schedule
+interpreter and the code generator read the same decisions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..ir import Op, Program, TensorSpec
+
+#: Group kinds.
+GROUP_KINDS = ("gemm", "reduction", "reduction_partial", "pointwise", "copy")
+
+
+@dataclass(frozen=True)
+class Home:
+    """Where a stored value lives.
+
+    ``kind`` is ``"arena"`` (a slot of the workspace, placed by the arena planner),
+    ``"output"`` (``index`` = position in ``program.outputs``) or ``"input"`` (``index`` =
+    position in ``program.inputs``: an in-place update written directly).
+    """
+
+    kind: str
+    index: int = -1
+
+    def __str__(self) -> str:
+        return "arena" if self.kind == "arena" else f"{self.kind}[{self.index}]"
+
+
+@dataclass(frozen=True)
+class FusionDecision:
+    """One fusion candidate and what became of it.
+
+    ``kind`` is ``"inline"`` (producer computed inside its consumer), ``"epilogue"``
+    (pointwise consumer applied to a GEMM tile) or ``"side_output"`` (value stored from the
+    same GEMM tile). ``code`` is a stable reason code (e.g. ``"multi-use"``) and ``reason``
+    a sentence for users ("not fused: producer has 3 consumers"). ``rule`` names the rule
+    that decided.
+    """
+
+    kind: str
+    producer: str
+    consumer: str
+    fused: bool
+    rule: str
+    code: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Group:
+    """One schedule entry (a unit of generated code).
+
+    * ``id``: stable name (``g3``), ``kind``: one of :data:`GROUP_KINDS`;
+    * ``anchor``: id of the op that defines the group's *iteration domain* (the GEMM, the
+      reduction, or the first pointwise op); the domain is ``anchor.out.shape``;
+    * ``ops``: ids of the *domain ops*, in evaluation order: the anchor first, then
+      pointwise ops of the same shape that read earlier domain ops through identity
+      views (GEMM/reduction epilogues, multi-output pointwise loops). At every domain
+      point each is computed once and kept in a register;
+    * ``inlined``: ids of ops recomputed on demand inside this group (at coordinates
+      obtained by mapping the reading view's linear index back onto the producer's
+      shape); never stored by this group;
+    * ``stores``: the subset of ``ops`` written to memory (homes in
+      :attr:`FusedSchedule.homes`), or scratch buffer names for ``reduction_partial``;
+    * ``reads``: root buffers this group reads from memory;
+    * ``work_items``: how many independent work items (tiles, row blocks, chunks) it has;
+    * ``flops`` and ``bytes``: cost estimates (floating-point ops; bytes read + written).
+    * ``params``: emitter parameters (tile sizes, split factors, rows per item ...).
+    """
+
+    id: str
+    kind: str
+    anchor: str
+    ops: tuple[str, ...]
+    stores: tuple[str, ...]
+    reads: tuple[str, ...]
+    inlined: tuple[str, ...] = ()
+    work_items: int = 1
+    flops: int = 0
+    bytes: int = 0
+    params: Mapping[str, Any] = field(default_factory=dict, hash=False)
+
+
+@dataclass(frozen=True)
+class Barrier:
+    """The barrier before stage ``stage``: why it is needed (hazards) and its kind."""
+
+    stage: int
+    kind: str
+    hazards: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class CopyTask:
+    """A copy group's payload: ``src`` view -> ``dst`` (a program output or input)."""
+
+    group: str
+    src: TensorSpec
+    dst_home: Home
+
+
+@dataclass(frozen=True)
+class FusedSchedule:
+    """The fused schedule of a program.
+
+    * ``program``: the (optimised) Program scheduled;
+    * ``groups``: id -> :class:`Group`, ``stages``: tuple of tuples of group ids;
+    * ``barriers``: one per stage after the first;
+    * ``inlined``: ids of ops computed in registers (never stored);
+    * ``homes``: stored op id -> :class:`Home`;
+    * ``copies``: the payload of each ``copy`` group (outputs that are views of other
+      values or of inputs, and staged commits of in-place state updates);
+    * ``scratch``: synthetic buffers (two-phase reduction partials) -> bytes (float32);
+    * ``decisions``: every fusion candidate with its decision and reason;
+    * ``mode``: ``"block"`` or ``"grid"``, ``mode_reason``: why;
+    * ``blocks``: the grid size the schedule would like (the runtime caps it by occupancy),
+      ``threads``: threads per block;
+    * ``options``: the :class:`tkx.Options` used.
+    """
+
+    program: Program
+    groups: Mapping[str, Group]
+    stages: tuple[tuple[str, ...], ...]
+    barriers: tuple[Barrier, ...]
+    inlined: frozenset[str]
+    homes: Mapping[str, Home]
+    copies: tuple[CopyTask, ...]
+    scratch: Mapping[str, int]
+    decisions: tuple[FusionDecision, ...]
+    mode: str
+    mode_reason: str
+    blocks: int
+    threads: int
+    options: Any = field(compare=False)
+
+    def op(self, op_id: str) -> Op:
+        return self.program.op(op_id)
+
+    def group_of(self, op_id: str) -> Group:
+        """The group that computes ``op_id`` and stores it (or the first that inlines it)."""
+        for g in self.groups.values():
+            if op_id in g.stores:
+                return g
+        for g in self.groups.values():
+            if op_id in g.ops:
+                return g
+        raise KeyError(op_id)
+
+    def stage_of(self, group_id: str) -> int:
+        for i, stage in enumerate(self.stages):
+            if group_id in stage:
+                return i
+        raise KeyError(group_id)
+
+    @property
+    def epilogue(self) -> dict[str, tuple[str, ...]]:
+        """GEMM group id -> its epilogue op ids (domain ops after the GEMM)."""
+        return {g.id: g.ops[1:] for g in self.groups.values() if g.kind == "gemm"}
+
+    def why_not_fused(self, op_id: str | None = None) -> list[FusionDecision]:
+        """Decisions that did not fuse (optionally only those involving ``op_id``)."""
+        return [d for d in self.decisions if not d.fused and
+                (op_id is None or op_id in (d.producer, d.consumer))]
+
+    def groups_in_order(self) -> list[Group]:
+        """Groups stage by stage."""
+        return [self.groups[g] for stage in self.stages for g in stage]
+
+    @property
+    def num_barriers(self) -> int:
+        return len(self.barriers)
+
+    @property
+    def materialized(self) -> tuple[str, ...]:
+        return tuple(s for g in self.groups.values() for s in g.stores)

@@ -1,0 +1,172 @@
+"""Fusion rules: small, named, inspectable policies that decide each fusion candidate.
+
+A candidate is a producer/consumer pair the scheduler could fuse (``inline``: compute the
+producer inside its consumer; ``epilogue``: apply a pointwise consumer to a GEMM or
+reduction result in registers; ``loop``: compute a same-shaped pointwise consumer in the
+same elementwise loop and store both). Legality (shapes, identity access, dependency
+order) is checked by the scheduler before any rule sees a candidate; rules only express
+*policy*, so a user rule can never make the schedule wrong.
+
+Rules are asked in order - user rules first, then :data:`BUILTIN_RULES` - and the first
+that returns a :class:`Verdict` decides. If none objects, the candidate is fused.
+
+Add a rule from a notebook cell::
+
+    @tkx.fusion_rule("keep-softmax-separate", kinds=("inline",))
+    def keep_softmax(c):
+        if c.producer.kind == "exp":
+            return tkx.keep("user", "not fused: I want exp materialised")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import TkxError
+from ..ir import Op, Program, TensorSpec
+
+TRANSCENDENTAL = frozenset({"exp", "log", "tanh", "sigmoid", "erf", "pow", "sqrt", "rsqrt"})
+CANDIDATE_KINDS = ("inline", "epilogue", "loop")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A rule's answer: fuse or not, a stable reason ``code`` and a sentence."""
+
+    fuse: bool
+    code: str
+    reason: str
+
+
+def fuse(code: str, reason: str) -> Verdict:
+    """Verdict: fuse this candidate."""
+    return Verdict(True, code, reason)
+
+
+def keep(code: str, reason: str) -> Verdict:
+    """Verdict: do not fuse (keep the producer materialised / the groups apart)."""
+    return Verdict(False, code, reason)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A fusion candidate shown to rules.
+
+    ``kind``: ``inline``/``epilogue``/``loop``; ``producer``/``consumer``: the two ops;
+    ``view``: how the consumer reads the producer; ``consumers``: number of ops reading
+    the producer; ``program`` and ``options`` for context; ``cost``: ops recomputed per
+    element if inlined (the producer's inline expression size).
+    """
+
+    kind: str
+    producer: Op
+    consumer: Op
+    view: TensorSpec | None
+    consumers: int
+    cost: int
+    program: Program
+    options: Any
+
+
+@dataclass(frozen=True)
+class FusionRule:
+    """A named policy: ``decide(candidate) -> Verdict | None`` for candidate ``kinds``."""
+
+    name: str
+    kinds: tuple[str, ...]
+    decide: Callable[[Candidate], Verdict | None]
+    doc: str = ""
+
+    def __call__(self, c: Candidate) -> Verdict | None:
+        return self.decide(c) if c.kind in self.kinds else None
+
+
+# -- built-in policies -----------------------------------------------------------------
+
+def _switches(c: Candidate) -> Verdict | None:
+    o = c.options
+    if c.kind == "epilogue" and not o.fuse_epilogues:
+        return keep("option-off", "not fused: fuse_epilogues is off")
+    if c.kind == "inline" and c.consumer.family == "reduction" and not o.fuse_reductions:
+        return keep("option-off", "not fused: fuse_reductions is off")
+    if c.kind in ("inline", "loop") and not o.fuse_pointwise and c.producer.family == "pointwise":
+        return keep("option-off", "not fused: fuse_pointwise is off")
+    return None
+
+
+def _gemm_operand(c: Candidate) -> Verdict | None:
+    if c.consumer.family != "matmul":
+        return None
+    if c.producer.family == "generator" or (c.producer.kind == "cast" and c.cost <= 1):
+        return fuse("cheap-operand", f"fused: {c.producer.kind} is recomputed while loading GEMM tiles")
+    return keep("gemm-operand", "not fused: a GEMM re-reads each operand element once per tile, "
+                                "so the producer is materialised")
+
+
+def _multi_use(c: Candidate) -> Verdict | None:
+    if c.consumers <= 1:
+        return None
+    if c.producer.family == "generator":
+        return fuse("cheap-recompute", "fused: a generator is cheaper to recompute than to load")
+    if c.cost <= 2 and c.producer.kind not in TRANSCENDENTAL:
+        return fuse("cheap-recompute", f"fused: recomputing {c.cost} cheap op(s) per element "
+                                       f"in each of {c.consumers} consumers beats a store and reloads")
+    return keep("multi-use", f"not fused: producer has {c.consumers} consumers "
+                             f"and costs {c.cost} op(s) per element to recompute")
+
+
+def _deep_inline(c: Candidate) -> Verdict | None:
+    if c.cost > 24:
+        return keep("too-deep", f"not fused: the inline expression would have {c.cost} ops")
+    return None
+
+
+BUILTIN_RULES: tuple[FusionRule, ...] = (
+    FusionRule("option-switches", CANDIDATE_KINDS, _switches, "honour fuse_* options"),
+    FusionRule("gemm-operand", ("inline",), _gemm_operand, "only cheap casts/generators feed GEMM tiles"),
+    FusionRule("multi-use", ("inline",), _multi_use, "recompute multi-use producers only when cheap"),
+    FusionRule("expression-size", ("inline",), _deep_inline, "bound inline expression size"),
+)
+
+_USER_RULES: dict[str, FusionRule] = {}
+
+
+def fusion_rule(name: str, *, kinds: tuple[str, ...] = CANDIDATE_KINDS, replace: bool = False):
+    """Decorator: register a user fusion rule ``fn(candidate) -> Verdict | None``.
+
+    User rules are asked before the built-in ones. Raises :class:`TkxError` if ``name`` is
+    taken (pass ``replace=True`` to redefine it, e.g. when re-running a notebook cell).
+    """
+    bad = [k for k in kinds if k not in CANDIDATE_KINDS]
+    if bad:
+        raise TkxError(f"fusion_rule {name!r}: unknown candidate kinds {bad}; allowed: {CANDIDATE_KINDS}")
+
+    def register(fn: Callable[[Candidate], Verdict | None]) -> FusionRule:
+        if name in _USER_RULES and not replace:
+            raise TkxError(f"fusion rule {name!r} already exists; pass replace=True to redefine it")
+        rule = FusionRule(name, tuple(kinds), fn, (fn.__doc__ or "").strip())
+        _USER_RULES[name] = rule
+        return rule
+
+    return register
+
+
+def remove_fusion_rule(name: str) -> None:
+    """Forget a user rule (no error if absent)."""
+    _USER_RULES.pop(name, None)
+
+
+def active_rules(extra: tuple[FusionRule, ...] = ()) -> tuple[FusionRule, ...]:
+    """The rules in the order they are asked: ``extra``, user rules, built-ins."""
+    return tuple(extra) + tuple(_USER_RULES.values()) + BUILTIN_RULES
+
+
+def judge(c: Candidate, rules: tuple[FusionRule, ...]) -> tuple[str, Verdict]:
+    """(rule name, verdict) for a candidate; fused by default when no rule objects."""
+    for rule in rules:
+        v = rule(c)
+        if v is not None:
+            return rule.name, v
+    return "default", fuse("legal", f"fused: {c.kind} of {c.producer.kind} into {c.consumer.kind}")
