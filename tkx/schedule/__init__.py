@@ -49,10 +49,17 @@ SM_BYTES_PER_US = 0.025e6      # a single SM's share of streaming bandwidth (~25
 
 
 def is_identity(view: TensorSpec, root: TensorSpec) -> bool:
-    """True when ``view`` reads ``root`` element for element (same shape, same layout)."""
-    if view.shape != root.shape or view.offset != root.offset:
+    """True when element ``i`` of ``view`` (row-major) is element ``i`` of ``root``.
+
+    That holds for the root itself and for dense reshapes of a dense root (``[1,128]`` read
+    as ``[128]``): an elementwise loop over the linear index reads it in registers.
+    """
+    if view.numel != root.numel or view.offset != root.offset:
         return False
-    return all(d == 1 or a == b for d, a, b in zip(view.shape, view.strides, root.strides))
+    if view.shape == root.shape and all(d == 1 or a == b for d, a, b in
+                                        zip(view.shape, view.strides, root.strides)):
+        return True
+    return view.is_dense and root.is_dense
 
 
 class _Graph:
@@ -126,23 +133,53 @@ def _memory_deps(w: _Work, op: Op, group_ops: set[str]) -> set[str]:
     return out
 
 
-def _can_join(w: _Work, anchor: str, op: Op, via: TensorSpec) -> str | None:
+def _member_reads(w: _Work, op: Op, members: set[str]) -> list[tuple[str, bool]]:
+    """(member buffer, read at the same linear index?) for every read of a group member by
+    ``op``, following inlined producers (each evaluated where its reader's view points)."""
+    g = w.graph
+    found: list[tuple[str, bool]] = []
+    stack = [(x, True) for x in op.tensor_inputs]
+    while stack:
+        x, ident = stack.pop()
+        here = ident and is_identity(x, _root(g, x))
+        if x.buffer in members:
+            found.append((x.buffer, here))
+        elif x.buffer in w.inlined:
+            stack.extend((y, here) for y in g.ops[x.buffer].tensor_inputs)
+    return found
+
+
+def _can_join(w: _Work, anchor: str, op: Op) -> str | None:
     """Legality of adding ``op`` to the domain of ``anchor``'s group; None when legal."""
     g = w.graph
-    root = g.ops[via.buffer].out
     anchor_op = g.ops[anchor]
     if op.family != "pointwise":
         return "not pointwise"
-    if op.out.shape != anchor_op.out.shape or not is_identity(via, root):
-        return "not fused: the value is read through a view (transposed, broadcast or reshaped)"
+    if op.out.numel != anchor_op.out.numel:
+        return "not fused: the consumer has a different number of elements"
     members = set(w.domains[anchor])
-    for x in op.tensor_inputs:
-        if x.buffer in members and not is_identity(x, g.ops[x.buffer].out):
-            return "not fused: another operand reads the group's value through a view"
+    reads = _member_reads(w, op, members)
+    if not reads:
+        return "not fused: it does not read the group"
+    if not all(ident for _, ident in reads):
+        return "not fused: the value is read through a view (transposed, broadcast or sliced)"
     for dep in _memory_deps(w, op, members):
-        if any(g.depends(dep, m) or dep == m for m in members):
+        if any(g.depends(dep, m) for m in members):
             return "not fused: another operand is computed after this group"
     return None
+
+
+def _reads_through_inlined(w: _Work, op: Op) -> list[str]:
+    """Materialised ops read by ``op`` directly or through inlined producers, in order."""
+    seen: dict[str, None] = {}
+    stack = [x.buffer for x in op.tensor_inputs]
+    while stack:
+        b = stack.pop(0)
+        if b in w.inlined:
+            stack.extend(x.buffer for x in w.graph.ops[b].tensor_inputs)
+        elif b in w.graph.ops:
+            seen.setdefault(b, None)
+    return list(seen)
 
 
 def _inline_cost(w: _Work, op: Op) -> int:
@@ -164,7 +201,7 @@ def _grow_epilogue(w: _Work, anchor: Op) -> None:
             break
         if any(x.buffer == current.id and x is not view and x != view for x in nxt.tensor_inputs):
             break
-        reason = _can_join(w, anchor.id, nxt, view)
+        reason = _can_join(w, anchor.id, nxt)
         if reason is not None:
             w.record("epilogue", current.id, nxt.id, "legality", keep("illegal", reason))
             break
@@ -206,11 +243,19 @@ def _fix_register_reads(w: _Work) -> bool:
     bad: set[str] = set()
     for anchor, members in w.domains.items():
         mset = set(members)
-        evaluated_at_point = members[1:] if g.ops[anchor].family != "pointwise" else members
-        for m in evaluated_at_point:
-            for x in g.ops[m].tensor_inputs:
-                _check_path(w, x, mset, identity=is_identity(x, _root(g, x)), fix=bad.add)
-    for b in bad:
+        at_point = members[1:] if g.ops[anchor].family != "pointwise" else members
+        for m in at_point:
+            stack = [(x, True) for x in g.ops[m].tensor_inputs]
+            while stack:
+                x, ident = stack.pop()
+                here = ident and is_identity(x, _root(g, x))
+                if x.buffer in w.inlined:
+                    producer = g.ops[x.buffer]
+                    for y in producer.tensor_inputs:
+                        if y.buffer in mset and not (here and is_identity(y, _root(g, y))):
+                            bad.add(producer.id)
+                        stack.append((y, here))
+    for b in sorted(bad):
         w.inlined.discard(b)
         w.record("inline", b, "-", "legality",
                  keep("register-view", "not fused: it reads a value of the same group at other "
@@ -222,20 +267,6 @@ def _root(g: _Graph, x: TensorSpec) -> TensorSpec:
     if x.buffer in g.ops:
         return g.ops[x.buffer].out
     return g.program.inputs[g.input_buffers[x.buffer]].value
-
-
-def _check_path(w: _Work, x: TensorSpec, members: set[str], identity: bool, fix) -> None:
-    g = w.graph
-    if x.buffer in members:
-        return
-    if x.buffer in w.inlined:
-        op = g.ops[x.buffer]
-        ident = identity and is_identity(x, op.out)
-        for y in op.tensor_inputs:
-            if y.buffer in members and not (ident and is_identity(y, g.ops[y.buffer].out)):
-                fix(op.id)
-            else:
-                _check_path(w, y, members, ident and is_identity(y, _root(g, y)), fix)
 
 
 def _group_reads(w: _Work, members: list[str], walk: list[str] | None = None
@@ -351,9 +382,9 @@ def schedule(program: Program, options: Any = None, *, rules: tuple[FusionRule, 
     built-ins. Returns a :class:`FusedSchedule` recording every decision with its reason.
     Raises :class:`TkxError` if the program cannot be scheduled (a compiler bug).
     """
-    from ..options import Options
-
-    options = options if options is not None else Options()
+    if options is None:
+        from ..options import Options
+        options = Options()
     g = _Graph(program)
     w = _Work(g, options, active_rules(tuple(rules)))
 
@@ -376,15 +407,14 @@ def schedule(program: Program, options: Any = None, *, rules: tuple[FusionRule, 
         if not g.users.get(op.id) and op.id not in g.sink_buffers:
             continue  # dead op (run the dce pass to remove it)
         joined = False
-        for x in op.tensor_inputs:
-            anchor = w.domain_of.get(x.buffer)
-            if anchor is None or x.buffer not in w.domains[anchor]:
-                continue
-            reason = _can_join(w, anchor, op, x)
+        reached = _reads_through_inlined(w, op)
+        for anchor in sorted({w.domain_of[b] for b in reached if b in w.domain_of}, key=g.pos.__getitem__):
+            producer = next(b for b in reached if w.domain_of.get(b) == anchor)
+            reason = _can_join(w, anchor, op)
             if reason is not None:
-                w.record("loop", x.buffer, op.id, "legality", keep("illegal", reason))
+                w.record("loop", producer, op.id, "legality", keep("illegal", reason))
                 continue
-            if w.ask("loop", g.ops[x.buffer], op, x):
+            if w.ask("loop", g.ops[producer], op, None):
                 w.domains[anchor].append(op.id)
                 w.domain_of[op.id] = anchor
                 joined = True
@@ -408,7 +438,7 @@ def schedule(program: Program, options: Any = None, *, rules: tuple[FusionRule, 
     groups: dict[str, Group] = {}
     gid_of_anchor: dict[str, str] = {}
     threads = options.threads_per_block
-    for i, anchor in enumerate(anchors):
+    for anchor in anchors:
         members = w.domains[anchor]
         a = g.ops[anchor]
         kind = {"matmul": "gemm", "reduction": "reduction"}.get(a.family, "pointwise")
@@ -420,8 +450,8 @@ def schedule(program: Program, options: Any = None, *, rules: tuple[FusionRule, 
         reads, inl = group_reads[anchor]
         stores = tuple(m for m in members if m in stored)
         if not stores:
-            raise TkxError(f"scheduler: group of {anchor} stores nothing (a dead value?)")
-        gid = f"g{i}"
+            continue  # nothing reads it: dead code (the dce pass removes it)
+        gid = f"g{len(groups)}"
         gid_of_anchor[anchor] = gid
         groups[gid] = Group(gid, kind, anchor, tuple(members), stores, reads, inl, params=params)
 
@@ -482,14 +512,18 @@ def schedule(program: Program, options: Any = None, *, rules: tuple[FusionRule, 
         name = program.inputs[upd.input_index].name
         producer = producer_group.get(v.buffer)
         direct = (producer is not None and is_identity(v, g.ops[v.buffer].out)
-                  and homes.get(v.buffer) == Home("arena") and groups[producer].kind == "pointwise")
+                  and homes.get(v.buffer) == Home("arena") and groups[producer].kind != "reduction_partial")
         if direct:
             own = groups[producer]
             others = [r for r in readers_of_input.get(upd.input_index, []) if r != producer]
             late = [r for r in others if stage[r] >= stage[producer]]
             inp_buf = program.inputs[upd.input_index].value.buffer
-            own_ok = all(is_identity(x, program.inputs[upd.input_index].value)
-                         for m in own.ops + own.inlined for x in g.ops[m].tensor_inputs if x.buffer == inp_buf)
+            evaluated_at_point = own.ops[1:] if own.kind in ("gemm", "reduction") else own.ops
+            own_ok = all(ident for m in evaluated_at_point
+                         for b, ident in _member_reads(w, g.ops[m], {inp_buf}))
+            if own.kind in ("gemm", "reduction") and any(
+                    b == inp_buf for b in _group_reads(w, list(own.ops), [own.anchor])[0]):
+                own_ok = False  # the GEMM/reduction itself reads the old value at other points
             if not late and own_ok:
                 homes[v.buffer] = Home("input", upd.input_index)
                 w.decisions.append(FusionDecision(
@@ -499,7 +533,7 @@ def schedule(program: Program, options: Any = None, *, rules: tuple[FusionRule, 
             why = (f"groups {', '.join(late)} still read the old value in the same or a later stage"
                    if late else "the producing loop reads the old value through a view")
         else:
-            why = "the new value is not produced by an elementwise loop"
+            why = "the new value is not computed elementwise in one group"
         last_reader = max((stage[r] for r in readers_of_input.get(upd.input_index, [])), default=-1)
         src_stage = stage[producer] if producer is not None else -1
         copies.append((v, Home("input", upd.input_index), max(last_reader, src_stage) + 1))

@@ -191,3 +191,17 @@ class FusedSchedule:
     @property
     def materialized(self) -> tuple[str, ...]:
         return tuple(s for g in self.groups.values() for s in g.stores)
+
+
+def _schedule_str(self: FusedSchedule) -> str:
+    from .text import format_schedule
+    return format_schedule(self)
+
+
+def _schedule_repr(self: FusedSchedule) -> str:
+    return (f"<tkx.FusedSchedule {self.program.name}: {len(self.groups)} groups, {len(self.stages)} stages, "
+            f"{self.num_barriers} barriers, mode={self.mode}, {self.blocks}x{self.threads}>")
+
+
+FusedSchedule.__str__ = _schedule_str  # type: ignore[method-assign]
+FusedSchedule.__repr__ = _schedule_repr  # type: ignore[method-assign]

@@ -1,0 +1,186 @@
+"""The schedule interpreter: run a :class:`FusedSchedule` + :class:`ArenaPlan` with torch.
+
+It executes exactly what the generated kernel will do, at the granularity of groups: stage
+by stage, each group reading stored values from *their planned memory* (user inputs,
+output tensors, or byte ranges of one flat arena tensor), recomputing inlined ops,
+keeping domain values "in registers", and writing its stores to their homes. Inside a
+stage the groups run in reverse order, and the arena starts poisoned (all bits set, NaN
+for floats), so an overlap of live arena values, a missing barrier or an in-place update
+written too early changes the result. Comparing with :func:`tkx.reference.run` therefore
+checks the schedule and the arena plan without a GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..arena import ArenaPlan
+from ..errors import TkxError
+from ..ir import Op, TensorSpec
+from ..reference import TORCH, Execution, evaluate, flatten_inputs
+from .model import FusedSchedule, Group, Home
+
+
+class ScheduleError(TkxError):
+    """The schedule reads a value that no earlier stage stored (a scheduler bug)."""
+
+
+class _Machine:
+    def __init__(self, sched: FusedSchedule, arena: ArenaPlan, flat: list[torch.Tensor]) -> None:
+        self.s = sched
+        self.arena_plan = arena
+        self.p = sched.program
+        self.device = flat[0].device
+        self.inputs = flat
+        self.outputs = [torch.full(o.value.shape, float("nan"), dtype=TORCH[o.value.dtype], device=self.device)
+                        if o.value.dtype in ("float32", "bfloat16", "float16")
+                        else torch.full(o.value.shape, -1, dtype=TORCH[o.value.dtype], device=self.device)
+                        for o in self.p.outputs]
+        self.arena = torch.full((max(arena.size_bytes, 1),), 255, dtype=torch.uint8, device=self.device)
+        self.ops = {op.id: op for op in self.p.ops}
+        self.input_index = {i.value.buffer: k for k, i in enumerate(self.p.inputs)}
+        self.written: set[str] = set()
+
+    # -- memory -------------------------------------------------------------------
+    def root_tensor(self, buf: str) -> torch.Tensor:
+        """The memory holding root buffer ``buf``, shaped as its dense root."""
+        if buf in self.input_index:
+            return self.inputs[self.input_index[buf]]
+        if buf not in self.written:
+            raise ScheduleError(f"{buf} is read before any group stored it")
+        home = self.s.homes[buf]
+        op = self.ops[buf]
+        if home.kind == "output":
+            return self.outputs[home.index]
+        if home.kind == "input":
+            return self.inputs[home.index]
+        return self.arena_view(buf, op.out.dtype, op.out.numel)
+
+    def arena_view(self, buf: str, dtype: str, numel: int) -> torch.Tensor:
+        slot = self.arena_plan.slots[buf]
+        nbytes = numel * torch.tensor([], dtype=TORCH[dtype]).element_size()
+        return self.arena[slot.offset: slot.offset + nbytes].view(TORCH[dtype])
+
+    def read(self, spec: TensorSpec) -> torch.Tensor:
+        root = self.root_tensor(spec.buffer)
+        return root.as_strided(spec.shape, spec.strides, root.storage_offset() + spec.offset)
+
+    def store(self, home: Home, buf: str, value: torch.Tensor) -> None:
+        op = self.ops[buf]
+        if home.kind == "arena":
+            self.arena_view(buf, op.out.dtype, op.out.numel).copy_(value.reshape(-1))
+        elif home.kind == "output":
+            self.outputs[home.index].copy_(value.reshape(self.outputs[home.index].shape))
+        else:
+            target = self.inputs[home.index]
+            target.copy_(value.reshape(target.shape))
+        self.written.add(buf)
+
+    # -- computing --------------------------------------------------------------------
+    def operand(self, x: Any, regs: dict[str, torch.Tensor], group: Group, memo: dict[str, torch.Tensor]) -> Any:
+        if not isinstance(x, TensorSpec):
+            return x
+        if x.buffer in regs:
+            root = regs[x.buffer]
+            return root.as_strided(x.shape, x.strides, x.offset)
+        if x.buffer in group.inlined:
+            if x.buffer not in memo:
+                op = self.ops[x.buffer]
+                memo[x.buffer] = self.compute(op, regs, group, memo)
+            return memo[x.buffer].as_strided(x.shape, x.strides, x.offset)
+        if x.buffer in self.ops and x.buffer not in self.s.homes and x.buffer not in self.input_index:
+            raise ScheduleError(f"group {group.id} reads {x.buffer}, which is neither stored nor inlined here")
+        return self.read(x)
+
+    def compute(self, op: Op, regs: dict[str, torch.Tensor], group: Group, memo: dict[str, torch.Tensor]) -> torch.Tensor:
+        args = [self.operand(x, regs, group, memo) for x in op.inputs]
+        out = evaluate(op, args, self.device).to(TORCH[op.out.dtype])
+        if tuple(out.shape) != op.out.shape:
+            out = out.expand(op.out.shape)
+        return out.contiguous()
+
+    def run_group(self, grp: Group) -> None:
+        regs: dict[str, torch.Tensor] = {}
+        memo: dict[str, torch.Tensor] = {}
+        if grp.kind == "copy":
+            task = next(c for c in self.s.copies if c.group == grp.id)
+            value = self.read(task.src)
+            dst = self.outputs[task.dst_home.index] if task.dst_home.kind == "output" \
+                else self.inputs[task.dst_home.index]
+            dst.copy_(value.to(dst.dtype).reshape(dst.shape))
+            return
+        ops = [self.ops[o] for o in grp.ops]
+        if grp.kind == "reduction_partial":
+            name = grp.stores[0]
+            red = ops[0]
+            x = self.operand(red.inputs[0], regs, grp, memo)
+            parts = self.partials(red, x, grp.params["parts"])
+            self.arena_view(name, "float32", parts.numel()).copy_(parts.reshape(-1))
+            self.written.add(name)
+            return
+        start = 0
+        if grp.kind == "reduction" and "partials" in grp.params:
+            red = ops[0]
+            rows, parts = grp.params["rows"], grp.params["parts"]
+            partial = self.arena_view(grp.params["partials"], "float32", rows * parts).reshape(rows, parts)
+            kind = red.kind
+            if kind == "amax":
+                total = partial.amax(dim=1)
+            elif kind == "amin":
+                total = partial.amin(dim=1)
+            else:
+                total = partial.sum(dim=1)
+                if kind == "mean":
+                    total = total / grp.params["size"]
+            regs[red.id] = total.to(TORCH[red.out.dtype]).reshape(red.out.shape).contiguous()
+            start = 1
+        for op in ops[start:]:
+            regs[op.id] = self.compute(op, regs, grp, memo)
+        for s in grp.stores:
+            self.store(self.s.homes[s], s, regs[s])
+
+    @staticmethod
+    def partials(red: Op, x: torch.Tensor, parts: int) -> torch.Tensor:
+        """[rows, parts] float32 partial results: each part reduces a contiguous chunk."""
+        dims = tuple(red.attr("dims", ()))
+        kept = [d for d in range(x.ndim) if d not in dims]
+        rows = 1
+        for d in kept:
+            rows *= x.shape[d]
+        flat = x.permute(*kept, *dims).reshape(rows, -1).float()
+        size = flat.shape[1]
+        chunk = -(-size // parts)
+        out = []
+        for p in range(parts):
+            piece = flat[:, p * chunk: min((p + 1) * chunk, size)]
+            if piece.shape[1] == 0:
+                fill = {"amax": float("-inf"), "amin": float("inf")}.get(red.kind, 0.0)
+                out.append(torch.full((rows,), fill, device=x.device))
+            elif red.kind == "amax":
+                out.append(piece.amax(dim=1))
+            elif red.kind == "amin":
+                out.append(piece.amin(dim=1))
+            else:
+                out.append(piece.sum(dim=1))
+        return torch.stack(out, dim=1)
+
+
+def run(sched: FusedSchedule, arena: ArenaPlan, inputs: Sequence[Any], *, update_inputs: bool = False) -> Execution:
+    """Execute ``sched`` with ``arena`` on ``inputs`` (flat tensors or the step's pytrees).
+
+    Returns an :class:`tkx.reference.Execution` (outputs, updates) comparable with
+    :func:`tkx.reference.run`. Inputs are cloned first unless ``update_inputs=True``, in
+    which case in-place state updates land in the given tensors, as the kernel does.
+    """
+    flat = flatten_inputs(sched.program, inputs)
+    if not update_inputs:
+        flat = [t.clone() for t in flat]
+    m = _Machine(sched, arena, flat)
+    for stage in sched.stages:
+        for gid in reversed(stage):
+            m.run_group(sched.groups[gid])
+    updates = {u.input_index: m.inputs[u.input_index] for u in sched.program.updates}
+    return Execution(sched.program, m.outputs, updates, {})

@@ -1,0 +1,60 @@
+"""Plain-text rendering of a :class:`FusedSchedule` (deterministic; used by ``__str__``)."""
+
+from __future__ import annotations
+
+from .model import FusedSchedule, Group
+
+
+def _shape(shape: tuple[int, ...]) -> str:
+    return "x".join(map(str, shape)) or "scalar"
+
+
+def describe_group(s: FusedSchedule, g: Group) -> str:
+    """One line saying what a group computes and how."""
+    p = g.params
+    if g.kind == "copy":
+        task = next(c for c in s.copies if c.group == g.id)
+        return f"copy {task.src.buffer} -> {task.dst_home} ({p.get('numel')} elements)"
+    anchor = s.program.op(g.anchor)
+    if g.kind == "gemm":
+        head = (f"{anchor.kind} {anchor.id} [{p['batch']}x] {p['m']}x{p['k']} @ {p['k']}x{p['n']}"
+                if p["batch"] > 1 else f"{anchor.kind} {anchor.id} {p['m']}x{p['k']} @ {p['k']}x{p['n']}")
+        head += f"  {p['impl']}"
+        if p["impl"] != "gemv":
+            head += f" tile {p['tile_m']}x{p['tile_n']}x{p['tile_k']}"
+    elif g.kind in ("reduction", "reduction_partial"):
+        what = "partial " if g.kind == "reduction_partial" else ""
+        head = (f"{what}{anchor.kind} {anchor.id} {p['rows']} rows x {p['size']}  {p['strategy']}"
+                + (f" ({p['parts']} parts)" if "parts" in p else ""))
+    else:
+        head = f"pointwise {anchor.id} {_shape(anchor.out.shape)}"
+    parts = [head, f"{g.work_items} items"]
+    extra = [o for o in g.ops[1:]] if g.kind != "pointwise" else list(g.ops[1:])
+    if extra:
+        parts.append(("epilogue " if g.kind != "pointwise" else "+ loop ") + ", ".join(extra))
+    if g.inlined:
+        parts.append("inlined " + ", ".join(g.inlined))
+    stores = [f"{b}->{s.homes[b]}" if b in s.homes else f"{b}->arena" for b in g.stores]
+    parts.append("stores " + ", ".join(stores))
+    return "; ".join(parts)
+
+
+def format_schedule(s: FusedSchedule) -> str:
+    lines = [f"schedule {s.program.name}: {len(s.groups)} groups in {len(s.stages)} stages, "
+             f"{s.num_barriers} barriers ({'__syncthreads' if s.mode == 'block' else 'grid barriers'}), "
+             f"{s.blocks} block(s) x {s.threads} threads",
+             f"  mode: {s.mode_reason}"]
+    for i, stage in enumerate(s.stages):
+        if i > 0:
+            b = s.barriers[i - 1]
+            lines.append(f"  -- barrier ({b.kind}): {'; '.join(b.hazards[:3])}"
+                         + (f" (+{len(b.hazards) - 3} more)" if len(b.hazards) > 3 else ""))
+        lines.append(f"  stage {i}:")
+        for gid in stage:
+            lines.append(f"    {gid:<5} {describe_group(s, s.groups[gid])}")
+    not_fused = s.why_not_fused()
+    if not_fused:
+        lines.append("  not fused:")
+        for d in not_fused:
+            lines.append(f"    {d.kind:<9} {d.producer} -> {d.consumer}: {d.reason} [{d.rule}/{d.code}]")
+    return "\n".join(lines)
