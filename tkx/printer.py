@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .ir import DTYPE_SHORT, Op, Operand, Program, TensorSpec, contiguous_strides
+from .ir import DTYPE_SHORT, Op, Operand, Program, TensorSpec
 
 if TYPE_CHECKING:
     from .capture import CapturedGraph
@@ -58,7 +58,7 @@ class Namer:
             return f"{name}.T"
         if x.offset == root.offset and _is_broadcast(x, root):
             return f"bcast({name} -> {'x'.join(map(str, x.shape))})"
-        if x.strides == contiguous_strides(x.shape) and x.offset == 0 and x.numel == root.numel:
+        if x.is_dense and root.is_dense and x.numel == root.numel:
             return f"reshape({name} -> {'x'.join(map(str, x.shape))})"
         off = f", offset={x.offset}" if x.offset else ""
         return f"view({name}, {'x'.join(map(str, x.shape))}, strides=({','.join(map(str, x.strides))}){off})"

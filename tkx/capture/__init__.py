@@ -11,6 +11,7 @@ Capture never touches the user's real tensors: tracing runs on fake tensors.
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +26,7 @@ from ..errors import SourceLine, TkxError, UnsupportedError
 from ..ir import Program, validate
 from .decompositions import decomposition_table
 from .lower import TORCH_DTYPES, Lowering
-from .trace import SourceTagMode, node_tag, user_frame_of_traceback
+from .trace import SourceTagMode, node_tag, user_frame, user_frame_of_traceback
 
 __all__ = ["capture", "CapturedGraph", "FxNodeInfo"]
 
@@ -127,11 +128,11 @@ def _check_inputs(example_inputs: Sequence[Any], names: list[str]) -> tuple[list
     devices = {t.device for t in flat}
     if len(devices) > 1:
         first = flat[0]
-        other = next(t for t in flat if t.device != first.device)
+        k = next(i for i, t in enumerate(flat) if t.device != first.device)
         raise UnsupportedError(
             "device-mismatch",
             f"inputs on different devices: {flat_names[0]} on {first.device}, "
-            f"{flat_names[flat.index(other)]} on {other.device}",
+            f"{flat_names[k]} on {flat[k].device}",
             hint="move every input to one device before capturing")
     seen: dict[tuple, str] = {}
     for t, name in zip(flat, flat_names):
@@ -193,7 +194,10 @@ def capture(step_fn: Callable[..., Any], example_inputs: Sequence[Any], *, loss:
         example_inputs = (example_inputs,)
     name = name or getattr(step_fn, "__name__", "step")
     arg_names = _arg_names(step_fn, len(example_inputs))
-    flat, flat_names, in_tree = _check_inputs(example_inputs, arg_names)
+    try:
+        flat, flat_names, in_tree = _check_inputs(example_inputs, arg_names)
+    except UnsupportedError as e:  # point at the user's capture call
+        raise UnsupportedError(e.kind, e.what, source=user_frame(sys._getframe(1)), hint=e.hint) from None
     out_tree_box: list[Any] = []
 
     def flat_step(*leaves: torch.Tensor) -> list[torch.Tensor]:
@@ -227,6 +231,13 @@ def capture(step_fn: Callable[..., Any], example_inputs: Sequence[Any], *, loss:
         raise
     except Exception as e:  # anything else torch raised while tracing the user's code
         src = user_frame_of_traceback(e.__traceback__)
+        if "convert all Tensors to FakeTensors" in str(e):
+            raise UnsupportedError(
+                "closed-over-tensor", "the step reads a tensor it did not receive as an input",
+                op=str(e).split("Found in ")[-1].split("(")[0] if "Found in " in str(e) else None,
+                source=src,
+                hint="pass every tensor as an argument of the step (closed-over tensors would be "
+                     "baked in as constants); Python floats are fine") from None
         kind = "data-dependent-control-flow" if "data-dependent" in str(e).lower() or \
             "GuardOnDataDependent" in type(e).__name__ else "unsupported-op"
         raise UnsupportedError(kind, f"tracing failed: {type(e).__name__}: {str(e).splitlines()[0]}",

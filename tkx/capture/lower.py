@@ -214,6 +214,12 @@ class Lowering:
         updates: dict[int, TensorSpec] = {}
         placeholder_index: dict[torch.fx.Node, int] = {}
         outputs: list[OutputSpec] = []
+        for node in self.gm.graph.nodes:  # random ops first: their decompositions hide them
+            packet = getattr(node.target, "_overloadpacket", None)
+            if node.op == "call_function" and packet is not None and packet.__name__ in RANDOM_OPS:
+                self.node = node
+                raise self.fail("random-op", f"random-number op {packet.__name__}",
+                                "generate random tensors outside the step and pass them in as inputs")
         for node in self.gm.graph.nodes:
             self.node = node
             if node.op == "placeholder":

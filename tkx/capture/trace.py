@@ -23,9 +23,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..errors import SourceLine
 
-_SKIP_DIRS = tuple(
-    os.path.dirname(p) + os.sep for p in (torch.__file__, os.path.dirname(__file__))
-) + tuple(
+_SKIP_DIRS = (os.path.dirname(os.path.realpath(torch.__file__)) + os.sep,) + tuple(
     os.path.realpath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib")
 )
 TAG = "tkx"

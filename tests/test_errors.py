@@ -1,0 +1,105 @@
+"""Every kind of bad input raises one tkx.UnsupportedError naming the op and the user's line."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.func import grad_and_value
+
+import tkx
+
+W = torch.randn(4, 3)
+
+
+def _line_of(fn, needle: str) -> int:
+    import inspect
+    lines, start = inspect.getsourcelines(fn)
+    return start + next(i for i, text in enumerate(lines) if needle in text)
+
+
+def step_unsupported_op(w, x):
+    return torch.cumsum(x @ w, dim=0).sum()  # MARK
+
+
+def step_dynamic_shape(w, x):
+    y = x @ w
+    return y[y > 0].sum()  # MARK
+
+
+def step_data_dependent(w, x):
+    y = x @ w
+    if y.sum() > 0:  # MARK
+        return y.sum()
+    return -y.sum()
+
+
+def step_closed_over(w, x):
+    return (x @ W).sum() + w.sum()  # MARK
+
+
+def step_random(w, x):
+    return (torch.nn.functional.dropout(x, 0.5) @ w).sum()  # MARK
+
+
+def step_plain(w, x):
+    def loss(w):
+        return (x @ w).pow(2).mean()
+    g, v = grad_and_value(loss)(w)
+    return v, w - 0.1 * g
+
+
+CASES = [
+    (step_unsupported_op, "unsupported-op", "cumsum"),
+    (step_dynamic_shape, "dynamic-shape", None),
+    (step_data_dependent, "data-dependent-control-flow", None),
+    (step_closed_over, "closed-over-tensor", None),
+    (step_random, "random-op", None),
+]
+
+
+@pytest.mark.parametrize("fn,kind,op", CASES, ids=[c[1] for c in CASES])
+def test_tracing_errors_name_op_and_line(fn, kind, op):
+    w, x = torch.randn(4, 3), torch.randn(2, 4)
+    with pytest.raises(tkx.UnsupportedError) as info:
+        tkx.capture(fn, (w, x))
+    err = info.value
+    assert err.kind == kind
+    assert err.source is not None, str(err)
+    assert err.source.line == _line_of(fn, "# MARK"), str(err)
+    assert f"test_errors.py:{err.source.line}" in str(err)
+    assert "fix:" in str(err)
+    if op:
+        assert op in str(err)
+
+
+def _capture_line() -> int:
+    import inspect
+    return inspect.currentframe().f_back.f_lineno + 1
+
+
+@pytest.mark.parametrize("inputs,kind", [
+    ((), "bad-input"),
+    ((torch.randn(4, 3), 0.1), "bad-input"),
+    ((torch.randn(4, 3, dtype=torch.float64), torch.randn(2, 4, dtype=torch.float64)), "unsupported-dtype"),
+    ((torch.randn(4, 3), torch.randn(2, 4, device="meta")), "device-mismatch"),
+], ids=["empty", "non-tensor", "float64", "devices"])
+def test_input_errors_point_at_the_capture_call(inputs, kind):
+    with pytest.raises(tkx.UnsupportedError) as info:
+        line = _capture_line()
+        tkx.capture(step_plain, inputs)
+    assert info.value.kind == kind
+    assert info.value.source is not None and info.value.source.line == line, str(info.value)
+
+
+def test_shared_memory_inputs_rejected():
+    w = torch.randn(4, 3)
+    with pytest.raises(tkx.UnsupportedError, match="share memory"):
+        tkx.capture(lambda a, b: (a + b).sum(), (w, w))
+
+
+def test_error_is_one_readable_message():
+    with pytest.raises(tkx.UnsupportedError) as info:
+        tkx.capture(step_random, (torch.randn(4, 3), torch.randn(2, 4)))
+    text = str(info.value)
+    assert text.startswith("tkx cannot compile this step (random-op)")
+    assert "Traceback" not in text

@@ -1,0 +1,59 @@
+"""Static hazard checks of a schedule and its arena plan (no execution needed).
+
+:func:`check_hazards` returns a list of problems (empty when sound):
+
+* read-after-write: every value a group reads from memory is stored by a group of an
+  earlier stage (or is a program input);
+* write-after-read on user tensors: a group (or commit copy) that overwrites an input in
+  place runs in a later stage than every other reader of the old value;
+* arena reuse: no two arena slots that share bytes are live in a common stage;
+* every output is written exactly once.
+"""
+
+from __future__ import annotations
+
+from ..arena import ArenaPlan
+from ..arena import check as check_arena
+from .model import FusedSchedule
+
+
+def check_hazards(s: FusedSchedule, arena: ArenaPlan | None = None) -> list[str]:
+    problems: list[str] = []
+    stage = {gid: i for i, st in enumerate(s.stages) for gid in st}
+    inputs = {i.value.buffer: k for k, i in enumerate(s.program.inputs)}
+    writer: dict[str, str] = {}
+    for gid, g in s.groups.items():
+        for b in g.stores:
+            if b in writer:
+                problems.append(f"{b} is stored by both {writer[b]} and {gid}")
+            writer[b] = gid
+    for gid, g in s.groups.items():
+        for b in g.reads:
+            if b in inputs:
+                continue
+            w = writer.get(b)
+            if w is None:
+                problems.append(f"{gid} reads {b}, which no group stores")
+            elif stage[w] >= stage[gid]:
+                problems.append(f"RAW {b}: {gid} (stage {stage[gid]}) reads it, {w} writes it in stage {stage[w]}")
+    # In-place writes of user inputs: direct homes and commit copies.
+    overwrites: list[tuple[int, str]] = [(h.index, writer[b]) for b, h in s.homes.items() if h.kind == "input"]
+    overwrites += [(c.dst_home.index, c.group) for c in s.copies if c.dst_home.kind == "input"]
+    for idx, wgid in overwrites:
+        buf = s.program.inputs[idx].value.buffer
+        for gid, g in s.groups.items():
+            if gid != wgid and buf in g.reads and stage[gid] >= stage[wgid]:
+                problems.append(f"WAR {s.program.inputs[idx].name}: {gid} (stage {stage[gid]}) reads the old "
+                                f"value, {wgid} overwrites it in stage {stage[wgid]}")
+    written = [h.index for h in s.homes.values() if h.kind == "output"]
+    written += [c.dst_home.index for c in s.copies if c.dst_home.kind == "output"]
+    for k in range(len(s.program.outputs)):
+        n = written.count(k)
+        if n != 1:
+            problems.append(f"output {s.program.outputs[k].name} is written {n} times")
+    if arena is not None:
+        problems.extend(check_arena(arena))
+        for b, h in s.homes.items():
+            if h.kind == "arena" and b not in arena.slots:
+                problems.append(f"{b} lives in the arena but has no slot")
+    return problems
