@@ -57,7 +57,6 @@ def programs(draw, max_ops: int = 12) -> Program:
                 cond_id = f"v{k}c"
                 cond = Op(cond_id, "gt", (x, 0.0), TensorSpec.dense(cond_id, x.shape, "bool"))
                 ops.append(cond)
-                values.append(cond.out)
                 op = Op(oid, "where", (cond.out, x, y if isinstance(y, TensorSpec) else 1.0),
                         TensorSpec.dense(oid, x.shape, "float32"))
             else:
@@ -71,7 +70,7 @@ def programs(draw, max_ops: int = 12) -> Program:
                     tuple(d for i, d in enumerate(x.shape) if i != dim)
                 dims = (dim,)
             else:
-                keep, shape, dims = False, (), (0,)
+                keep, shape, dims = False, (), tuple(range(x.ndim))
             op = Op(oid, draw(st.sampled_from(["sum", "amax", "mean"])), (x,),
                     TensorSpec.dense(oid, shape, "float32"), {"dims": dims, "keepdim": keep})
         else:
