@@ -8,6 +8,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from programs import programs
 
 import tkx
 from tkx import arena as arena_mod
@@ -16,8 +17,6 @@ from tkx.options import Options
 from tkx.schedule import fusion_rule, keep, remove_fusion_rule, schedule
 from tkx.schedule.check import check_hazards
 from tkx.schedule.interpreter import run as run_schedule
-
-from programs import programs
 
 OPTION_SETS = {
     "default": Options(),
@@ -58,7 +57,8 @@ def test_schedule_interpreter_matches_reference(name, opt):
     assert plan.lower_bound_bytes <= plan.size_bytes <= plan.no_reuse_bytes
 
 
-@settings(max_examples=int(os.environ.get("TKX_HYPOTHESIS_EXAMPLES", 60)), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=int(os.environ.get("TKX_HYPOTHESIS_EXAMPLES", 60)), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(program=programs(), opt=st.sampled_from(list(OPTION_SETS)), seed=st.integers(0, 2**16))
 def test_random_programs(program, opt, seed):
     sched = schedule(program, OPTION_SETS[opt])

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Union
+from typing import Any
 
 from .errors import SourceLine, TkxError
 
@@ -90,7 +90,7 @@ class TensorSpec:
         return self.offset + 1 + sum((d - 1) * s for d, s in zip(self.shape, self.strides))
 
 
-Operand = Union[TensorSpec, int, float, bool]
+Operand = TensorSpec | int | float | bool
 
 
 @dataclass(frozen=True)

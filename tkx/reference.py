@@ -90,9 +90,10 @@ def evaluate(op: Op, args: list[Any], device: torch.device) -> torch.Tensor:
     if kind in _BINARY:
         a, b = args
         if not isinstance(a, torch.Tensor):  # scalar first operand: keep torch's promotion
-            a = torch.tensor(a, dtype=b.dtype if isinstance(b, torch.Tensor) else dtype, device=device)
+            a = torch.tensor(a, dtype=torch.result_type(a, b) if isinstance(b, torch.Tensor) else dtype,
+                             device=device)
         if not isinstance(b, torch.Tensor) and kind in _TENSOR_ONLY:
-            b = torch.tensor(b, dtype=a.dtype, device=device)
+            b = torch.tensor(b, dtype=torch.result_type(a, b), device=device)
         return _BINARY[kind](a, b)
     if kind == "where":
         cond, a, b = args

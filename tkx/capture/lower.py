@@ -15,7 +15,6 @@ Rules:
 
 from __future__ import annotations
 
-import math
 import operator
 from collections.abc import Callable
 from typing import Any
@@ -24,7 +23,14 @@ import torch
 
 from ..errors import SourceLine, UnsupportedError
 from ..ir import (
-    DTYPE_BYTES, InputSpec, Op, Operand, OutputSpec, Program, StateUpdate, TensorSpec,
+    DTYPE_BYTES,
+    InputSpec,
+    Op,
+    Operand,
+    OutputSpec,
+    Program,
+    StateUpdate,
+    TensorSpec,
     contiguous_strides,
 )
 from .trace import node_tag

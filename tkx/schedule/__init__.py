@@ -25,10 +25,23 @@ from typing import Any
 from ..errors import TkxError
 from ..ir import Op, Program, TensorSpec
 from .model import (
-    Barrier, CopyTask, FusedSchedule, FusionDecision, Group, Home,
+    Barrier,
+    CopyTask,
+    FusedSchedule,
+    FusionDecision,
+    Group,
+    Home,
 )
 from .rules import (
-    BUILTIN_RULES, Candidate, FusionRule, Verdict, active_rules, fuse, fusion_rule, judge, keep,
+    BUILTIN_RULES,
+    Candidate,
+    FusionRule,
+    Verdict,
+    active_rules,
+    fuse,
+    fusion_rule,
+    judge,
+    keep,
     remove_fusion_rule,
 )
 
@@ -45,7 +58,7 @@ GRID_BARRIER_US = 1.2
 BLOCK_BARRIER_US = 0.04
 ITEM_OVERHEAD_US = 0.3
 SM_FLOPS_PER_US = 0.45e6       # fp32 FMA throughput of one SM, ~60 TFLOP/s / 132
-SM_BYTES_PER_US = 0.025e6      # a single SM's share of streaming bandwidth (~25 GB/s)
+SM_BYTES_PER_US = 0.1e6        # bytes one SM streams per µs (~100 GB/s)
 
 
 def is_identity(view: TensorSpec, root: TensorSpec) -> bool:

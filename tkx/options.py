@@ -1,0 +1,214 @@
+"""Every compiler knob in one frozen, validated record: :class:`Options`.
+
+Each field carries its own documentation in ``metadata``: a one-line ``help`` and either
+``choices`` (the allowed values) or ``range`` (inclusive integer bounds, ``None`` for an
+open end). Widgets are generated from :meth:`Options.fields_info`; an invalid value raises
+:class:`OptionsError` naming the field, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import TkxError
+
+__all__ = ["Options", "OptionsError"]
+
+#: Resident threads one SM can hold on sm_80 and sm_90.
+MAX_THREADS_PER_SM = 2048
+#: Most accumulator elements one thread may own in a GEMM tile (register budget).
+MAX_TILE_ELEMS_PER_THREAD = 64
+
+
+class OptionsError(TkxError, ValueError):
+    """An invalid compiler option (or combination of options).
+
+    Attributes: ``field`` (the option's name, or several joined by ``" and "``), ``value``
+    (the rejected value) and ``allowed`` (a description of what is accepted).
+    """
+
+    def __init__(self, field: str, value: Any, allowed: str, *, message: str | None = None) -> None:
+        self.field = field
+        self.value = value
+        self.allowed = allowed
+        super().__init__(message or f"invalid option {field}={value!r}: allowed {allowed}")
+
+
+def _opt(default: Any, help: str, *, choices: tuple | None = None, range: tuple | None = None,
+         none_ok: bool = False) -> Any:
+    meta: dict[str, Any] = {"help": help}
+    if choices is not None:
+        meta["choices"] = choices
+    if range is not None:
+        meta["range"] = range
+    if none_ok:
+        meta["none_ok"] = True
+    return field(default=default, metadata=meta)
+
+
+_BOOL = (True, False)
+
+
+@dataclass(frozen=True, repr=False)
+class Options:
+    """The knobs of fusion, tiling, launch, numerics and compilation.
+
+    Build with keywords (``Options(tile_m=128, mode="grid")``), derive with
+    :meth:`replace`; every construction is validated. ``repr`` shows only the fields that
+    differ from their defaults.
+    """
+
+    fuse_pointwise: bool = _opt(True, "inline chains of pointwise ops into their consumer", choices=_BOOL)
+    fuse_epilogues: bool = _opt(True, "fuse pointwise ops that follow a GEMM into its epilogue",
+                                choices=_BOOL)
+    fuse_reductions: bool = _opt(True, "fuse pointwise producers into reductions", choices=_BOOL)
+    tile_m: int = _opt(64, "GEMM tile rows per block", choices=(16, 32, 64, 128))
+    tile_n: int = _opt(64, "GEMM tile columns per block", choices=(16, 32, 64, 128))
+    tile_k: int = _opt(32, "GEMM reduction depth staged per step", choices=(8, 16, 32, 64))
+    threads_per_block: int = _opt(256, "threads in each block", choices=(64, 128, 256, 512, 1024))
+    blocks_per_sm: int = _opt(1, "resident blocks per SM in the cooperative grid", range=(1, 8))
+    max_blocks: int | None = _opt(None, "cap on the grid size (None: as many as fit)", range=(1, None),
+                                  none_ok=True)
+    split_k: str | int = _opt("auto", "split GEMM reductions over K across blocks",
+                              choices=("auto", "off", 2, 4, 8, 16))
+    mode: str = _opt("auto", "block: one block with __syncthreads; grid: whole grid with grid barriers; "
+                     "auto: chosen by cost", choices=("auto", "block", "grid"))
+    fp32_math: str = _opt("simt", "simt: exact fp32 FMA on CUDA cores; tf32: tensor cores (10-bit mantissa)",
+                          choices=("simt", "tf32"))
+    exact: bool = _opt(False, "no fused multiply-add contraction (compile with fmad off)", choices=_BOOL)
+    passes: tuple[str, ...] | None = _opt(None, "pass pipeline by name (None: the default pipeline)")
+    backend: str = _opt("nvrtc", "how the kernel is compiled", choices=("nvrtc", "torch-extension"))
+    spin_limit: int = _opt(2_000_000, "grid-barrier spins before the kernel gives up and reports an error",
+                           range=(1000, 10**10))
+
+    # -- validation ---------------------------------------------------------------------------
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "passes":
+                object.__setattr__(self, "passes", _check_passes(value))
+                continue
+            _check_field(f, value)
+        self._check_combinations()
+
+    def _check_combinations(self) -> None:
+        per_thread = self.tile_m * self.tile_n / self.threads_per_block
+        if not 1 <= per_thread <= MAX_TILE_ELEMS_PER_THREAD:
+            raise OptionsError(
+                "tile_m, tile_n and threads_per_block", (self.tile_m, self.tile_n, self.threads_per_block),
+                f"tile_m*tile_n/threads_per_block between 1 and {MAX_TILE_ELEMS_PER_THREAD}",
+                message=(f"invalid combination tile_m={self.tile_m}, tile_n={self.tile_n}, "
+                         f"threads_per_block={self.threads_per_block}: each thread would own {per_thread:g} "
+                         f"tile elements; allowed 1 to {MAX_TILE_ELEMS_PER_THREAD} "
+                         "(change the tile size or threads_per_block)"))
+        resident = self.threads_per_block * self.blocks_per_sm
+        if resident > MAX_THREADS_PER_SM:
+            raise OptionsError(
+                "threads_per_block and blocks_per_sm", (self.threads_per_block, self.blocks_per_sm),
+                f"threads_per_block*blocks_per_sm <= {MAX_THREADS_PER_SM}",
+                message=(f"invalid combination threads_per_block={self.threads_per_block}, "
+                         f"blocks_per_sm={self.blocks_per_sm}: {resident} resident threads per SM; "
+                         f"allowed at most {MAX_THREADS_PER_SM} (sm_80/sm_90)"))
+        if self.exact and self.fp32_math == "tf32":
+            raise OptionsError(
+                "exact and fp32_math", (self.exact, self.fp32_math), "exact=True with fp32_math='simt'",
+                message=("invalid combination exact=True, fp32_math='tf32': tf32 tensor cores round "
+                         "operands to 10 mantissa bits, which defeats exact=True; use fp32_math='simt'"))
+
+    # -- derived records ----------------------------------------------------------------------
+    def replace(self, **changes: Any) -> Options:
+        """A validated copy with ``changes`` applied; unknown names raise :class:`OptionsError`."""
+        names = [f.name for f in dataclasses.fields(self)]
+        for k in changes:
+            if k not in names:
+                raise OptionsError(k, changes[k], "one of the fields " + ", ".join(names),
+                                   message=f"unknown option {k!r}; the options are: {', '.join(names)}")
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def fields_info(cls) -> list[tuple[str, Any, Any, str]]:
+        """``(name, default, choices_or_range, help)`` for every field, in declaration order.
+
+        ``choices_or_range`` is the tuple of allowed values, or ``("range", lo, hi)`` for
+        integer ranges (``hi`` may be ``None``); for ``passes`` (a sequence, not one value)
+        it is the tuple of pass names registered now.
+        """
+        from .passes import pass_names
+
+        out = []
+        for f in dataclasses.fields(cls):
+            meta = f.metadata
+            if f.name == "passes":
+                allowed: Any = pass_names()
+            elif "choices" in meta:
+                allowed: Any = tuple(meta["choices"])
+            elif "range" in meta:
+                allowed = ("range", *meta["range"])
+            else:
+                allowed = None
+            out.append((f.name, f.default, allowed, meta["help"]))
+        return out
+
+    def changed(self) -> dict[str, Any]:
+        """The fields whose value differs from the default."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if not _same(getattr(self, f.name), f.default)}
+
+    def key(self) -> tuple:
+        """A stable, hashable key of every field (for caches)."""
+        return tuple((f.name, getattr(self, f.name)) for f in dataclasses.fields(self))
+
+    def __repr__(self) -> str:
+        return "Options(" + ", ".join(f"{k}={v!r}" for k, v in self.changed().items()) + ")"
+
+
+def _same(a: Any, b: Any) -> bool:
+    return type(a) is type(b) and a == b
+
+
+def _allowed_text(f: dataclasses.Field) -> str:
+    meta = f.metadata
+    if "choices" in meta:
+        text = "one of " + ", ".join(repr(c) for c in meta["choices"])
+    else:
+        lo, hi = meta["range"]
+        text = f"an integer >= {lo}" if hi is None else f"an integer from {lo} to {hi}"
+    if meta.get("none_ok"):
+        text = "None or " + text
+    return text
+
+
+def _check_field(f: dataclasses.Field, value: Any) -> None:
+    meta = f.metadata
+    if value is None and meta.get("none_ok"):
+        return
+    if "choices" in meta:
+        # bool is an int in Python: compare with the type so True is not 1 and 1 is not True
+        if any(_same(value, c) for c in meta["choices"]):
+            return
+    elif "range" in meta:
+        lo, hi = meta["range"]
+        is_int = isinstance(value, int) and not isinstance(value, bool)
+        if is_int and value >= lo and (hi is None or value <= hi):
+            return
+    else:
+        return
+    raise OptionsError(f.name, value, _allowed_text(f))
+
+
+def _check_passes(value: Any) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, str) or not isinstance(value, (tuple, list)):
+        raise OptionsError("passes", value, "None or a tuple of registered pass names")
+    from .passes import pass_names
+
+    known = pass_names()
+    for name in value:
+        if not isinstance(name, str) or name not in known:
+            raise OptionsError("passes", name, "registered pass names: " + ", ".join(known),
+                               message=f"invalid option passes: {name!r} is not a registered pass; "
+                                       f"allowed: {', '.join(known)}")
+    return tuple(value)
