@@ -27,10 +27,17 @@ def run_tour(example: str = "digits_mlp", console: Any = None) -> int:
     console = console or Console()
     ex = tkx.examples.get(example)
     console.print(f"[bold]tkx tour[/bold]: {ex.name} - {ex.description}")
-    t0 = time.perf_counter()
-    cg = tkx.capture(ex.step_fn, ex.example_inputs, loss=ex.loss_output, name=ex.name)
-    _stage(console, f"1. captured graph  {cg!r}", cg, time.perf_counter() - t0)
-    t0 = time.perf_counter()
-    program = cg.lower()
-    _stage(console, f"2. IR  {program!r}", program, time.perf_counter() - t0)
+    exp = tkx.explore(ex.step_fn, ex.example_inputs, name=ex.name, loss=ex.loss_output)
+    _stage(console, f"1. captured graph  {exp.captured!r}", exp.captured, exp.timings["captured"] / 1e3)
+    _stage(console, f"2. IR  {exp.program!r}", exp.program, exp.timings["program"] / 1e3)
+    _stage(console, f"3. passes  {exp.passes!r}", str(exp.passes), exp.timings["passes"] / 1e3)
+    console.print(exp.optimized)
+    _stage(console, f"4. fused schedule  {exp.schedule!r}", str(exp.schedule), exp.timings["schedule"] / 1e3)
+    _stage(console, f"5. arena  {exp.arena!r}", str(exp.arena), exp.timings["arena"] / 1e3)
+    try:
+        cuda = exp.cuda
+    except ImportError as e:  # the code generator is optional until it lands
+        console.print(f"[yellow]CUDA code generation unavailable: {e}[/yellow]")
+        return 0
+    _stage(console, f"6. CUDA source  {cuda!r}", cuda, exp.timings["cuda"] / 1e3)
     return 0

@@ -78,6 +78,22 @@ class ArenaPlan:
     def live_at(self, stage: int) -> list[Slot]:
         return [s for s in self.slots.values() if s.first <= stage <= s.last]
 
+    def __str__(self) -> str:
+        def kib(n: int) -> str:
+            return f"{n / 1024:.1f} KiB" if n >= 1024 else f"{n} B"
+        lines = [f"arena: {kib(self.size_bytes)} for {len(self.slots)} values "
+                 f"(lower bound {kib(self.lower_bound_bytes)}, without reuse {kib(self.no_reuse_bytes)}), "
+                 f"{self.alignment}-byte aligned"]
+        if self.in_place:
+            lines.append(f"  written in place (last read proven): {', '.join(self.in_place)}")
+        if self.staged:
+            lines.append(f"  staged commits (copied after the last read): {', '.join(self.staged)}")
+        lines.append(f"  {'value':<22} {'offset':>10} {'bytes':>10}  stages")
+        for s in sorted(self.slots.values(), key=lambda s: (s.offset, s.first)):
+            lines.append(f"  {s.buffer:<22} {s.offset:>10} {s.nbytes:>10}  {s.first}..{s.last}"
+                         + ("  (scratch)" if s.kind == "scratch" else ""))
+        return "\n".join(lines)
+
     def __repr__(self) -> str:
         return (f"<tkx.ArenaPlan {len(self.slots)} slots, {self.size_bytes} B "
                 f"(lower bound {self.lower_bound_bytes} B, no reuse {self.no_reuse_bytes} B)>")

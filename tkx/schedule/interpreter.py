@@ -95,7 +95,8 @@ class _Machine:
             raise ScheduleError(f"group {group.id} reads {x.buffer}, which is neither stored nor inlined here")
         return self.read(x)
 
-    def compute(self, op: Op, regs: dict[str, torch.Tensor], group: Group, memo: dict[str, torch.Tensor]) -> torch.Tensor:
+    def compute(self, op: Op, regs: dict[str, torch.Tensor], group: Group,
+                memo: dict[str, torch.Tensor]) -> torch.Tensor:
         args = [self.operand(x, regs, group, memo) for x in op.inputs]
         out = evaluate(op, args, self.device).to(TORCH[op.out.dtype])
         if tuple(out.shape) != op.out.shape:
