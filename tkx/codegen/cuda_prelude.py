@@ -1,0 +1,339 @@
+"""The fixed device code every generated kernel starts with, and the Python helpers that call it.
+
+The prelude is plain CUDA C++ that needs no header (so kernels without tensor cores compile
+in a few hundredths of a second with NVRTC). It holds:
+
+* **dtype helpers**: storage types (``tkx_bf16`` and ``tkx_f16`` are 2-byte structs holding
+  the raw bits, so a kernel parameter says what it points at), ``tkx_ld_<dtype>`` loads that
+  widen to ``float``, ``tkx_st_<dtype>`` stores that round to the storage type, and
+  ``tkx_round_<dtype>`` that rounds a float to the nearest value of a dtype and back. Every
+  value is computed in fp32 registers and rounded to its IR dtype after each op, as eager
+  PyTorch rounds each op's output;
+* **NaN-propagating min/max** (``tkx_max``/``tkx_min``) as ``torch.maximum``/``amax`` behave;
+* **barriers**: :data:`GRID_BARRIER` - a generation-counter grid barrier with a spin limit
+  that records an error in ``status`` instead of hanging - and a block-mode twin with the
+  same signature (``__syncthreads`` only);
+* **warp and block reductions** (sum/max/min) through warp shuffles and shared memory.
+
+Contracts a kernel must keep (the code generator's side):
+
+* ``blockDim.x`` is a multiple of 32 and every thread of a block calls a barrier or a block
+  reduction (no thread may have returned early);
+* a grid barrier needs every block of the grid resident at once: the runtime sizes the grid
+  from the occupancy calculator and launches cooperatively;
+* buffers written by the kernel are never read through ``__ldg`` or ``const __restrict__``
+  (the read-only cache is not coherent across a grid barrier);
+* ``sync`` (2 words) is zeroed once when allocated - the barrier leaves it ready for the next
+  launch - and ``status`` (4 ints: code, stage, block, spare) is zeroed before a launch and
+  read after it. After a barrier error ``sync`` must be zeroed again.
+"""
+
+from __future__ import annotations
+
+from .text import dedent
+
+#: Error codes a kernel writes into ``status[0]`` (``status[1]`` holds the stage index).
+ERROR_CODES = {
+    0: "ok",
+    1: "grid barrier timed out (a block never arrived: grid larger than the GPU can hold at once?)",
+    2: "kernel launched with a block size other than the one it was generated for",
+}
+ERR_BARRIER_TIMEOUT = 1
+ERR_BAD_LAUNCH = 2
+
+#: C storage type of each IR dtype.
+C_TYPES = {
+    "float32": "float", "bfloat16": "tkx_bf16", "float16": "tkx_f16",
+    "int64": "long long", "int32": "int", "bool": "bool",
+}
+#: Suffix of the ``tkx_ld_*``/``tkx_st_*``/``tkx_round_*`` helpers of each dtype.
+SUFFIX = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "int64": "i64", "int32": "i32",
+          "bool": "bool"}
+
+#: Largest static ``__shared__`` allocation; above it a kernel needs dynamic shared memory.
+STATIC_SHARED_LIMIT = 48 * 1024
+
+
+DTYPES = dedent(r"""
+    // ---------------------------------------------------------------------------------
+    // dtypes: every value lives in a float register; loads widen, stores round.
+    // ---------------------------------------------------------------------------------
+    #define TKX_INF __int_as_float(0x7f800000)
+    #define TKX_NAN __int_as_float(0x7fffffff)
+
+    struct __align__(2) tkx_bf16 { unsigned short bits; };  // bfloat16, raw bits
+    struct __align__(2) tkx_f16 { unsigned short bits; };   // IEEE half, raw bits
+
+    __device__ __forceinline__ float tkx_bf16_to_float(unsigned short bits) {
+        return __uint_as_float((unsigned int)bits << 16);   // bf16 is the top half of a float
+    }
+    __device__ __forceinline__ unsigned short tkx_float_to_bf16(float x) {
+        unsigned short bits;                                  // round to nearest even (sm_80+)
+        asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(bits) : "f"(x));
+        return bits;
+    }
+    __device__ __forceinline__ float tkx_f16_to_float(unsigned short bits) {
+        float x;
+        asm("cvt.f32.f16 %0, %1;" : "=f"(x) : "h"(bits));
+        return x;
+    }
+    __device__ __forceinline__ unsigned short tkx_float_to_f16(float x) {
+        unsigned short bits;
+        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(bits) : "f"(x));
+        return bits;
+    }
+
+    // Loads: element i of a buffer, as float.
+    #define TKX_INLINE __device__ __forceinline__
+    TKX_INLINE float tkx_ld_f32(const float* p, long long i) { return p[i]; }
+    // (16-bit floats are read as raw bits, so any 2-byte type works: tkx_bf16, __nv_bfloat16 ...)
+    TKX_INLINE float tkx_ld_bf16(const void* p, long long i) {
+        return tkx_bf16_to_float(static_cast<const unsigned short*>(p)[i]);
+    }
+    TKX_INLINE float tkx_ld_f16(const void* p, long long i) {
+        return tkx_f16_to_float(static_cast<const unsigned short*>(p)[i]);
+    }
+    TKX_INLINE float tkx_ld_i64(const long long* p, long long i) { return (float)p[i]; }
+    TKX_INLINE float tkx_ld_i32(const int* p, long long i) { return (float)p[i]; }
+    TKX_INLINE float tkx_ld_bool(const bool* p, long long i) { return p[i] ? 1.0f : 0.0f; }
+
+    // Stores: round a float to the buffer's dtype (integers truncate toward zero, like .to()).
+    TKX_INLINE void tkx_st_f32(float* p, long long i, float x) { p[i] = x; }
+    TKX_INLINE void tkx_st_bf16(void* p, long long i, float x) {
+        static_cast<unsigned short*>(p)[i] = tkx_float_to_bf16(x);
+    }
+    TKX_INLINE void tkx_st_f16(void* p, long long i, float x) {
+        static_cast<unsigned short*>(p)[i] = tkx_float_to_f16(x);
+    }
+    TKX_INLINE void tkx_st_i64(long long* p, long long i, float x) { p[i] = (long long)x; }
+    TKX_INLINE void tkx_st_i32(int* p, long long i, float x) { p[i] = (int)x; }
+    TKX_INLINE void tkx_st_bool(bool* p, long long i, float x) { p[i] = x != 0.0f; }
+
+    // Round a float to the nearest value of a dtype, kept as float (what a store then a load gives).
+    TKX_INLINE float tkx_round_f32(float x) { return x; }
+    TKX_INLINE float tkx_round_bf16(float x) { return tkx_bf16_to_float(tkx_float_to_bf16(x)); }
+    TKX_INLINE float tkx_round_f16(float x) { return tkx_f16_to_float(tkx_float_to_f16(x)); }
+    TKX_INLINE float tkx_round_i64(float x) { return truncf(x); }
+    TKX_INLINE float tkx_round_i32(float x) { return truncf(x); }
+    TKX_INLINE float tkx_round_bool(float x) { return x != 0.0f ? 1.0f : 0.0f; }
+
+    // NaN-propagating max/min (torch.maximum, torch.amax): a NaN on either side wins.
+    TKX_INLINE float tkx_max(float a, float b) { return (a != a || a >= b) ? a : b; }
+    TKX_INLINE float tkx_min(float a, float b) { return (a != a || a <= b) ? a : b; }
+""")
+
+
+BARRIERS = dedent(r"""
+    // ---------------------------------------------------------------------------------
+    // Barriers between stages. Both return false when the kernel must stop (an error
+    // was recorded in status[0], the failing stage in status[1]); every thread of the
+    // block gets the same answer, so `if (!barrier(...)) return;` exits the block whole.
+    // ---------------------------------------------------------------------------------
+    #define TKX_ERR_BARRIER_TIMEOUT 1
+    #define TKX_ERR_BAD_LAUNCH 2
+
+    // Memory operations with explicit ordering (PTX memory model, GPU scope).
+    __device__ __forceinline__ unsigned int tkx_ld_acquire(const unsigned int* p) {
+        unsigned int v;
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+        return v;
+    }
+    __device__ __forceinline__ unsigned int tkx_atom_add_acq_rel(unsigned int* p, unsigned int v) {
+        unsigned int old;
+        asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+        return old;
+    }
+    __device__ __forceinline__ void tkx_st_relaxed(unsigned int* p, unsigned int v) {
+        asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
+    }
+    __device__ __forceinline__ void tkx_red_add_release(unsigned int* p, unsigned int v) {
+        asm volatile("red.release.gpu.global.add.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
+    }
+    __device__ __forceinline__ int tkx_ld_volatile(const int* p) { return *(const volatile int*)p; }
+
+    // Record an error (the first one wins): status[0] the code, status[1] the stage,
+    // status[2] the block that saw it.
+    __device__ __forceinline__ void tkx_fail(int* status, int code, int stage) {
+        if (atomicCAS(status, 0, code) == 0) {
+            atomicExch(status + 1, stage);
+            atomicExch(status + 2, (int)blockIdx.x);
+        }
+    }
+
+    // Grid barrier. sync[0] counts the blocks that arrived, sync[1] is the generation.
+    // The last block to arrive resets the count and bumps the generation, which releases
+    // the others; so the pair needs zeroing only once and serves every later barrier and
+    // launch. Each block counts the generations itself (`gen`, read once at kernel entry by
+    // tkx_barrier_init and incremented by the caller), so arriving costs one atomic, no read.
+    // A waiting block gives up after spin_limit polls (or when another block has already
+    // failed) and reports the stage instead of hanging the GPU.
+    // Ordering: the arrival is a release (this block's writes, made visible to thread 0 by
+    // __syncthreads, are published) and an acquire (the last block sees everyone's writes);
+    // the generation bump is a release and the waiters' polls are acquires.
+    __device__ __forceinline__ unsigned int tkx_barrier_init(const unsigned int* sync) {
+        return tkx_ld_acquire(sync + 1);  // no barrier of this launch can have opened yet
+    }
+
+    __device__ __noinline__ bool tkx_grid_barrier(unsigned int* sync, unsigned int gen, int* status,
+                                                  int stage, unsigned long long spin_limit) {
+        __shared__ int ok;
+        __syncthreads();                                       // this block has finished the stage
+        if (threadIdx.x == 0) {
+            ok = 1;
+            unsigned int* count = sync;
+            unsigned int* generation = sync + 1;
+            if (tkx_atom_add_acq_rel(count, 1u) == gridDim.x - 1) {
+                tkx_st_relaxed(count, 0u);                     // last one in: re-arm ...
+                tkx_red_add_release(generation, 1u);           // ... and open the barrier
+            } else {
+                unsigned long long polls = 0;
+                while (tkx_ld_acquire(generation) == gen) {
+                    if ((++polls & 63) == 0 && (polls > spin_limit || tkx_ld_volatile(status) != 0)) {
+                        tkx_fail(status, TKX_ERR_BARRIER_TIMEOUT, stage);
+                        ok = 0;
+                        break;
+                    }
+                }
+            }
+        }
+        __syncthreads();
+        return ok != 0;
+    }
+
+    // Block mode (a one-block grid): the same call, only __syncthreads.
+    __device__ __forceinline__ bool tkx_block_barrier(unsigned int* sync, unsigned int gen, int* status,
+                                                      int stage, unsigned long long spin_limit) {
+        __syncthreads();
+        return true;
+    }
+
+    // Checked once at kernel entry: the code assumes this many threads per block.
+    __device__ __forceinline__ bool tkx_check_launch(int* status, unsigned int threads) {
+        if (blockDim.x == threads && blockDim.y == 1 && blockDim.z == 1) return true;
+        if (threadIdx.x == 0) tkx_fail(status, TKX_ERR_BAD_LAUNCH, -1);
+        return false;
+    }
+""")
+
+
+REDUCTIONS = dedent(r"""
+    // ---------------------------------------------------------------------------------
+    // Reductions across a warp and across a block (blockDim.x a multiple of 32; every
+    // thread of the warp/block must call them). The block versions return the result
+    // to every thread.
+    // ---------------------------------------------------------------------------------
+    struct tkx_sum_op {
+        static __device__ __forceinline__ float identity() { return 0.0f; }
+        static __device__ __forceinline__ float apply(float a, float b) { return a + b; }
+    };
+    struct tkx_max_op {
+        static __device__ __forceinline__ float identity() { return -TKX_INF; }
+        static __device__ __forceinline__ float apply(float a, float b) { return tkx_max(a, b); }
+    };
+    struct tkx_min_op {
+        static __device__ __forceinline__ float identity() { return TKX_INF; }
+        static __device__ __forceinline__ float apply(float a, float b) { return tkx_min(a, b); }
+    };
+
+    template <class Op>
+    __device__ __forceinline__ float tkx_warp_reduce(float v) {
+        #pragma unroll
+        for (int offset = 16; offset > 0; offset >>= 1)      // butterfly: all lanes get the result
+            v = Op::apply(v, __shfl_xor_sync(0xffffffffu, v, offset));
+        return v;
+    }
+
+    template <class Op>
+    __device__ __forceinline__ float tkx_block_reduce(float v) {
+        __shared__ float partial[32];                        // one slot per warp
+        const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+        const int warps = (blockDim.x + 31) >> 5;
+        v = tkx_warp_reduce<Op>(v);
+        __syncthreads();                                     // a previous call may still read partial[]
+        if (lane == 0) partial[warp] = v;
+        __syncthreads();
+        v = lane < warps ? partial[lane] : Op::identity();   // every warp folds the partials
+        return tkx_warp_reduce<Op>(v);
+    }
+
+    __device__ __forceinline__ float tkx_warp_sum(float v) { return tkx_warp_reduce<tkx_sum_op>(v); }
+    __device__ __forceinline__ float tkx_warp_max(float v) { return tkx_warp_reduce<tkx_max_op>(v); }
+    __device__ __forceinline__ float tkx_warp_min(float v) { return tkx_warp_reduce<tkx_min_op>(v); }
+    __device__ __forceinline__ float tkx_block_sum(float v) { return tkx_block_reduce<tkx_sum_op>(v); }
+    __device__ __forceinline__ float tkx_block_max(float v) { return tkx_block_reduce<tkx_max_op>(v); }
+    __device__ __forceinline__ float tkx_block_min(float v) { return tkx_block_reduce<tkx_min_op>(v); }
+""")
+
+#: Headers a kernel with tensor-core GEMMs includes (``nvcuda::wmma``, ``__nv_bfloat16``, ``__half``).
+TENSOR_CORE_INCLUDES = dedent("""
+    #include <mma.h>
+    #include <cuda_bf16.h>
+    #include <cuda_fp16.h>
+""")
+
+#: The prelude of a kernel without tensor cores (no header needed).
+PRELUDE = "\n\n".join(["// ===== tkx prelude (fixed device code) =====", DTYPES, BARRIERS, REDUCTIONS,
+                       "// ===== end of tkx prelude ====="])
+
+
+def prelude(*, tensor_cores: bool = False) -> str:
+    """The device code to put at the top of a kernel (``tensor_cores`` adds the WMMA headers)."""
+    return (TENSOR_CORE_INCLUDES + "\n\n" + PRELUDE) if tensor_cores else PRELUDE
+
+
+# --------------------------------------------------------------------------------------
+# Python helpers that write calls into the prelude
+# --------------------------------------------------------------------------------------
+def c_type(dtype: str) -> str:
+    """The C storage type of an IR dtype (``bfloat16`` -> ``tkx_bf16``)."""
+    return C_TYPES[dtype]
+
+
+def load(dtype: str, pointer: str, index: str) -> str:
+    """C expression: element ``index`` of ``pointer`` (a buffer of ``dtype``) as float."""
+    return f"tkx_ld_{SUFFIX[dtype]}({pointer}, {index})"
+
+
+def store(dtype: str, pointer: str, index: str, value: str) -> str:
+    """C statement: round ``value`` to ``dtype`` and write it to element ``index``."""
+    return f"tkx_st_{SUFFIX[dtype]}({pointer}, {index}, {value});"
+
+
+def round_to(dtype: str, expr: str) -> str:
+    """C expression: ``expr`` rounded to ``dtype`` and kept as float (identity for float32)."""
+    return expr if dtype == "float32" else f"tkx_round_{SUFFIX[dtype]}({expr})"
+
+
+def barrier_setup(mode: str) -> str:
+    """C statement at kernel entry (before any early return): the barrier's per-block state."""
+    if mode == "grid":
+        return "unsigned int tkx_gen = tkx_barrier_init(sync);  // the generation the next barrier ends"
+    return "unsigned int tkx_gen = 0;  // unused in block mode"
+
+
+def barrier(mode: str, stage: int | str, *, spin_limit: str = "spin_limit") -> str:
+    """C statement ending stage ``stage - 1``: a grid or block barrier that exits the kernel on error.
+
+    ``stage`` (a number or a C expression) is what ``status[1]`` records if the barrier fails.
+    Expects ``sync``, ``status`` and ``tkx_gen`` (from :func:`barrier_setup`) in scope, and
+    ``spin_limit`` (a kernel parameter or a constant; pass its C text).
+    """
+    fn = {"grid": "tkx_grid_barrier", "block": "tkx_block_barrier"}[mode]
+    return f"if (!{fn}(sync, tkx_gen++, status, {stage}, {spin_limit})) return;  // before stage {stage}"
+
+
+def shared_workspace(nbytes: int, name: str = "tkx_smem") -> str:
+    """Declaration of the block's one shared-memory workspace, which every emitter carves up.
+
+    Emitters never declare their own big ``__shared__`` arrays: they take a pointer to this
+    workspace and report how many bytes they need, and the kernel declares it once with the
+    largest need over all its groups (groups of different stages reuse the same bytes, which
+    the barrier between stages makes safe). Up to 48 KiB it is a static array (so ptxas reports
+    it); above that it is ``extern __shared__`` and the launch passes the size (the runtime
+    must raise ``cudaFuncAttributeMaxDynamicSharedMemorySize``).
+    """
+    nbytes = max(16, (nbytes + 15) // 16 * 16)
+    if nbytes <= STATIC_SHARED_LIMIT:
+        return f"__shared__ __align__(128) unsigned char {name}[{nbytes}];  // shared workspace, all groups"
+    return (f"extern __shared__ __align__(128) unsigned char {name}[];  "
+            f"// shared workspace: {nbytes} bytes, sized at launch")

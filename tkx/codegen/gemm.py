@@ -1,0 +1,659 @@
+"""GEMM emitters: C code for ONE work item (one output tile) of ``C = A @ B``.
+
+Every emitter takes
+
+* a :class:`GemmProblem` (sizes, batch, operand dtype, which index of each operand is
+  contiguous in memory - that decides how threads walk the operands so loads coalesce);
+* ``load_a(batch, row, k)`` and ``load_b(batch, k, col)``: callbacks that get the *names* of
+  C index variables and return a C expression for that element **as a float**. Any view
+  works (transposes, strides, offsets, even a pointwise producer computed on the fly);
+* ``epilogue(batch, row, col, acc)``: a callback returning C statements that consume the fp32
+  accumulator ``acc`` of output element (row, col): add a bias, apply an activation, store.
+
+and returns a :class:`GemmCode` whose ``code`` is a brace-enclosed C block that computes the
+work item whose index is in the C variable ``item`` (``0 <= item < work_items``). The caller
+puts it in a grid-stride loop (:func:`work_loop`) that other groups of the same stage share.
+The block synchronises the whole thread block (``__syncthreads``) so ``item`` must be the
+same for every thread of a block, which a grid-stride loop over ``blockIdx.x`` guarantees.
+
+Shared memory: emitters declare no ``__shared__`` array. They carve the block's one shared
+workspace (a pointer named by ``smem``, 128-byte aligned, see
+:func:`tkx.codegen.cuda_prelude.shared_workspace`) and report the bytes they need in
+``GemmCode.shared_bytes``; the kernel sizes the workspace with the largest need. Every block
+ends with ``__syncthreads()`` so the next work item may reuse the workspace.
+
+Variants (:func:`choose_variant` picks one and says why):
+
+========== ======================================================================
+simt       fp32 tiles in shared memory, each thread an RM x RN register micro-tile,
+           one ``fmaf`` per k (exact fp32, fixed summation order)
+wmma_bf16  tensor cores, 16x16x16 bf16 fragments, fp32 accumulators (sm_80+)
+wmma_f16   the same with fp16 operands
+wmma_tf32  tensor cores on fp32 data rounded to tf32, 16x16x8 (``fp32_math="tf32"``)
+gemv       M <= 4 or N <= 4: no tiles, K split across lanes (shuffle reduction) or
+           across warps (shared-memory reduction), whichever reads memory coalesced
+========== ======================================================================
+
+Names the emitted block defines (callbacks must not use them for their own variables):
+``M N K TM TN TK bat tile row0 col0 row col k kk k0 r c e l s w elem acc sums c_frag a b a_next b_next
+fetch stash As Bs Cw warp lane wr wc sum part``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..ir import TensorSpec
+from .text import block, indent
+
+LoadA = Callable[[str, str, str], str]  # (batch, row, k) -> float C expression
+LoadB = Callable[[str, str, str], str]  # (batch, k, col) -> float C expression
+Epilogue = Callable[[str, str, str, str], str]  # (batch, row, col, acc) -> C statements
+
+VARIANTS = ("simt", "wmma_bf16", "wmma_f16", "wmma_tf32", "gemv")
+
+#: Alignment of each array carved from the shared workspace (WMMA needs 32 bytes).
+SMEM_ALIGN = 128
+
+
+@dataclass(frozen=True)
+class GemmProblem:
+    """``C[batch, m, n] = A[batch, m, k] @ B[batch, k, n]`` and the operands' memory order.
+
+    ``dtype`` is the operands' dtype (``torch.mm`` needs both the same). ``a_k_contiguous``
+    says consecutive k of a row of A are adjacent in memory (A row-major), otherwise
+    consecutive rows are (A is a transposed view); ``b_n_contiguous`` likewise for B.
+    """
+
+    m: int
+    n: int
+    k: int
+    batch: int = 1
+    dtype: str = "float32"
+    a_k_contiguous: bool = True
+    b_n_contiguous: bool = True
+
+    @staticmethod
+    def from_views(a: TensorSpec, b: TensorSpec) -> GemmProblem:
+        """The problem of ``a @ b`` for 2-D (mm) or 3-D (bmm) views, memory order read from strides."""
+        if a.ndim != b.ndim or a.ndim not in (2, 3):
+            raise ValueError(f"mm/bmm operands must both be 2-D or 3-D, got {a.shape} and {b.shape}")
+        batch = a.shape[0] if a.ndim == 3 else 1
+        m, k = a.shape[-2:]
+        n = b.shape[-1]
+        a_k = _last_index_fast(a.shape[-2:], a.strides[-2:])
+        b_n = _last_index_fast(b.shape[-2:], b.strides[-2:])
+        return GemmProblem(m, n, k, batch, a.dtype, bool(a_k), bool(b_n))
+
+
+def _last_index_fast(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """Whether the last index of a 2-D view is the one to walk with consecutive threads."""
+    rows, cols = shape
+    if rows == 1:
+        return True
+    if cols == 1:
+        return False
+    return strides[1] <= strides[0]
+
+
+@dataclass(frozen=True)
+class GemmCode:
+    """One GEMM work item's code and what the caller must provide for it.
+
+    ``work_items``: how many items (``item`` in ``[0, work_items)``); ``shared_bytes``: bytes
+    of the shared workspace it uses; ``tensor_cores``: the kernel must include the WMMA
+    headers (:func:`tkx.codegen.cuda_prelude.prelude` with ``tensor_cores=True``);
+    ``params``: the decisions (tile, micro-tile, warp layout ...), for reports.
+    """
+
+    variant: str
+    code: str
+    work_items: int
+    shared_bytes: int
+    threads: int
+    tensor_cores: bool
+    params: dict
+
+    def __str__(self) -> str:
+        return self.code
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _align(n: int, to: int = SMEM_ALIGN) -> int:
+    return _ceil(n, to) * to
+
+
+def work_loop(body: str, work_items: int, *, item: str = "item", note: str = "") -> str:
+    """A grid-stride loop over ``work_items`` that runs ``body`` with ``item`` set.
+
+    Block-uniform: every thread of a block sees the same ``item``.
+    """
+    head = f"for (int {item} = blockIdx.x; {item} < {work_items}; {item} += gridDim.x) {{"
+    if note:
+        head += f"  // {note}"
+    return f"{head}\n{indent(body)}\n}}"
+
+
+def _tile_header(p: GemmProblem, tm: int, tn: int, item: str, what: str) -> list[str]:
+    tiles_n = _ceil(p.n, tn)
+    per_batch = _ceil(p.m, tm) * tiles_n
+    lines = [f"// {what}",
+             f"constexpr int M = {p.m}, N = {p.n}, K = {p.k};  // C[M x N] = A[M x K] @ B[K x N]"]
+    if p.batch > 1:
+        lines += [f"const int bat = {item} / {per_batch};  // which matrix of the batch of {p.batch}",
+                  f"const int tile = {item} % {per_batch};"]
+    else:
+        lines += ["const int bat = 0;", f"const int tile = {item};"]
+    lines += [f"const int row0 = (tile / {tiles_n}) * {tm};  // this tile's first row of C",
+              f"const int col0 = (tile % {tiles_n}) * {tn};  // and first column"]
+    return lines
+
+
+def _guard(*conds: tuple[str, bool]) -> str:
+    """``a && b`` of the conditions that are needed (``"true"`` when none)."""
+    needed = [c for c, need in conds if need]
+    return " && ".join(needed) if needed else ""
+
+
+def _when(cond: str, expr: str, otherwise: str = "0.0f") -> str:
+    return f"({cond}) ? {expr} : {otherwise}" if cond else expr
+
+
+def _epilogue_block(epilogue: Epilogue, acc_expr: str, row_guard: bool, col_guard: bool) -> str:
+    """``if (row < M && col < N) { const float acc = ...; <epilogue> }``."""
+    body = block(f"const float acc = {acc_expr};", epilogue("bat", "row", "col", "acc"))
+    cond = _guard(("row < M", row_guard), ("col < N", col_guard))
+    return f"if ({cond}) {{\n{indent(body)}\n}}" if cond else f"{{\n{indent(body)}\n}}"
+
+
+@dataclass(frozen=True)
+class _Stage:
+    """How one operand tile is copied global -> registers -> shared memory.
+
+    The tile is ``rows x cols`` (A: TM x TK, B: TK x TN). ``fast`` is the tile index that
+    consecutive threads take (the one contiguous in global memory, for coalescing).
+    """
+
+    name: str  # "a" or "b"
+    rows: int
+    cols: int
+    fast: str  # "row" or "col"
+    threads: int
+
+    @property
+    def per_thread(self) -> int:
+        return self.rows * self.cols // self.threads
+
+    @property
+    def _fast_size(self) -> int:
+        return self.cols if self.fast == "col" else self.rows
+
+    def setup(self) -> str:
+        """This thread's first tile element, computed once (so the unrolled loads below differ
+        only by constant offsets and the compiler folds them into the addresses)."""
+        n = self._fast_size
+        if self.threads % n == 0:
+            fast, slow = ("c", "r") if self.fast == "col" else ("r", "c")
+            first = f"{self.name}_{slow}0 = threadIdx.x / {n}, {self.name}_{fast}0 = threadIdx.x % {n}"
+            return f"const int {first};  // first {self.name.upper()} tile element this thread copies"
+        return ""
+
+    def coords(self) -> str:
+        """``r`` and ``c`` of the ``l``-th tile element this thread copies."""
+        n = self._fast_size
+        if self.threads % n == 0:
+            step = self.threads // n
+            if self.fast == "col":
+                return f"const int r = {self.name}_r0 + l * {step}, c = {self.name}_c0;"
+            return f"const int r = {self.name}_r0, c = {self.name}_c0 + l * {step};"
+        if self.fast == "col":
+            return f"const int e = threadIdx.x + l * {self.threads}, r = e / {n}, c = e % {n};"
+        return f"const int e = threadIdx.x + l * {self.threads}, r = e % {n}, c = e / {n};"
+
+
+def _check_staging(stage: _Stage) -> None:
+    if (stage.rows * stage.cols) % stage.threads:
+        raise ValueError(f"a {stage.rows}x{stage.cols} operand tile does not split evenly over "
+                         f"{stage.threads} threads; choose tiles with rows*cols a multiple of threads")
+
+
+def _fetch_and_stash(p: GemmProblem, sa: _Stage, sb: _Stage, load_a: LoadA, load_b: LoadB,
+                     a_slot: str, b_slot: str, convert: Callable[[str], str],
+                     m_guard: bool, n_guard: bool, k_guard: bool) -> list[str]:
+    """The two lambdas shared by the tiled variants: ``fetch(k0)`` loads the k-tile at ``k0``
+    into registers, ``stash()`` writes those registers to the shared tiles."""
+    a_cond = _guard(("row < M", m_guard), ("k < K", k_guard))
+    b_cond = _guard(("k < K", k_guard), ("col < N", n_guard))
+    fetch = block(
+        "auto fetch = [&](int k0) {  // global -> registers: the k-tile starting at k0",
+        "    #pragma unroll",
+        f"    for (int l = 0; l < {sa.per_thread}; ++l) {{",
+        f"        {sa.coords()}  // A tile element (r, c)",
+        "        const int row = row0 + r, k = k0 + c;",
+        f"        a_next[l] = {_when(a_cond, load_a('bat', 'row', 'k'))};",
+        "    }",
+        "    #pragma unroll",
+        f"    for (int l = 0; l < {sb.per_thread}; ++l) {{",
+        f"        {sb.coords()}  // B tile element (r, c)",
+        "        const int k = k0 + r, col = col0 + c;",
+        f"        b_next[l] = {_when(b_cond, load_b('bat', 'k', 'col'))};",
+        "    }",
+        "};",
+    )
+    stash = block(
+        "auto stash = [&]() {  // registers -> shared tiles",
+        "    #pragma unroll",
+        f"    for (int l = 0; l < {sa.per_thread}; ++l) {{",
+        f"        {sa.coords()}",
+        f"        {a_slot} = {convert('a_next[l]')};",
+        "    }",
+        "    #pragma unroll",
+        f"    for (int l = 0; l < {sb.per_thread}; ++l) {{",
+        f"        {sb.coords()}",
+        f"        {b_slot} = {convert('b_next[l]')};",
+        "    }",
+        "};",
+    )
+    return [sa.setup(), sb.setup(),
+            f"float a_next[{sa.per_thread}], b_next[{sb.per_thread}];  // next k-tile, staged in registers",
+            fetch, stash]
+
+
+def _k_loop(tk: int, compute: str) -> list[str]:
+    return [
+        "fetch(0);",
+        "for (int k0 = 0; k0 < K; k0 += TK) {",
+        "    stash();",
+        "    __syncthreads();",
+        "    if (k0 + TK < K) fetch(k0 + TK);  // next tile's global loads overlap this tile's math",
+        indent(compute),
+        "    __syncthreads();  // all warps are done with this tile",
+        "}",
+    ]
+
+
+# --------------------------------------------------------------------------------------
+# (a) SIMT fp32
+# --------------------------------------------------------------------------------------
+def _micro_tile(tm: int, tn: int, threads: int) -> tuple[int, int]:
+    per_thread = tm * tn // threads
+    if per_thread * threads != tm * tn or per_thread == 0:
+        raise ValueError(f"a {tm}x{tn} tile does not split evenly over {threads} threads")
+    rn = 1 << int(math.log2(math.isqrt(per_thread)) if per_thread > 1 else 0)
+    rm = per_thread // rn
+    if tm % rm or tn % rn or rm * rn != per_thread:
+        raise ValueError(f"no RM x RN micro-tile for a {tm}x{tn} tile on {threads} threads")
+    return rm, rn
+
+
+def simt_gemm(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue, *, tile_m: int = 64,
+              tile_n: int = 64, tile_k: int = 32, threads: int = 256, item: str = "item",
+              smem: str = "tkx_smem") -> GemmCode:
+    """(a) fp32 SIMT GEMM: shared tiles ``A[TM x TK]`` and ``B[TK x TN]``, each thread an
+    ``RM x RN`` block of accumulators in registers, one ``fmaf`` per k in a fixed order.
+
+    Thread (ty, tx) owns rows ``ty + i*TY`` and columns ``tx + j*TX`` of the tile (interleaved,
+    so a warp reads consecutive shared-memory words and stores consecutive columns of C).
+    A is kept k-major in shared memory (``As[k][m]``) so the inner loop reads one word per row.
+    """
+    tm, tn, tk = tile_m, tile_n, tile_k
+    rm, rn = _micro_tile(tm, tn, threads)
+    tx_count, ty_count = tn // rn, tm // rm
+    sa = _Stage("a", tm, tk, "col" if p.a_k_contiguous else "row", threads)
+    sb = _Stage("b", tk, tn, "col" if p.b_n_contiguous else "row", threads)
+    for s in (sa, sb):
+        _check_staging(s)
+    # pad a shared row by one word when consecutive threads write down a column of it
+    pad_a = 1 if sa.fast == "col" else 0
+    pad_b = 1 if sb.fast == "row" else 0
+    lda, ldb = tm + pad_a, tn + pad_b
+    a_bytes = _align(tk * lda * 4)
+    shared = a_bytes + _align(tk * ldb * 4)
+    m_guard, n_guard, k_guard = p.m % tm != 0, p.n % tn != 0, p.k % tk != 0
+
+    compute = block(
+        "#pragma unroll",
+        "for (int kk = 0; kk < TK; ++kk) {",
+        f"    float a[{rm}], b[{rn}];",
+        "    #pragma unroll",
+        f"    for (int i = 0; i < {rm}; ++i) a[i] = As[kk * {lda} + ty + i * {ty_count}];",
+        "    #pragma unroll",
+        f"    for (int j = 0; j < {rn}; ++j) b[j] = Bs[kk * {ldb} + tx + j * {tx_count}];",
+        "    #pragma unroll",
+        f"    for (int i = 0; i < {rm}; ++i)",
+        "        #pragma unroll",
+        f"        for (int j = 0; j < {rn}; ++j) sums[i][j] = fmaf(a[i], b[j], sums[i][j]);",
+        "}",
+    )
+    epi = block(
+        "#pragma unroll",
+        f"for (int i = 0; i < {rm}; ++i) {{",
+        f"    const int row = row0 + ty + i * {ty_count};",
+        "    #pragma unroll",
+        f"    for (int j = 0; j < {rn}; ++j) {{",
+        f"        const int col = col0 + tx + j * {tx_count};",
+        indent(_epilogue_block(epilogue, "sums[i][j]", m_guard, n_guard), 2),
+        "    }",
+        "}",
+        "__syncthreads();  // staging areas are read before the next work item reuses the workspace",
+    )
+    body = block(
+        _tile_header(p, tm, tn, item, f"SIMT fp32 GEMM, one {tm}x{tn} tile of C; {rm}x{rn} per thread"),
+        f"constexpr int TM = {tm}, TN = {tn}, TK = {tk};",
+        f"float* As = reinterpret_cast<float*>({smem});  // A tile, k-major: As[k * {lda} + m]",
+        f"float* Bs = reinterpret_cast<float*>({smem} + {a_bytes});  // B tile: Bs[k * {ldb} + n]",
+        f"const int tx = threadIdx.x % {tx_count}, ty = threadIdx.x / {tx_count};"
+        f"  // rows ty + {ty_count}*i, cols tx + {tx_count}*j",
+        f"float sums[{rm}][{rn}];  // this thread's accumulators",
+        "#pragma unroll",
+        f"for (int i = 0; i < {rm}; ++i)",
+        "    #pragma unroll",
+        f"    for (int j = 0; j < {rn}; ++j) sums[i][j] = 0.0f;",
+        _fetch_and_stash(p, sa, sb, load_a, load_b, f"As[c * {lda} + r]", f"Bs[r * {ldb} + c]", lambda v: v,
+                         m_guard, n_guard, k_guard),
+        _k_loop(tk, compute),
+        "// epilogue: each thread hands its accumulators to the caller's code",
+        epi,
+    )
+    items = p.batch * _ceil(p.m, tm) * _ceil(p.n, tn)
+    params = {"tile": (tm, tn, tk), "micro_tile": (rm, rn), "thread_grid": (ty_count, tx_count),
+              "a_fast": sa.fast, "b_fast": sb.fast}
+    return GemmCode("simt", "{\n" + indent(body) + "\n}", items, shared, threads, False, params)
+
+
+# --------------------------------------------------------------------------------------
+# (b, c) tensor cores through WMMA
+# --------------------------------------------------------------------------------------
+_WMMA = {
+    # variant: (C element type, fragment k, precision tag, float -> element conversion, element bytes)
+    "wmma_bf16": ("__nv_bfloat16", 16, "__nv_bfloat16", "__float2bfloat16_rn({})", 2),
+    "wmma_f16": ("__half", 16, "__half", "__float2half_rn({})", 2),
+    "wmma_tf32": ("float", 8, "wmma::precision::tf32", "wmma::__float_to_tf32({})", 4),
+}
+
+
+def _warp_grid(fm: int, fn: int, warps: int) -> tuple[int, int]:
+    """Warps arranged WM x WN over an FM x FN grid of fragments, as square per warp as possible."""
+    best = None
+    for wm in range(1, warps + 1):
+        if warps % wm:
+            continue
+        wn = warps // wm
+        if fm % wm or fn % wn:
+            continue
+        per_m, per_n = fm // wm, fn // wn
+        score = (abs(per_m - per_n), -per_m)
+        if best is None or score < best[0]:
+            best = (score, wm, wn)
+    if best is None:
+        raise ValueError(f"cannot spread a {fm}x{fn} grid of 16x16 fragments over {warps} warps")
+    return best[1], best[2]
+
+
+def wmma_gemm(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue, *, variant: str = "wmma_bf16",
+              tile_m: int = 64, tile_n: int = 64, tile_k: int = 32, threads: int = 256, item: str = "item",
+              smem: str = "tkx_smem") -> GemmCode:
+    """(b) bf16/fp16 and (c) tf32 tensor-core GEMM through ``nvcuda::wmma``, fp32 accumulators.
+
+    Operand tiles are converted to the fragment type while staged into shared memory (exact
+    for bf16/fp16 data; tf32 rounds fp32 data as ``torch.backends.cuda.matmul.allow_tf32``
+    does). Each shared tile keeps the operand's memory order (``row_major`` or ``col_major``
+    fragments), so transposed views load coalesced. After the k loop each warp passes its
+    accumulator fragments, one at a time, through its own 16x16 staging area in shared memory
+    (which reuses the operand tiles' bytes) so that the epilogue runs per element (16 lanes on
+    consecutive columns, two rows of C per step), without a whole-tile C buffer.
+    """
+    if variant not in _WMMA:
+        raise ValueError(f"unknown tensor-core variant {variant!r}; one of {sorted(_WMMA)}")
+    elem, fk, frag_t, conv, ebytes = _WMMA[variant]
+    tm, tn, tk = tile_m, tile_n, tile_k
+    if tm % 16 or tn % 16 or tk % fk or threads % 32:
+        raise ValueError(f"{variant} needs tiles in multiples of 16x16x{fk} and whole warps")
+    warps = threads // 32
+    fm, fn = tm // 16, tn // 16
+    wm, wn = _warp_grid(fm, fn, warps)
+    pm, pn = fm // wm, fn // wn  # fragments per warp
+    sa = _Stage("a", tm, tk, "col" if p.a_k_contiguous else "row", threads)
+    sb = _Stage("b", tk, tn, "col" if p.b_n_contiguous else "row", threads)
+    for s in (sa, sb):
+        _check_staging(s)
+    pad = 16 // ebytes  # keeps rows 16-byte aligned while shifting banks
+    # A: row_major As[m][k] when k is contiguous in memory, else col_major As[k][m]; B alike.
+    a_row = p.a_k_contiguous
+    b_row = p.b_n_contiguous
+    lda = (tk if a_row else tm) + pad
+    ldb = (tn if b_row else tk) + pad
+    ldc = 20  # a warp's 16x16 staging area, rows padded to 20 floats
+    a_bytes = _align((tm if a_row else tk) * lda * ebytes)
+    b_bytes = _align((tk if b_row else tn) * ldb * ebytes)
+    shared = max(a_bytes + b_bytes, _align(warps * 16 * ldc * 4))  # the staging areas reuse As/Bs
+    a_slot = f"As[r * {lda} + c]" if a_row else f"As[c * {lda} + r]"
+    b_slot = f"Bs[r * {ldb} + c]" if b_row else f"Bs[c * {ldb} + r]"
+    a_ptr = f"As + (wr * {pm} + i) * 16 * {lda} + kk" if a_row else f"As + kk * {lda} + (wr * {pm} + i) * 16"
+    b_ptr = f"Bs + kk * {ldb} + (wc * {pn} + j) * 16" if b_row else f"Bs + (wc * {pn} + j) * 16 * {ldb} + kk"
+    a_layout = "wmma::row_major" if a_row else "wmma::col_major"
+    b_layout = "wmma::row_major" if b_row else "wmma::col_major"
+    m_guard, n_guard, k_guard = p.m % tm != 0, p.n % tn != 0, p.k % tk != 0
+
+    compute = block(
+        "#pragma unroll",
+        f"for (int kk = 0; kk < TK; kk += {fk}) {{",
+        f"    wmma::fragment<wmma::matrix_a, 16, 16, {fk}, {frag_t}, {a_layout}> a[{pm}];",
+        f"    wmma::fragment<wmma::matrix_b, 16, 16, {fk}, {frag_t}, {b_layout}> b[{pn}];",
+        "    #pragma unroll",
+        f"    for (int i = 0; i < {pm}; ++i) wmma::load_matrix_sync(a[i], {a_ptr}, {lda});",
+        "    #pragma unroll",
+        f"    for (int j = 0; j < {pn}; ++j) wmma::load_matrix_sync(b[j], {b_ptr}, {ldb});",
+        "    #pragma unroll",
+        f"    for (int i = 0; i < {pm}; ++i)",
+        "        #pragma unroll",
+        f"        for (int j = 0; j < {pn}; ++j) wmma::mma_sync(c_frag[i][j], a[i], b[j], c_frag[i][j]);",
+        "}",
+    )
+    frag_epilogue = block(
+        f"wmma::store_matrix_sync(Cw, c_frag[i][j], {ldc}, wmma::mem_row_major);",
+        "__syncwarp();",
+        "#pragma unroll 1  // kept rolled: fewer registers, the fragment loops around it are unrolled",
+        "for (int e = lane; e < 256; e += 32) {  // lanes 0-15 and 16-31 take two rows at a time",
+        f"    const int row = row0 + (wr * {pm} + i) * 16 + e / 16;",
+        f"    const int col = col0 + (wc * {pn} + j) * 16 + e % 16;",
+        indent(_epilogue_block(epilogue, f"Cw[(e / 16) * {ldc} + e % 16]", m_guard, n_guard)),
+        "}",
+        "__syncwarp();  // Cw is read before the next fragment overwrites it",
+    )
+    epi = block(
+        "#pragma unroll",
+        f"for (int i = 0; i < {pm}; ++i) {{",
+        "    #pragma unroll",
+        f"    for (int j = 0; j < {pn}; ++j) {{",
+        indent(frag_epilogue, 2),
+        "    }",
+        "}",
+    )
+    what = {"wmma_bf16": "bf16", "wmma_f16": "fp16", "wmma_tf32": "tf32"}[variant]
+    body = block(
+        _tile_header(p, tm, tn, item, f"tensor-core GEMM ({what} WMMA 16x16x{fk}, fp32 accumulate), "
+                     f"one {tm}x{tn} tile of C; {wm}x{wn} warps, {pm}x{pn} fragments each"),
+        "using namespace nvcuda;",
+        f"constexpr int TM = {tm}, TN = {tn}, TK = {tk};",
+        f"{elem}* As = reinterpret_cast<{elem}*>({smem});  // A tile, "
+        + (f"row-major As[m * {lda} + k]" if a_row else f"col-major As[k * {lda} + m]"),
+        f"{elem}* Bs = reinterpret_cast<{elem}*>({smem} + {a_bytes});  // B tile, "
+        + (f"row-major Bs[k * {ldb} + n]" if b_row else f"col-major Bs[n * {ldb} + k]"),
+        "const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;",
+        f"const int wr = warp / {wn}, wc = warp % {wn};  // this warp's block of fragments",
+        f"float* Cw = reinterpret_cast<float*>({smem}) + warp * {16 * ldc};"
+        f"  // after the k loop: this warp's staging area, Cw[r * {ldc} + c]",
+        f"wmma::fragment<wmma::accumulator, 16, 16, {fk}, float> c_frag[{pm}][{pn}];  // accumulators",
+        "#pragma unroll",
+        f"for (int i = 0; i < {pm}; ++i)",
+        "    #pragma unroll",
+        f"    for (int j = 0; j < {pn}; ++j) wmma::fill_fragment(c_frag[i][j], 0.0f);",
+        _fetch_and_stash(p, sa, sb, load_a, load_b, a_slot, b_slot, conv.format, m_guard, n_guard, k_guard),
+        _k_loop(tk, compute),
+        "// epilogue: each fragment goes through the warp's staging area, then element by element",
+        epi,
+    )
+    items = p.batch * _ceil(p.m, tm) * _ceil(p.n, tn)
+    params = {"tile": (tm, tn, tk), "warp_grid": (wm, wn), "fragments_per_warp": (pm, pn),
+              "a_layout": a_layout.split("::")[1], "b_layout": b_layout.split("::")[1]}
+    return GemmCode(variant, "{\n" + indent(body) + "\n}", items, shared, threads, True, params)
+
+
+# --------------------------------------------------------------------------------------
+# (d) GEMV / skinny
+# --------------------------------------------------------------------------------------
+SKINNY_MAX = 4
+
+
+def gemv(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue, *, threads: int = 256,
+         item: str = "item", smem: str = "tkx_smem") -> GemmCode:
+    """(d) skinny GEMM for ``M <= 4`` or ``N <= 4``: every output of the short side at once.
+
+    With S the short and L the long output dimension, each output column (row) needs one
+    dot product of length K per short index. Two ways to walk memory, chosen by the long
+    operand's memory order:
+
+    * ``split_k`` (long operand contiguous along K): one warp per long index, the 32 lanes
+      take every 32nd k, S accumulators per lane, then a shuffle reduction; a work item is
+      one long index per warp.
+    * ``split_l`` (long operand contiguous along L): one thread per long index, so a warp
+      reads 32 adjacent elements; the block's warps split K and add their partial sums in
+      shared memory; a work item is 32 long indices.
+    """
+    if threads % 32:
+        raise ValueError("threads must be a multiple of 32")
+    small_m = p.m <= p.n
+    s_count = p.m if small_m else p.n
+    if s_count > SKINNY_MAX:
+        raise ValueError(f"gemv needs M <= {SKINNY_MAX} or N <= {SKINNY_MAX}, got {p.m}x{p.n}")
+    long_n = p.n if small_m else p.m
+    long_k_contiguous = (not p.b_n_contiguous) if small_m else p.a_k_contiguous
+    warps = threads // 32
+    # the long index is `l`, the short one `s`; A/B elements and the output in those terms
+    if small_m:
+        a_of, b_of = load_a("bat", "s", "k"), load_b("bat", "k", "l")
+        row, col, dims = "s", "l", "C[s, l] = sum_k A[s, k] * B[k, l]"
+        long_load, short_load = b_of, a_of
+    else:
+        a_of, b_of = load_a("bat", "l", "k"), load_b("bat", "k", "s")
+        row, col, dims = "l", "s", "C[l, s] = sum_k A[l, k] * B[k, s]"
+        long_load, short_load = a_of, b_of
+    out = block(f"const int row = {row}, col = {col};", "const float acc = sum[s];",
+                epilogue("bat", "row", "col", "acc"))
+    header = [f"constexpr int M = {p.m}, N = {p.n}, K = {p.k};  // {dims}, S = {s_count} short index(es)"]
+    if long_k_contiguous:
+        per_item = warps
+        mode = "split_k"
+        per_batch = _ceil(long_n, per_item)
+        body = block(
+            "// skinny GEMM (split_k): one warp per long index l, lanes split K, shuffle reduction",
+            header,
+            f"const int bat = {item} / {per_batch};" if p.batch > 1 else "const int bat = 0;",
+            "const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;",
+            f"const int l = ({item} % {per_batch}) * {warps} + warp;" if p.batch > 1
+            else f"const int l = {item} * {warps} + warp;",
+            f"if (l < {long_n}) {{  // the whole warp takes the same branch",
+            f"    float sum[{s_count}];",
+            "    #pragma unroll",
+            f"    for (int s = 0; s < {s_count}; ++s) sum[s] = 0.0f;",
+            "    #pragma unroll 4",
+            "    for (int k = lane; k < K; k += 32) {",
+            f"        const float elem = {long_load};",
+            "        #pragma unroll",
+            f"        for (int s = 0; s < {s_count}; ++s) sum[s] = fmaf({short_load}, elem, sum[s]);",
+            "    }",
+            "    #pragma unroll",
+            f"    for (int s = 0; s < {s_count}; ++s) sum[s] = tkx_warp_sum(sum[s]);",
+            "    if (lane == 0) {",
+            "        #pragma unroll",
+            f"        for (int s = 0; s < {s_count}; ++s) {{",
+            indent(out, 3),
+            "        }",
+            "    }",
+            "}",
+        )
+        shared = 0
+    else:
+        per_item = 32
+        mode = "split_l"
+        per_batch = _ceil(long_n, per_item)
+        kc = _ceil(p.k, warps)
+        body = block(
+            f"// skinny GEMM (split_l): one thread per long index l, the {warps} warps split K",
+            header,
+            f"const int bat = {item} / {per_batch};" if p.batch > 1 else "const int bat = 0;",
+            "const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;",
+            f"const int l = ({item} % {per_batch}) * 32 + lane;" if p.batch > 1
+            else f"const int l = {item} * 32 + lane;",
+            f"const int k_begin = warp * {kc}, k_end = min(K, k_begin + {kc});  // this warp's share of K",
+            f"float sum[{s_count}];",
+            "#pragma unroll",
+            f"for (int s = 0; s < {s_count}; ++s) sum[s] = 0.0f;",
+            f"if (l < {long_n}) {{",
+            "    #pragma unroll 4",
+            "    for (int k = k_begin; k < k_end; ++k) {",
+            f"        const float elem = {long_load};",
+            "        #pragma unroll",
+            f"        for (int s = 0; s < {s_count}; ++s) sum[s] = fmaf({short_load}, elem, sum[s]);",
+            "    }",
+            "}",
+            f"float* part = reinterpret_cast<float*>({smem});  // partials: part[(warp * S + s) * 32 + lane]",
+            "#pragma unroll",
+            f"for (int s = 0; s < {s_count}; ++s) part[(warp * {s_count} + s) * 32 + lane] = sum[s];",
+            "__syncthreads();",
+            f"if (threadIdx.x < {s_count * 32}) {{  // thread (s, lane) adds the warps' partials in order",
+            "    const int s = threadIdx.x / 32;",
+            "    sum[s] = 0.0f;",
+            "    #pragma unroll",
+            f"    for (int w = 0; w < {warps}; ++w) sum[s] += part[(w * {s_count} + s) * 32 + lane];",
+            f"    if (l < {long_n}) {{",
+            indent(out, 2),
+            "    }",
+            "}",
+            "__syncthreads();  // part[] is read before the next work item reuses the workspace",
+        )
+        if s_count * 32 > threads:
+            raise ValueError("split_l gemv needs at least S * 32 threads")
+        shared = _align(warps * s_count * 32 * 4)
+    items = p.batch * per_batch
+    params = {"mode": mode, "short": "m" if small_m else "n", "short_size": s_count, "per_item": per_item}
+    return GemmCode("gemv", "{\n" + indent(body) + "\n}", items, shared, threads, False, params)
+
+
+# --------------------------------------------------------------------------------------
+# Choosing
+# --------------------------------------------------------------------------------------
+def choose_variant(p: GemmProblem, *, fp32_math: str = "simt", tensor_cores: bool = True) -> tuple[str, str]:
+    """The variant for ``p`` and a sentence saying why (for the schedule's decision log)."""
+    if min(p.m, p.n) <= SKINNY_MAX:
+        side = "M" if p.m <= p.n else "N"
+        return "gemv", f"{side} = {min(p.m, p.n)} <= {SKINNY_MAX}: skinny, tiles would be mostly empty"
+    if p.dtype in ("bfloat16", "float16"):
+        name = "wmma_bf16" if p.dtype == "bfloat16" else "wmma_f16"
+        if tensor_cores:
+            return name, f"{p.dtype} operands: tensor cores with fp32 accumulation"
+        return "simt", f"{p.dtype} operands but tensor cores are off: fp32 SIMT on widened values"
+    if p.dtype == "float32" and fp32_math == "tf32" and tensor_cores:
+        return "wmma_tf32", "fp32 operands with fp32_math='tf32': tensor cores on tf32-rounded inputs"
+    return "simt", f"{p.dtype} operands with fp32_math='{fp32_math}': exact fp32 SIMT tiles"
+
+
+def emit_gemm(variant: str, p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue, *,
+              tile_m: int = 64, tile_n: int = 64, tile_k: int = 32, threads: int = 256,
+              item: str = "item", smem: str = "tkx_smem") -> GemmCode:
+    """Dispatch to the emitter of ``variant`` (one of :data:`VARIANTS`)."""
+    if variant == "simt":
+        return simt_gemm(p, load_a, load_b, epilogue, tile_m=tile_m, tile_n=tile_n, tile_k=tile_k,
+                         threads=threads, item=item, smem=smem)
+    if variant in _WMMA:
+        return wmma_gemm(p, load_a, load_b, epilogue, variant=variant, tile_m=tile_m, tile_n=tile_n,
+                         tile_k=tile_k, threads=threads, item=item, smem=smem)
+    if variant == "gemv":
+        return gemv(p, load_a, load_b, epilogue, threads=threads, item=item, smem=smem)
+    raise ValueError(f"unknown GEMM variant {variant!r}; one of {VARIANTS}")

@@ -1,0 +1,406 @@
+"""Compile CUDA C++ to a cubin with NVIDIA's NVRTC and read ptxas's resource report.
+
+NVRTC is a library, not a tool chain: it runs on machines without a GPU or a driver, in a
+fraction of a second for a small kernel, which is why tkx uses it instead of a torch C++
+extension build. CI compiles every generated kernel for ``sm_80`` and ``sm_90`` and checks
+registers and spills through :class:`CompileReport`.
+
+Two back ends, same flags and same report:
+
+* ``"core"``: NVIDIA's ``cuda.core`` :class:`~cuda.core.Program` (preferred);
+* ``"bindings"``: the raw ``cuda.bindings.nvrtc`` calls, used when ``cuda.core`` is missing.
+
+Headers: a kernel that includes ``cuda_bf16.h``, ``cuda_fp16.h`` or ``mma.h`` needs the CUDA
+runtime headers. :func:`include_dirs` finds them in the pip wheels ``nvidia-cuda-runtime``
+(``cuda_bf16.h``, ``cuda_fp16.h``, ``mma.h``) plus ``nvidia-cuda-crt`` (``crt/mma.h``), in
+``$CUDA_HOME``/``$CUDA_PATH`` or in ``/usr/local/cuda*/include``. NVRTC supplies ``<nv/target>``
+itself, so the CCCL headers are not needed. tkx's own prelude needs no header at all.
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+import io
+import os
+import re
+import time
+from dataclasses import dataclass, field
+
+from ..errors import TkxError
+
+#: The architectures CI compiles every kernel for.
+ARCHES = ("sm_80", "sm_90")
+
+#: Pip packages that provide the headers :func:`include_dirs` looks for.
+HEADER_PACKAGES = ("nvidia-cuda-runtime", "nvidia-cuda-crt")
+
+#: The file name NVRTC reports errors against.
+SOURCE_NAME = "tkx_kernel.cu"
+
+
+class CudaCompileError(TkxError):
+    """NVRTC rejected a kernel. ``log`` is NVRTC's full log; the message quotes the source lines."""
+
+    def __init__(self, message: str, *, log: str = "", arch: str = "", options: tuple[str, ...] = ()) -> None:
+        self.log = log
+        self.arch = arch
+        self.options = options
+        super().__init__(message)
+
+
+class NvrtcUnavailableError(TkxError):
+    """Neither ``cuda.core`` nor ``cuda.bindings`` could load NVRTC on this machine."""
+
+
+# --------------------------------------------------------------------------------------
+# The report
+# --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class KernelResources:
+    """What ptxas reported for one ``__global__`` function.
+
+    ``shared_bytes`` counts static shared memory only (``extern __shared__`` is sized at launch);
+    ``stack_bytes`` is the per-thread stack frame (local memory); ``cmem_bytes`` the constant
+    bank 0 (kernel parameters); ``barriers`` the named barriers used.
+    """
+
+    name: str
+    registers: int = 0
+    spill_store_bytes: int = 0
+    spill_load_bytes: int = 0
+    shared_bytes: int = 0
+    stack_bytes: int = 0
+    cmem_bytes: int = 0
+    barriers: int = 0
+
+    @property
+    def spill_bytes(self) -> int:
+        return self.spill_store_bytes + self.spill_load_bytes
+
+
+@dataclass(frozen=True)
+class CompileReport:
+    """The result of one NVRTC compile: the cubin and ptxas's resource report.
+
+    The scalar fields describe the kernel (the largest over the entry functions if the source
+    holds several; :attr:`kernels` has each). ``cubin`` and ``log`` are left out of ``repr``.
+    """
+
+    arch: str
+    registers: int
+    spill_store_bytes: int
+    spill_load_bytes: int
+    shared_bytes: int
+    stack_bytes: int
+    cmem_bytes: int
+    compile_seconds: float
+    kernels: tuple[KernelResources, ...] = ()
+    options: tuple[str, ...] = field(default=(), repr=False)
+    backend: str = "core"
+    log: str = field(default="", repr=False)
+    cubin: bytes = field(default=b"", repr=False)
+
+    @property
+    def spill_bytes(self) -> int:
+        """Spill stores plus spill loads (0 for a healthy kernel)."""
+        return self.spill_store_bytes + self.spill_load_bytes
+
+    def kernel(self, name: str) -> KernelResources:
+        for k in self.kernels:
+            if k.name == name:
+                return k
+        raise KeyError(name)
+
+    def summary(self) -> str:
+        """One line: ``sm_90: 64 regs, 0 B spills, 16384 B smem, 0 B stack, 0.12 s``."""
+        return (f"{self.arch}: {self.registers} regs, {self.spill_bytes} B spills, "
+                f"{self.shared_bytes} B smem, {self.stack_bytes} B stack, {self.compile_seconds:.2f} s")
+
+
+_ENTRY = re.compile(r"Compiling entry function '([^']+)' for '([^']+)'")
+_PROPS = re.compile(r"Function properties for (\S+)")
+_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"Used (\d+) registers")
+_FIELDS = {
+    "barriers": re.compile(r"used (\d+) barriers"),
+    "shared_bytes": re.compile(r"(\d+) bytes smem"),
+    "cmem_bytes": re.compile(r"(\d+) bytes cmem\[0\]"),
+    "stack_bytes": re.compile(r"(\d+) bytes lmem"),
+}
+
+
+def parse_ptxas_log(log: str) -> tuple[KernelResources, ...]:
+    """Read ptxas's ``-v`` report (as NVRTC puts it in the program log), one entry per kernel.
+
+    ptxas prints, per entry function, a ``Compiling entry function`` line, a ``Function
+    properties`` block (stack frame and spills) and a ``Used N registers, ... smem, ... cmem``
+    line. Properties of non-inlined device functions are read too but only entry functions
+    are returned.
+    """
+    entries: dict[str, dict[str, int]] = {}
+    props: dict[str, dict[str, int]] = {}
+    current_entry: str | None = None
+    current_props: str | None = None
+    for line in log.splitlines():
+        if m := _ENTRY.search(line):
+            current_entry = m.group(1)
+            entries.setdefault(current_entry, {})
+            continue
+        if m := _PROPS.search(line):
+            current_props = m.group(1)
+            continue
+        if (m := _FRAME.search(line)) and current_props is not None:
+            props[current_props] = {"stack_bytes": int(m.group(1)), "spill_store_bytes": int(m.group(2)),
+                                    "spill_load_bytes": int(m.group(3))}
+            continue
+        if (m := _USED.search(line)) and current_entry is not None:
+            info = entries[current_entry]
+            info["registers"] = int(m.group(1))
+            for key, rx in _FIELDS.items():
+                if fm := rx.search(line):
+                    info[key] = int(fm.group(1))
+    out = []
+    for name, info in entries.items():
+        merged = {**info}
+        for key, value in props.get(name, {}).items():
+            merged[key] = max(value, merged.get(key, 0))
+        out.append(KernelResources(name=name, **merged))
+    return tuple(out)
+
+
+# --------------------------------------------------------------------------------------
+# Finding NVRTC and the headers
+# --------------------------------------------------------------------------------------
+def _has_headers(folder: str) -> bool:
+    return os.path.isfile(os.path.join(folder, "cuda_bf16.h"))
+
+
+def _has_mma(folder: str) -> bool:
+    return os.path.isfile(os.path.join(folder, "crt", "mma.h"))
+
+
+def _header_candidates() -> list[str]:
+    found: list[str] = []
+    try:  # NVIDIA's own finder: pip wheels, conda, CUDA_HOME, system installs
+        from cuda.pathfinder import locate_nvidia_header_directory
+
+        located = locate_nvidia_header_directory("cudart")
+        if located is not None and located.abs_path:
+            found.append(located.abs_path)
+    except Exception:  # pragma: no cover - depends on the installed cuda-pathfinder
+        pass
+    import site
+    import sys
+
+    roots = [p for p in sys.path if p.endswith("site-packages")]
+    try:
+        roots += site.getsitepackages()
+    except AttributeError:  # pragma: no cover - virtualenv without site.getsitepackages
+        pass
+    for root in dict.fromkeys(roots):
+        found += sorted(glob.glob(os.path.join(root, "nvidia", "cu*", "include")), reverse=True)
+        found += [os.path.join(root, "nvidia", sub, "include") for sub in ("cuda_runtime", "cuda_nvcc")]
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(var):
+            found.append(os.path.join(os.environ[var], "include"))
+    found.append("/usr/local/cuda/include")
+    found += sorted(glob.glob("/usr/local/cuda-*/include"), reverse=True)
+    return [f for f in dict.fromkeys(found) if os.path.isdir(f)]
+
+
+@functools.lru_cache(maxsize=1)
+def include_dirs() -> tuple[str, ...]:
+    """Folders to pass as ``-I`` so that ``cuda_bf16.h``, ``cuda_fp16.h`` and ``mma.h`` resolve.
+
+    Returns ``()`` when no CUDA headers are installed (header-free kernels still compile).
+    """
+    candidates = _header_candidates()
+    main = next((c for c in candidates if _has_headers(c)), None)
+    if main is None:
+        return ()
+    if _has_mma(main):
+        return (main,)
+    crt = next((c for c in candidates if _has_mma(c)), None)
+    return (main, crt) if crt else (main,)
+
+
+def headers_hint() -> str:
+    """What to install when the CUDA headers are missing."""
+    return (f"install the pip packages {' and '.join(HEADER_PACKAGES)} (or a CUDA toolkit and set CUDA_HOME) "
+            "so that cuda_bf16.h and mma.h can be found")
+
+
+def _backend(requested: str) -> str:
+    if requested not in ("auto", "core", "bindings"):
+        raise ValueError(f"unknown NVRTC backend {requested!r}")
+    if requested in ("auto", "core"):
+        try:
+            import cuda.core  # noqa: F401
+
+            return "core"
+        except ImportError:
+            if requested == "core":
+                raise NvrtcUnavailableError("cuda.core is not installed (pip install cuda-core)") from None
+    try:
+        from cuda.bindings import nvrtc  # noqa: F401
+    except ImportError as exc:
+        raise NvrtcUnavailableError(
+            "NVRTC is not available: pip install cuda-core cuda-bindings nvidia-cuda-nvrtc") from exc
+    return "bindings"
+
+
+@functools.lru_cache(maxsize=1)
+def nvrtc_version() -> tuple[int, int]:
+    """NVRTC's (major, minor) version; raises :class:`NvrtcUnavailableError` if it cannot load."""
+    try:
+        from cuda.bindings import nvrtc
+
+        err, major, minor = nvrtc.nvrtcVersion()
+    except Exception as exc:
+        raise NvrtcUnavailableError(f"NVRTC could not be loaded: {exc}") from exc
+    if int(err) != 0:
+        raise NvrtcUnavailableError(f"nvrtcVersion failed: {err}")
+    return int(major), int(minor)
+
+
+def nvrtc_available() -> tuple[bool, str]:
+    """``(True, "NVRTC 13.5")`` or ``(False, why not)``; never raises."""
+    try:
+        major, minor = nvrtc_version()
+        _backend("auto")
+    except NvrtcUnavailableError as exc:
+        return False, str(exc)
+    return True, f"NVRTC {major}.{minor}"
+
+
+# --------------------------------------------------------------------------------------
+# Compiling
+# --------------------------------------------------------------------------------------
+def nvrtc_flags(arch: str, *, exact: bool = False, includes: tuple[str, ...] = (),
+                max_registers: int | None = None, lineinfo: bool = False) -> tuple[str, ...]:
+    """The NVRTC command line tkx uses (NVRTC optimises by default and rejects ``-O3``)."""
+    flags = [f"--gpu-architecture={arch}", "--std=c++17", "-default-device", "--ptxas-options=-v"]
+    if exact:
+        flags.append("--fmad=false")  # no a*b+c contraction: every operation rounds like eager
+    if max_registers:
+        flags.append(f"--maxrregcount={max_registers}")
+    if lineinfo:
+        flags.append("-lineinfo")
+    flags += [f"-I{d}" for d in includes]
+    return tuple(flags)
+
+
+def _compile_core(source: str, name: str, arch: str, exact: bool, includes: tuple[str, ...],
+                  max_registers: int | None, lineinfo: bool) -> tuple[bytes, str, tuple[str, ...]]:
+    from cuda.core import Program, ProgramOptions
+
+    options = ProgramOptions(
+        name=name, arch=arch, std="c++17", device_as_default_execution_space=True,
+        ptxas_options=["-v"], fma=False if exact else None, include_path=list(includes) or None,
+        max_register_count=max_registers, lineinfo=lineinfo or None)
+    flags = tuple(b.decode() for b in options.as_bytes("nvrtc"))
+    log = io.StringIO()
+    try:
+        program = Program(source, "c++", options=options)
+        code = program.compile("cubin", logs=log)
+    except Exception as exc:
+        text = str(exc)
+        if "compilation log:" in text:
+            text = text.split("compilation log:", 1)[1]
+        raise _Failure(text.strip("\n\x00 "), flags) from exc
+    return bytes(code.code), log.getvalue().strip("\x00"), flags
+
+
+def _compile_bindings(source: str, name: str, arch: str, exact: bool, includes: tuple[str, ...],
+                      max_registers: int | None, lineinfo: bool) -> tuple[bytes, str, tuple[str, ...]]:
+    from cuda.bindings import nvrtc
+
+    flags = nvrtc_flags(arch, exact=exact, includes=includes, max_registers=max_registers, lineinfo=lineinfo)
+
+    def check(result: tuple, what: str) -> tuple:
+        if int(result[0]) != 0:
+            raise _Failure(f"{what} failed: {result[0]}", flags)
+        return result[1:]
+
+    (prog,) = check(nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], []), "nvrtcCreateProgram")
+    try:
+        err = nvrtc.nvrtcCompileProgram(prog, len(flags), [f.encode() for f in flags])[0]
+        (size,) = check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
+        buf = b" " * size
+        check(nvrtc.nvrtcGetProgramLog(prog, buf), "nvrtcGetProgramLog")
+        log = buf.decode(errors="replace").strip("\x00")
+        if int(err) != 0:
+            raise _Failure(log, flags)
+        (size,) = check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
+        cubin = b" " * size
+        check(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+    return cubin, log, flags
+
+
+class _Failure(Exception):
+    def __init__(self, log: str, flags: tuple[str, ...]) -> None:
+        self.log = log
+        self.flags = flags
+        super().__init__(log)
+
+
+_LOCATION = re.compile(r"^(?P<file>[^\s(]+)\((?P<line>\d+)\): (?P<kind>error|catastrophic error|warning)")
+
+
+def quote_errors(log: str, source: str, *, context: int = 1, limit: int = 8) -> str:
+    """The error lines of an NVRTC log, each followed by the source lines it points at."""
+    lines = source.splitlines()
+    out: list[str] = []
+    shown = 0
+    for entry in log.splitlines():
+        m = _LOCATION.match(entry)
+        if not m or "error" not in m.group("kind"):
+            continue
+        out.append(entry)
+        lineno = int(m.group("line"))
+        for i in range(max(1, lineno - context), min(len(lines), lineno + context) + 1):
+            mark = ">" if i == lineno else " "
+            out.append(f"  {mark}{i:5d} | {lines[i - 1]}")
+        shown += 1
+        if shown >= limit:
+            out.append("  ... (more errors in the full log)")
+            break
+    return "\n".join(out)
+
+
+def compile_cuda(source: str, arch: str = "sm_90", *, exact: bool = False, name: str = SOURCE_NAME,
+                 max_registers: int | None = None, lineinfo: bool = False,
+                 backend: str = "auto") -> CompileReport:
+    """Compile ``source`` for ``arch`` (``"sm_80"``, ``"sm_90"``, ...) to a cubin.
+
+    ``exact`` passes ``--fmad=false`` (no multiply-add contraction). The CUDA header folders
+    from :func:`include_dirs` are always on the include path. Raises
+    :class:`CudaCompileError` with the log and the offending source lines quoted on failure,
+    :class:`NvrtcUnavailableError` when NVRTC cannot be loaded.
+    """
+    chosen = _backend(backend)
+    includes = include_dirs()
+    run = _compile_core if chosen == "core" else _compile_bindings
+    start = time.perf_counter()
+    try:
+        cubin, log, flags = run(source, name, arch, exact, includes, max_registers, lineinfo)
+    except _Failure as failure:
+        quoted = quote_errors(failure.log, source)
+        message = f"NVRTC could not compile the kernel for {arch}:\n{quoted or failure.log}"
+        if "could not open source file" in failure.log:
+            message += f"\nhint: {headers_hint()}"
+        raise CudaCompileError(message, log=failure.log, arch=arch, options=failure.flags) from None
+    seconds = time.perf_counter() - start
+    kernels = parse_ptxas_log(log)
+
+    def biggest(attr: str) -> int:
+        return max((getattr(k, attr) for k in kernels), default=0)
+
+    return CompileReport(
+        arch=arch, registers=biggest("registers"), spill_store_bytes=biggest("spill_store_bytes"),
+        spill_load_bytes=biggest("spill_load_bytes"), shared_bytes=biggest("shared_bytes"),
+        stack_bytes=biggest("stack_bytes"), cmem_bytes=biggest("cmem_bytes"), compile_seconds=seconds,
+        kernels=kernels, options=flags, backend=chosen, log=log, cubin=cubin)

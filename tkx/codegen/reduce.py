@@ -1,0 +1,290 @@
+"""Reduction emitters: C code for ONE work item of ``out[row] = reduce_r x[row, r]``.
+
+A reduction is seen as a ``rows x size`` problem: ``element(row, r)`` is a callback that gets
+the names of two C ``int`` variables and returns the element as a float C expression (any
+view: the reduced dims flattened into ``r``, the kept dims into ``row``, even a pointwise
+producer computed on the fly). ``finish(row, value)`` returns C statements that consume the
+reduced value (already divided by ``size`` for ``mean``): round, apply an epilogue, store.
+
+Like the GEMM emitters, each returns a :class:`ReduceCode` whose ``code`` handles the work
+item in the C variable ``item``; the caller runs it in a grid-stride loop
+(:func:`tkx.codegen.gemm.work_loop`). The kinds are ``sum``, ``mean``, ``amax``, ``amin``
+(the last two propagate NaN like ``torch.amax``).
+
+Strategies (:func:`choose_strategy` picks one and says why):
+
+=============== =========================================================================
+``thread``      one thread per row, a serial loop over r. Best when ``size`` is small or
+                when consecutive *rows* are adjacent in memory (a reduction over dim 0,
+                e.g. a bias gradient): a warp then reads 32 adjacent elements per step.
+``warp``        one warp per row, lanes take every 32nd r, shuffle reduction.
+``block``       one block per row, threads take every ``threads``-th r, block reduction.
+``partial``     phase one of a grid-wide reduction: work item (row, chunk) reduces one
+                chunk of a row into a float scratch slot ``scratch[row * chunks + chunk]``;
+``final``       phase two, after a barrier: one warp per row folds the row's partials.
+=============== =========================================================================
+
+Names the emitted block defines (callbacks must not use them for their own variables):
+``row r acc elem value lane warp chunk group r_begin r_end part w``.
+
+The order in which elements are added is fixed by the strategy (no atomics), so a kernel
+gives the same bits on every run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .ops import literal
+from .text import block, indent
+
+Element = Callable[[str, str], str]  # (row, r) -> float C expression
+Finish = Callable[[str, str], str]  # (row, value) -> C statements
+
+KINDS = ("sum", "mean", "amax", "amin")
+STRATEGIES = ("thread", "warp", "block", "partial", "final")
+
+# kind -> (identity, fold statement template, warp reduction, block reduction)
+_FOLD = {
+    "sum": ("0.0f", "{acc} += {x};", "tkx_warp_sum", "tkx_block_sum"),
+    "mean": ("0.0f", "{acc} += {x};", "tkx_warp_sum", "tkx_block_sum"),
+    "amax": ("-TKX_INF", "{acc} = tkx_max({acc}, {x});", "tkx_warp_max", "tkx_block_max"),
+    "amin": ("TKX_INF", "{acc} = tkx_min({acc}, {x});", "tkx_warp_min", "tkx_block_min"),
+}
+
+
+@dataclass(frozen=True)
+class ReduceCode:
+    """One reduction work item's code: ``work_items`` items, ``shared_bytes`` of workspace."""
+
+    strategy: str
+    kind: str
+    code: str
+    work_items: int
+    shared_bytes: int
+    threads: int
+    params: dict
+
+    def __str__(self) -> str:
+        return self.code
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _check(kind: str, rows: int, size: int, threads: int) -> None:
+    if kind not in _FOLD:
+        raise ValueError(f"unknown reduction {kind!r}; one of {KINDS}")
+    if rows < 1 or size < 1:
+        raise ValueError(f"reduction of {rows} rows x {size} elements: both must be >= 1")
+    if threads % 32:
+        raise ValueError("threads must be a multiple of 32")
+
+
+def _fold(kind: str, acc: str, x: str) -> str:
+    return _FOLD[kind][1].format(acc=acc, x=x)
+
+
+def _result(kind: str, acc: str, size: int) -> str:
+    """The reduced value: the accumulator, divided by ``size`` for a mean."""
+    return f"{acc} / {literal(size)}" if kind == "mean" else acc
+
+
+def _finish_block(kind: str, acc: str, size: int, finish: Finish) -> str:
+    return block(f"const float value = {_result(kind, acc, size)};", finish("row", "value"))
+
+
+def _wrap(comment: str, body: str) -> str:
+    return "{\n" + indent(block(f"// {comment}", body)) + "\n}"
+
+
+def thread_per_row(kind: str, rows: int, size: int, element: Element, finish: Finish, *, threads: int = 256,
+                   item: str = "item") -> ReduceCode:
+    """One thread per row; a work item is ``threads`` consecutive rows."""
+    _check(kind, rows, size, threads)
+    body = block(
+        f"const int row = {item} * {threads} + threadIdx.x;",
+        f"if (row < {rows}) {{",
+        f"    float acc = {_FOLD[kind][0]};",
+        f"    for (int r = 0; r < {size}; ++r) {{",
+        f"        const float elem = {element('row', 'r')};",
+        f"        {_fold(kind, 'acc', 'elem')}",
+        "    }",
+        indent(_finish_block(kind, "acc", size, finish)),
+        "}",
+    )
+    code = _wrap(f"{kind} over {size} elements of each of {rows} rows: one thread per row", body)
+    return ReduceCode("thread", kind, code, _ceil(rows, threads), 0, threads, {"rows_per_item": threads})
+
+
+def warp_per_row(kind: str, rows: int, size: int, element: Element, finish: Finish, *, threads: int = 256,
+                 item: str = "item") -> ReduceCode:
+    """One warp per row, lanes stride over r, a shuffle reduction; a work item is one row per warp."""
+    _check(kind, rows, size, threads)
+    warps = threads // 32
+    body = block(
+        "const int lane = threadIdx.x % 32;",
+        f"const int row = {item} * {warps} + threadIdx.x / 32;",
+        f"if (row < {rows}) {{  // the whole warp takes the same branch",
+        f"    float acc = {_FOLD[kind][0]};",
+        f"    for (int r = lane; r < {size}; r += 32) {{",
+        f"        const float elem = {element('row', 'r')};",
+        f"        {_fold(kind, 'acc', 'elem')}",
+        "    }",
+        f"    acc = {_FOLD[kind][2]}(acc);",
+        "    if (lane == 0) {",
+        indent(_finish_block(kind, "acc", size, finish), 2),
+        "    }",
+        "}",
+    )
+    code = _wrap(f"{kind} over {size} elements of each of {rows} rows: one warp per row", body)
+    return ReduceCode("warp", kind, code, _ceil(rows, warps), 0, threads, {"rows_per_item": warps})
+
+
+def block_per_row(kind: str, rows: int, size: int, element: Element, finish: Finish, *, threads: int = 256,
+                  item: str = "item") -> ReduceCode:
+    """One block per row, threads stride over r, a block reduction; a work item is one row."""
+    _check(kind, rows, size, threads)
+    body = block(
+        f"const int row = {item};",
+        f"float acc = {_FOLD[kind][0]};",
+        f"for (int r = threadIdx.x; r < {size}; r += {threads}) {{",
+        f"    const float elem = {element('row', 'r')};",
+        f"    {_fold(kind, 'acc', 'elem')}",
+        "}",
+        f"acc = {_FOLD[kind][3]}(acc);  // every thread gets the row's result",
+        "if (threadIdx.x == 0) {",
+        indent(_finish_block(kind, "acc", size, finish)),
+        "}",
+    )
+    code = _wrap(f"{kind} over {size} elements of each of {rows} rows: one block per row", body)
+    # tkx_block_reduce keeps its 32 partials in its own small static __shared__ array
+    return ReduceCode("block", kind, code, rows, 0, threads, {"rows_per_item": 1})
+
+
+def partial_reduce(kind: str, rows: int, size: int, chunks: int, element: Element, *, scratch: str,
+                   threads: int = 256, item: str = "item", rows_contiguous: bool = False,
+                   smem: str = "tkx_smem") -> ReduceCode:
+    """Phase one of a grid reduction: reduce ``r`` in ``[chunk * L, (chunk + 1) * L)``
+    (``L = ceil(size / chunks)``) of a row into ``scratch[row * chunks + chunk]``.
+
+    ``scratch`` is a C expression of type ``float*`` (a scratch buffer of ``rows * chunks``
+    floats). For ``mean`` the partials are sums; :func:`final_reduce` divides. Two layouts:
+
+    * ``rows_contiguous=False`` (the reduced index is adjacent in memory): a work item is one
+      (row, chunk); the block's threads stride over the chunk, then a block reduction.
+    * ``rows_contiguous=True`` (rows adjacent, e.g. a reduction over dim 0): a work item is
+      32 rows x one chunk; lane = row so each warp reads 32 adjacent elements, the warps
+      split the chunk, and their partials are folded in order through shared memory.
+    """
+    _check(kind, rows, size, threads)
+    if not 1 <= chunks <= size:
+        raise ValueError(f"chunks must be in [1, size], got {chunks}")
+    length = _ceil(size, chunks)
+    init = _FOLD[kind][0]
+    if not rows_contiguous:
+        body = block(
+            f"const int row = {item} / {chunks}, chunk = {item} % {chunks};",
+            f"const int r_begin = chunk * {length}, r_end = min({size}, r_begin + {length});",
+            f"float acc = {init};",
+            f"for (int r = r_begin + threadIdx.x; r < r_end; r += {threads}) {{",
+            f"    const float elem = {element('row', 'r')};",
+            f"    {_fold(kind, 'acc', 'elem')}",
+            "}",
+            f"acc = {_FOLD[kind][3]}(acc);",
+            f"if (threadIdx.x == 0) {scratch}[row * {chunks} + chunk] = acc;",
+        )
+        code = _wrap(f"{kind}, phase 1 of 2: {length} elements of one of {rows} rows -> scratch", body)
+        return ReduceCode("partial", kind, code, rows * chunks, 0, threads,
+                          {"chunks": chunks, "chunk_length": length, "scratch_floats": rows * chunks,
+                           "rows_contiguous": False})
+    warps = threads // 32
+    body = block(
+        f"const int group = {item} / {chunks}, chunk = {item} % {chunks};",
+        "const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;",
+        "const int row = group * 32 + lane;  // lanes take adjacent rows: coalesced reads",
+        f"const int r_begin = chunk * {length}, r_end = min({size}, r_begin + {length});",
+        f"float acc = {init};",
+        f"if (row < {rows}) {{",
+        f"    for (int r = r_begin + warp; r < r_end; r += {warps}) {{",
+        f"        const float elem = {element('row', 'r')};",
+        f"        {_fold(kind, 'acc', 'elem')}",
+        "    }",
+        "}",
+        f"float* part = reinterpret_cast<float*>({smem});  // part[warp * 32 + lane]",
+        "part[warp * 32 + lane] = acc;",
+        "__syncthreads();",
+        f"if (warp == 0 && row < {rows}) {{  // fold the warps' partials in order",
+        f"    acc = {init};",
+        f"    for (int w = 0; w < {warps}; ++w) {{",
+        "        const float elem = part[w * 32 + lane];",
+        f"        {_fold('sum' if kind == 'mean' else kind, 'acc', 'elem')}",
+        "    }",
+        f"    {scratch}[row * {chunks} + chunk] = acc;",
+        "}",
+        "__syncthreads();  // part[] is read before the next work item reuses the workspace",
+    )
+    code = _wrap(f"{kind}, phase 1 of 2: 32 rows x a chunk of {length} elements -> scratch", body)
+    return ReduceCode("partial", kind, code, _ceil(rows, 32) * chunks, warps * 32 * 4, threads,
+                      {"chunks": chunks, "chunk_length": length, "scratch_floats": rows * chunks,
+                       "rows_contiguous": True})
+
+
+def final_reduce(kind: str, rows: int, size: int, chunks: int, finish: Finish, *, scratch: str,
+                 threads: int = 256, item: str = "item") -> ReduceCode:
+    """Phase two (after a barrier): one warp per row folds its ``chunks`` partials in order."""
+    _check(kind, rows, size, threads)
+    warps = threads // 32
+    partial_kind = "sum" if kind == "mean" else kind
+    body = block(
+        "const int lane = threadIdx.x % 32;",
+        f"const int row = {item} * {warps} + threadIdx.x / 32;",
+        f"if (row < {rows}) {{  // the whole warp takes the same branch",
+        f"    float acc = {_FOLD[kind][0]};",
+        f"    for (int chunk = lane; chunk < {chunks}; chunk += 32) {{",
+        f"        const float elem = {scratch}[row * {chunks} + chunk];",
+        f"        {_fold(partial_kind, 'acc', 'elem')}",
+        "    }",
+        f"    acc = {_FOLD[kind][2]}(acc);",
+        "    if (lane == 0) {",
+        indent(_finish_block(kind, "acc", size, finish), 2),
+        "    }",
+        "}",
+    )
+    code = _wrap(f"{kind}, phase 2 of 2: fold the {chunks} partials of each of {rows} rows", body)
+    return ReduceCode("final", kind, code, _ceil(rows, warps), 0, threads, {"chunks": chunks})
+
+
+def choose_strategy(rows: int, size: int, *, rows_contiguous: bool = False, threads: int = 256,
+                    blocks: int = 132) -> tuple[str, str]:
+    """A strategy for a ``rows x size`` reduction and the reason, for the schedule's log.
+
+    ``rows_contiguous``: consecutive rows are adjacent in memory (a reduction over a leading
+    dim). ``blocks`` is the grid size the kernel expects. Two-phase (``partial``/``final``)
+    is chosen when a single row is long and there are too few rows to fill the grid; it
+    costs a barrier, which the scheduler accounts for.
+    """
+    warps_total = blocks * threads // 32
+    if rows_contiguous and rows >= 32:
+        if rows >= blocks * threads // 8 or size <= 64:
+            return "thread", "rows adjacent in memory: one thread per row reads coalesced"
+        return "partial", "rows adjacent in memory but few: 32 rows x a chunk of each per work item"
+    if size <= 32:
+        return "thread", f"only {size} elements per row: a serial loop per thread"
+    if rows >= warps_total or size <= 2048:
+        return "warp", f"{rows} rows of {size}: one warp per row"
+    if rows >= blocks:
+        return "block", f"{rows} long rows ({size}): one block per row"
+    return "partial", f"{rows} rows of {size} cannot fill {blocks} blocks: two-phase grid reduction"
+
+
+def emit_reduction(strategy: str, kind: str, rows: int, size: int, element: Element, finish: Finish, *,
+                   threads: int = 256, item: str = "item") -> ReduceCode:
+    """Dispatch to a one-phase strategy (``thread``, ``warp`` or ``block``)."""
+    emitters = {"thread": thread_per_row, "warp": warp_per_row, "block": block_per_row}
+    if strategy not in emitters:
+        raise ValueError(f"one-phase strategies are {sorted(emitters)}; use partial_reduce/final_reduce "
+                         f"for a two-phase reduction, got {strategy!r}")
+    return emitters[strategy](kind, rows, size, element, finish, threads=threads, item=item)
