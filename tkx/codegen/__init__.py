@@ -13,6 +13,8 @@ Modules, in the order a kernel is put together:
 
 from __future__ import annotations
 
+from .kernel import generate
 from .nvrtc import CompileReport, CudaCompileError, compile_cuda
+from .source import CudaSource
 
-__all__ = ["CompileReport", "CudaCompileError", "compile_cuda"]
+__all__ = ["generate", "CudaSource", "CompileReport", "CudaCompileError", "compile_cuda"]

@@ -306,24 +306,24 @@ def _group_reads(w: _Work, members: list[str], walk: list[str] | None = None
 
 
 def _gemm_params(op: Op, options: Any) -> dict[str, Any]:
+    """GEMM shape, emitter variant (and why) and tile sizes."""
+    from ..codegen.gemm import GemmProblem, choose_variant
+
     a, b = (op.inputs[1], op.inputs[2]) if op.kind == "addmm" else (op.inputs[0], op.inputs[1])
     assert isinstance(a, TensorSpec) and isinstance(b, TensorSpec)
-    batch = a.shape[0] if op.kind == "bmm" else 1
-    m, k = a.shape[-2], a.shape[-1]
-    n = b.shape[-1]
-    low = {a.dtype, b.dtype} <= {"bfloat16"} or {a.dtype, b.dtype} <= {"float16"}
-    if m <= 4 or n <= 4:
-        impl = "gemv"
-    elif low and m >= 16 and n >= 16:
-        impl = "wmma"
-    elif options.fp32_math == "tf32" and a.dtype == b.dtype == "float32" and m >= 16 and n >= 16:
-        impl = "tf32"
-    else:
-        impl = "simt"
-    tm, tn = min(options.tile_m, _pow2_at_least(m, 16)), min(options.tile_n, _pow2_at_least(n, 16))
-    params = {"impl": impl, "m": m, "n": n, "k": k, "batch": batch,
-              "tile_m": tm, "tile_n": tn, "tile_k": options.tile_k}
-    return params
+    prob = GemmProblem.from_views(a, b)
+    impl, why = choose_variant(prob, fp32_math=options.fp32_math)
+    tm = min(options.tile_m, _pow2_at_least(prob.m, 16))
+    tn = min(options.tile_n, _pow2_at_least(prob.n, 16))
+    # Every thread owns at least one element; with tensor cores every warp a 16x16 fragment.
+    need = 256 * (options.threads_per_block // 32) if impl.startswith("wmma") else options.threads_per_block
+    while tm * tn < need:
+        if tm <= tn:
+            tm *= 2
+        else:
+            tn *= 2
+    return {"impl": impl, "why": why, "m": prob.m, "n": prob.n, "k": prob.k, "batch": prob.batch,
+            "tile_m": tm, "tile_n": tn, "tile_k": options.tile_k}
 
 
 def _pow2_at_least(x: int, lo: int) -> int:
@@ -333,23 +333,30 @@ def _pow2_at_least(x: int, lo: int) -> int:
     return p
 
 
+def rows_contiguous(x: TensorSpec, dims: tuple[int, ...]) -> bool:
+    """Are consecutive output rows adjacent in memory (a reduction over a leading dim)?"""
+    kept = [d for d in range(x.ndim) if d not in dims and x.shape[d] != 1]
+    red = [d for d in dims if x.shape[d] != 1]
+    return bool(kept) and x.strides[kept[-1]] == 1 and (not red or x.strides[red[-1]] != 1)
+
+
 def _reduction_params(op: Op, threads: int) -> dict[str, Any]:
+    """Rows x size of a reduction and the strategy (and why) of its emitter."""
+    from ..codegen.reduce import choose_strategy
+
     x = op.inputs[0]
     assert isinstance(x, TensorSpec)
     dims = tuple(op.attr("dims", ()))
     rows = op.out.numel
     size = math.prod(x.shape[d] for d in dims) if dims else 1
-    kept = [d for d in range(x.ndim) if d not in dims]
-    inner_contiguous = bool(dims) and x.strides[dims[-1]] == 1 and (not kept or kept[-1] < dims[-1])
-    if size <= 32 or (not inner_contiguous and rows >= threads):
-        strategy = "thread_row"
-    elif rows * size >= 1 << 16 and rows < SM_COUNT and size >= 4096:
-        strategy = "two_phase"
-    else:
-        strategy = "warp_row"
-    params: dict[str, Any] = {"strategy": strategy, "rows": rows, "size": size}
-    if strategy == "two_phase":
-        params["parts"] = max(2, min(SM_COUNT * 2 // max(rows, 1), math.ceil(size / 1024)))
+    contiguous = rows_contiguous(x, dims)
+    strategy, why = choose_strategy(rows, max(size, 1), rows_contiguous=contiguous, threads=threads,
+                                    blocks=SM_COUNT)
+    params: dict[str, Any] = {"strategy": strategy, "why": why, "rows": rows, "size": size,
+                              "rows_contiguous": contiguous}
+    if strategy == "partial":
+        params["parts"] = max(1, min(size, max(2, -(-SM_COUNT * 2 // max(rows if not contiguous else
+                                                                      -(-rows // 32), 1)))))
     return params
 
 
@@ -364,6 +371,8 @@ def _items_and_cost(group: Group, program_ops: dict[str, Op], threads: int) -> t
         m, n, k, batch = p["m"], p["n"], p["k"], p["batch"]
         flops = 2 * m * n * k * batch
         nbytes += (m * k + k * n) * batch * 4
+        if p["impl"].startswith("wmma"):
+            flops //= 8  # tensor cores
         if p["impl"] == "gemv":
             items = math.ceil(m * n * batch / (threads // 32))
         else:
@@ -374,12 +383,14 @@ def _items_and_cost(group: Group, program_ops: dict[str, Op], threads: int) -> t
         nbytes += rows * size * 4
         strategy = p["strategy"]
         if group.kind == "reduction_partial":
-            items = rows * p["parts"]
-        elif strategy == "thread_row":
+            items = (-(-rows // 32) if p["rows_contiguous"] else rows) * p["parts"]
+        elif strategy == "thread":
             items = math.ceil(rows / threads)
-        elif strategy == "two_phase":
+        elif strategy == "partial":
             items = math.ceil(rows / (threads // 32))
             nbytes = rows * p["parts"] * 4
+        elif strategy == "block":
+            items = rows
         else:
             items = math.ceil(rows / (threads // 32))
         return items, rows * size, nbytes
@@ -472,7 +483,7 @@ def schedule(program: Program, options: Any = None, *, rules: tuple[FusionRule, 
     scratch: dict[str, int] = {}
     for gid in list(groups):
         grp = groups[gid]
-        if grp.kind == "reduction" and grp.params.get("strategy") == "two_phase":
+        if grp.kind == "reduction" and grp.params.get("strategy") == "partial":
             name = f"{grp.anchor}_partials"
             parts = grp.params["parts"]
             scratch[name] = grp.params["rows"] * parts * 4

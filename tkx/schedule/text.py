@@ -25,7 +25,8 @@ def describe_group(s: FusedSchedule, g: Group) -> str:
     elif g.kind in ("reduction", "reduction_partial"):
         what = "partial " if g.kind == "reduction_partial" else ""
         head = (f"{what}{anchor.kind} {anchor.id} {p['rows']} rows x {p['size']}  {p['strategy']}"
-                + (f" ({p['parts']} parts)" if "parts" in p else ""))
+                + (f" ({p['parts']} parts)" if "parts" in p else "")
+                + ("" if g.kind == "reduction_partial" or "parts" not in p else " final"))
     else:
         head = f"pointwise {anchor.id} {_shape(anchor.out.shape)}"
     parts = [head, f"{g.work_items} items"]

@@ -1,0 +1,416 @@
+"""From a fused schedule and an arena plan to the CUDA source of one persistent kernel.
+
+``generate(schedule, arena) -> CudaSource``. The kernel has one section per stage; the
+groups of a stage share one grid-stride loop over their work items (so the whole grid
+works on every stage), and consecutive stages are separated by a barrier
+(``__syncthreads`` in one-block mode, the spin-limited grid barrier otherwise).
+
+How a group reads a value (the same rules as the schedule interpreter):
+
+* a *domain* op of the group read at the point being computed -> the register holding it;
+* an *inlined* op read at the same point -> a statement computing it there (memoised);
+* an inlined op read elsewhere (through a transposed/broadcast view, or inside a GEMM
+  operand or a reduction's input) -> a call of its ``__device__`` function
+  ``tkx_v_<op>(a, index)``, which recomputes it from memory at that linear index;
+* anything else -> a load from its home (user input, output tensor or arena slot).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..arena import ArenaPlan
+from ..errors import TkxError
+from ..ir import Op, TensorSpec, contiguous_strides
+from ..schedule.model import FusedSchedule, Group, Home
+from . import abi
+from . import ops as cops
+from .cuda_prelude import C_TYPES, barrier, barrier_setup, load, prelude, round_to, shared_workspace, store
+from .gemm import GemmProblem, emit_gemm
+from .reduce import emit_reduction, final_reduce, partial_reduce
+from .text import block, indent
+
+__all__ = ["generate", "KernelPlan"]
+
+
+def _mixed_index(lin: str, shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> str:
+    """C expression: the root-buffer index of element ``lin`` (row-major) of a view."""
+    if all(d == 1 or s == c for d, s, c in zip(shape, strides, contiguous_strides(shape))):
+        return lin if offset == 0 else f"({lin} + {offset})"
+    return _coords_index(_unravel(lin, shape), strides, offset)
+
+
+def _coords_index(coords: list[str], strides: tuple[int, ...], offset: int) -> str:
+    terms = [c if s == 1 else f"{c} * {s}" for c, s in zip(coords, strides) if s != 0 and c != "0"]
+    if offset:
+        terms.append(str(offset))
+    return "(" + " + ".join(terms) + ")" if terms else "0"
+
+
+def _unravel(lin: str, shape: tuple[int, ...]) -> list[str]:
+    """C expressions of each coordinate of row-major linear index ``lin`` in ``shape``."""
+    out = []
+    inner = 1
+    for d in range(len(shape) - 1, -1, -1):
+        n = shape[d]
+        if n == 1:
+            out.append("0")
+        else:
+            c = f"({lin} / {inner})" if inner != 1 else lin
+            out.append(f"({c} % {n})" if math.prod(shape[:d]) > 1 else c)
+        inner *= n
+    return out[::-1]
+
+
+@dataclass
+class KernelPlan:
+    """Scratchpad of code generation: device functions, per-group code, the source map."""
+
+    functions: dict[str, str] = field(default_factory=dict)
+    tensor_cores: bool = False
+    shared_bytes: int = 0
+    notes: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+class _Emitter:
+    def __init__(self, s: FusedSchedule, arena: ArenaPlan) -> None:
+        self.s = s
+        self.arena = arena
+        self.p = s.program
+        self.ops = {op.id: op for op in self.p.ops}
+        self.inputs = {i.value.buffer: k for k, i in enumerate(self.p.inputs)}
+        self.exact = bool(getattr(s.options, "exact", False))
+        self.threads = s.threads
+        self.plan = KernelPlan()
+
+    # -- memory ---------------------------------------------------------------------------
+    def pointer(self, buf: str) -> tuple[str, str]:
+        """(C pointer expression, dtype) of root buffer ``buf``."""
+        if buf in self.inputs:
+            k = self.inputs[buf]
+            return f"a.in{k}", self.p.inputs[k].value.dtype
+        if buf in self.s.scratch:
+            return f"reinterpret_cast<float*>(a.arena + {self.arena.offset(buf)})", "float32"
+        home = self.s.homes.get(buf)
+        if home is None:
+            raise TkxError(f"codegen: {buf} is read from memory but has no home")
+        dtype = self.ops[buf].out.dtype
+        if home.kind == "arena":
+            return f"reinterpret_cast<{C_TYPES[dtype]}*>(a.arena + {self.arena.offset(buf)})", dtype
+        return (f"a.out{home.index}" if home.kind == "output" else f"a.in{home.index}"), dtype
+
+    def home_pointer(self, home: Home, buf: str) -> tuple[str, str]:
+        if home.kind == "arena":
+            return self.pointer(buf)
+        if home.kind == "output":
+            return f"a.out{home.index}", self.p.outputs[home.index].value.dtype
+        return f"a.in{home.index}", self.p.inputs[home.index].value.dtype
+
+    # -- device functions for inlined values read at arbitrary indices ------------------
+    def function(self, op_id: str) -> str:
+        name = f"tkx_v_{op_id}"
+        if name in self.plan.functions:
+            return name
+        self.plan.functions[name] = ""  # reserve (recursion is impossible: the IR is a DAG)
+        op = self.ops[op_id]
+        lines: list[str] = []
+        memo: dict[tuple[str, str], str] = {}
+        val = self.value_statements(op, "i", lines, memo, registers={}, group_inlined=None)
+        body = block(lines, f"return {val};")
+        self.plan.functions[name] = (
+            f"// {op_id} = {op.kind}: recomputed where it is read ({op.source.short() if op.source else ''})\n"
+            f"__device__ __forceinline__ float {name}(const TkxArgs& a, long long i) {{\n"
+            f"{indent(body)}\n}}")
+        return name
+
+    def element(self, x: Any, lin: str, lines: list[str] | None, memo: dict | None,
+                registers: dict[str, str], group_inlined: set[str] | None) -> str:
+        """C float expression of element ``lin`` (row-major in ``x.shape``) of operand ``x``.
+
+        With ``lines`` (a statement context), inlined values at the same point are emitted as
+        statements; otherwise (an expression context) they become device-function calls.
+        """
+        if not isinstance(x, TensorSpec):
+            return cops.literal(x)
+        root = self.ops[x.buffer].out if x.buffer in self.ops else self.p.inputs[self.inputs[x.buffer]].value
+        same_point = x.numel == root.numel and x.offset == root.offset and (
+            (x.is_dense and root.is_dense) or x.strides == root.strides)
+        if x.buffer in registers:
+            if not same_point:
+                raise TkxError(f"codegen: {x.buffer} is a register but is read through a view")
+            return registers[x.buffer]
+        idx = lin if same_point else _mixed_index(lin, x.shape, x.strides, x.offset)
+        if x.buffer in self.s.inlined:
+            if lines is not None and same_point:
+                return self.value_statements(self.ops[x.buffer], lin, lines, memo, registers, group_inlined)
+            return f"{self.function(x.buffer)}(a, {idx})"
+        ptr, dtype = self.pointer(x.buffer)
+        return load(dtype, ptr, idx)
+
+    def value_statements(self, op: Op, lin: str, lines: list[str], memo: dict | None,
+                         registers: dict[str, str], group_inlined: set[str] | None) -> str:
+        """Emit statements computing pointwise/generator ``op`` at ``lin``; return its variable."""
+        key = (op.id, lin)
+        if memo is not None and key in memo:
+            return memo[key]
+        if op.kind == "fill":
+            text = cops.literal(cops.round_scalar(float(op.attr("value")), op.out.dtype)
+                                if op.out.dtype in ("float32", "bfloat16", "float16") else op.attr("value"))
+        elif op.kind == "iota":
+            dim = op.attr("dim", 0)
+            coord = _unravel(lin, op.out.shape)[dim] if op.out.shape else "0"
+            text = round_to(op.out.dtype, f"({cops.literal(op.attr('start', 0))} + "
+                                          f"{cops.literal(op.attr('step', 1))} * (float){coord})")
+        else:
+            args = [self.element(x, lin, lines, memo, registers, group_inlined) for x in op.inputs]
+            text = cops.value(op, args, exact=self.exact)
+        var = f"v_{op.id}"
+        if memo is not None:
+            n = sum(1 for k in memo if k[0] == op.id)
+            var = f"v_{op.id}" if n == 0 else f"v_{op.id}_{n}"
+            memo[key] = var
+        lines.append(f"const float {var} = {text};  // {op.id}: {op.kind}")
+        return var
+
+    # -- the domain point of a group ----------------------------------------------------------
+    def point(self, g: Group, lin: str, first: dict[str, str], start: int) -> str:
+        """Statements computing domain ops ``g.ops[start:]`` at ``lin`` and the stores."""
+        lines: list[str] = []
+        memo: dict = {}
+        registers = dict(first)
+        inl = set(g.inlined)
+        for op_id in g.ops[start:]:
+            op = self.ops[op_id]
+            var = self.value_statements(op, lin, lines, memo, registers, inl)
+            registers[op_id] = var
+        for s in g.stores:
+            ptr, dtype = self.home_pointer(self.s.homes[s], s)
+            lines.append(store(dtype, ptr, lin, registers[s]) + f"  // store {s} -> {self.s.homes[s]}")
+        return block(lines)
+
+    # -- groups -------------------------------------------------------------------------------------
+    def group_code(self, g: Group) -> tuple[str, int, int]:
+        """(C code for work item ``item``, number of work items, shared bytes)."""
+        if g.kind == "copy":
+            return self.copy_code(g)
+        if g.kind == "pointwise":
+            op = self.ops[g.anchor]
+            n = op.out.numel
+            t = self.threads
+            body = block(f"const long long i = (long long)item * {t} + threadIdx.x;",
+                         f"if (i < {n}LL) {{", indent(self.point(g, "i", {}, 0)), "}")
+            return "{\n" + indent(body) + "\n}", max(1, -(-n // t)), 0
+        if g.kind == "gemm":
+            return self.gemm_code(g)
+        return self.reduction_code(g)
+
+    def copy_code(self, g: Group) -> tuple[str, int, int]:
+        task = next(c for c in self.s.copies if c.group == g.id)
+        n, t = task.src.numel, self.threads
+        ptr, dtype = self.home_pointer(task.dst_home, task.src.buffer)
+        src = self.element(task.src, "i", None, None, {}, None)
+        body = block(f"const long long i = (long long)item * {t} + threadIdx.x;",
+                     f"if (i < {n}LL) {store(dtype, ptr, 'i', src)}  // copy {task.src.buffer} -> {task.dst_home}")
+        return "{\n" + indent(body) + "\n}", max(1, -(-n // t)), 0
+
+    def gemm_code(self, g: Group) -> tuple[str, int, int]:
+        op = self.ops[g.anchor]
+        a, b = (op.inputs[1], op.inputs[2]) if op.kind == "addmm" else (op.inputs[0], op.inputs[1])
+        assert isinstance(a, TensorSpec) and isinstance(b, TensorSpec)
+        prob = GemmProblem.from_views(a, b)
+        m, n, k = prob.m, prob.n, prob.k
+        params = g.params
+        variant = params["impl"]
+        batched = op.kind == "bmm"
+
+        def coords(bat: str, r: str, c: str, view: TensorSpec) -> str:
+            cs = ([bat] if batched else []) + [r, c]
+            return _coords_index(cs, view.strides, view.offset)
+
+        def operand(view: TensorSpec) -> Any:
+            def load_elem(bat: str, r: str, c: str) -> str:
+                idx = coords(bat, r, c, view)
+                if view.buffer in self.s.inlined:
+                    return f"{self.function(view.buffer)}(a, {idx})"
+                ptr, dtype = self.pointer(view.buffer)
+                return load(dtype, ptr, idx)
+            return load_elem
+
+        def epilogue(bat: str, row: str, col: str, acc: str) -> str:
+            lin = f"(((long long){bat} * {m} + {row}) * {n} + {col})" if batched else \
+                f"((long long){row} * {n} + {col})"
+            lines = [f"const long long e = {lin};"]
+            value = acc
+            if op.kind == "addmm":
+                alpha, beta = op.attr("alpha", 1), op.attr("beta", 1)
+                bias = self.element(op.inputs[0], "e", None, None, {}, set(g.inlined))
+                value = f"{cops.literal(alpha)} * {acc} + {cops.literal(beta)} * {bias}" if (alpha, beta) != (1, 1) \
+                    else f"{acc} + {bias}"
+            lines.append(f"const float v_{op.id} = {round_to(op.out.dtype, value)};  // {op.id}: {op.kind}")
+            lines.append(self.point(g, "e", {op.id: f"v_{op.id}"}, 1))
+            return block(lines)
+
+        code = emit_gemm(variant, prob, operand(a), operand(b), epilogue, tile_m=params["tile_m"],
+                         tile_n=params["tile_n"], tile_k=params["tile_k"], threads=self.threads)
+        self.plan.tensor_cores |= code.tensor_cores
+        self.plan.notes[g.id] = {"variant": code.variant, **code.params}
+        return code.code, code.work_items, code.shared_bytes
+
+    def reduction_code(self, g: Group) -> tuple[str, int, int]:
+        op = self.ops[g.anchor]
+        x = op.inputs[0]
+        assert isinstance(x, TensorSpec)
+        dims = tuple(op.attr("dims", ()))
+        kept = [d for d in range(x.ndim) if d not in dims]
+        rows = op.out.numel
+        size = math.prod(x.shape[d] for d in dims) if dims else 1
+        kept_shape = tuple(x.shape[d] for d in kept)
+        red_shape = tuple(x.shape[d] for d in dims)
+
+        def element(row: str, r: str) -> str:
+            cs = ["0"] * x.ndim
+            for d, c in zip(kept, _unravel(f"(long long){row}", kept_shape)):
+                cs[d] = c
+            for d, c in zip(dims, _unravel(f"(long long){r}", red_shape)):
+                cs[d] = c
+            idx = _coords_index(cs, x.strides, x.offset)
+            if x.buffer in self.s.inlined:
+                return f"{self.function(x.buffer)}(a, {idx})"
+            ptr, dtype = self.pointer(x.buffer)
+            return load(dtype, ptr, idx)
+
+        def finish(row: str, value: str) -> str:
+            return block(f"const long long e = {row};",
+                         f"const float v_{op.id} = {round_to(op.out.dtype, value)};  // {op.id}: {op.kind}",
+                         self.point(g, "e", {op.id: f"v_{op.id}"}, 1))
+
+        kind = op.kind
+        strategy = g.params.get("strategy", "warp")
+        rows_contiguous = g.params.get("rows_contiguous", False)
+        if g.kind == "reduction_partial":
+            scratch, _ = self.pointer(g.params["partials"])
+            code = partial_reduce(kind, rows, size, g.params["parts"], element, scratch=scratch,
+                                  threads=self.threads, rows_contiguous=rows_contiguous)
+        elif "partials" in g.params:
+            scratch, _ = self.pointer(g.params["partials"])
+            code = final_reduce(kind, rows, size, g.params["parts"], finish, scratch=scratch, threads=self.threads)
+        else:
+            code = emit_reduction(strategy, kind, rows, max(size, 1), element, finish, threads=self.threads)
+        self.plan.notes[g.id] = {"strategy": code.strategy, **code.params}
+        return code.code, code.work_items, code.shared_bytes
+
+
+def _stage_loop(parts: list[tuple[Group, str, int]]) -> str:
+    """One grid-stride loop over the work items of every group of a stage."""
+    total = sum(n for _, _, n in parts)
+    if len(parts) == 1:
+        g, code, n = parts[0]
+        return block(f"for (int item = blockIdx.x; item < {n}; item += gridDim.x) {{  // {g.id}: {n} items",
+                     indent(code), "}")
+    lines = [f"for (int w = blockIdx.x; w < {total}; w += gridDim.x) {{  // {len(parts)} groups share the grid"]
+    base = 0
+    for j, (g, code, n) in enumerate(parts):
+        cond = f"w < {base + n}"
+        head = "if" if j == 0 else "} else if"
+        if j == len(parts) - 1:
+            lines.append("} else {" if j else f"if ({cond}) {{")
+        else:
+            lines.append(f"{head} ({cond}) {{")
+        lines.append(indent(f"const int item = w - {base};  // {g.id}: {n} items", 1))
+        lines.append(indent(code, 1))
+        base += n
+    lines.append("}")
+    return block(lines[0], indent(block(lines[1:])), "}")
+
+
+def generate(s: FusedSchedule, arena: ArenaPlan):
+    """The CUDA source of ``s`` with memory from ``arena``: a :class:`tkx.codegen.CudaSource`.
+
+    Raises :class:`tkx.TkxError` if a group cannot be emitted (a scheduler/codegen bug).
+    """
+    from .source import CudaSource
+
+    em = _Emitter(s, arena)
+    params = abi.kernel_params(s.program)
+    for prm in params:  # the prelude's storage types (2-byte structs for bf16/fp16)
+        if prm.role in ("input", "output"):
+            dtype = (s.program.inputs[prm.index].value.dtype if prm.role == "input"
+                     else s.program.outputs[prm.index].value.dtype)
+            base = C_TYPES[dtype]
+            object.__setattr__(prm, "ctype", prm.ctype.replace(abi.C_TYPES[dtype], base, 1))
+    stage_code: list[tuple[int, list[tuple[Group, str, int]]]] = []
+    shared = 0
+    for si, stage in enumerate(s.stages):
+        parts = []
+        for gid in stage:
+            g = s.groups[gid]
+            code, n, smem = em.group_code(g)
+            shared = max(shared, smem)
+            parts.append((g, code, n))
+        stage_code.append((si, parts))
+    mode = s.mode
+    spin = getattr(s.options, "spin_limit", 2_000_000)
+    struct_fields = [f"    {p.ctype.replace(' __restrict__', '')} {p.name};" for p in params
+                     if p.role in ("input", "output")] + ["    unsigned char* arena;"]
+    body: list[str] = [
+        f"if (!tkx_check_launch(status, {s.threads})) return;",
+        barrier_setup(mode),
+        f"const TkxArgs a = {{{', '.join(p.name for p in params if p.role in ('input', 'output', 'arena'))}}};",
+    ]
+    if shared:
+        body.append(shared_workspace(shared))
+    group_lines: dict[str, tuple[int, int]] = {}
+    for si, parts in stage_code:
+        if si > 0:
+            hz = "; ".join(s.barriers[si - 1].hazards[:2])
+            body.append(f"// ---- barrier before stage {si} ({hz})")
+            body.append(barrier(mode, si, spin_limit=f"{spin}ULL"))
+        names = ", ".join(f"{g.id} {g.kind}" for g, _, _ in parts)
+        body.append(f"// ==== stage {si}: {names} ====")
+        body.append(_stage_loop(parts))
+    kernel = block(
+        f"extern \"C\" __global__ void __launch_bounds__({s.threads}) {abi.KERNEL_NAME}(",
+        indent(",\n".join(p.declaration() for p in params), 2) + ") {",
+        indent(block(body)),
+        "}")
+    header = block(
+        f"// tkx megakernel for `{s.program.name}`: {len(s.groups)} groups in {len(s.stages)} stages, "
+        f"{s.num_barriers} barriers ({mode} mode), {s.threads} threads per block.",
+        f"// Arena: {arena.size_bytes} bytes. Generated by tkx; every address is a kernel argument.")
+    struct = block("struct TkxArgs {  // the kernel's pointers, handed to the device functions", *struct_fields,
+                   "};")
+    functions = "\n\n".join(f for f in em.plan.functions.values() if f)
+    text = block(header, "", prelude(tensor_cores=em.plan.tensor_cores), "", struct, "",
+                 functions, "" if functions else None, kernel) + "\n"
+    # Source map: the lines of each group (by its marker comment) and of each op.
+    lines = text.splitlines()
+    op_lines: dict[str, list[int]] = {}
+    for no, line in enumerate(lines, start=1):
+        if "//" in line:
+            tail = line.split("//", 1)[1].strip()
+            tok = tail.split(":")[0].split(" ")[0]
+            if tok in em.ops:
+                op_lines.setdefault(tok, []).append(no)
+            if tail.startswith("store "):
+                op_lines.setdefault(tail.split()[1], []).append(no)
+        if line.lstrip().startswith("__device__ __forceinline__ float tkx_v_"):
+            op_id = line.split("tkx_v_", 1)[1].split("(", 1)[0]
+            op_lines.setdefault(op_id, []).append(no)
+    starts = []
+    for no, line in enumerate(lines, start=1):
+        tail = line.split("//", 1)[1].strip() if "//" in line else ""
+        gid = tail.split(":")[0]
+        if gid in s.groups and "items" in tail:
+            starts.append((no, gid))
+        elif tail.startswith(("==== stage", "---- barrier")) or line.startswith("}"):
+            starts.append((no, None))
+    for (no, gid), (nxt, _) in zip(starts, starts[1:] + [(len(lines) + 1, None)]):
+        if gid is not None:
+            group_lines[gid] = (no, nxt - 1)
+    return CudaSource(text=text, kernel_name=abi.KERNEL_NAME, params=tuple(params), threads=s.threads,
+                      mode=mode, blocks=1 if mode == "block" else s.blocks, shared_bytes=shared,
+                      arena_bytes=arena.size_bytes, schedule=s, arena=arena,
+                      op_lines={k: tuple(v) for k, v in op_lines.items()}, group_lines=group_lines,
+                      tensor_cores=em.plan.tensor_cores, notes=em.plan.notes)

@@ -1,0 +1,86 @@
+"""``CudaSource``: the generated kernel, its launch configuration and its source map."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import abi
+
+
+@dataclass(frozen=True)
+class CudaSource:
+    """The CUDA source of one cooperative persistent kernel.
+
+    * ``text``: the whole translation unit (prelude, device functions, the kernel);
+    * ``kernel_name``/``params``: the entry point and its parameters (:mod:`tkx.codegen.abi`);
+    * ``threads`` per block, ``mode`` (``block``: one block, ``__syncthreads``; ``grid``: a
+      cooperative grid with grid barriers), ``blocks`` the grid the schedule would like (the
+      runtime caps it by the compiled kernel's occupancy);
+    * ``shared_bytes``: the shared workspace per block (static up to 48 KiB, else dynamic);
+    * ``arena_bytes``: the workspace the runtime allocates;
+    * ``op_lines``: IR op id -> 1-based line numbers that compute or store it;
+      ``group_lines``: schedule group id -> (first, last) line of its code;
+    * ``schedule``/``arena``: the stages this source implements (provenance).
+    """
+
+    text: str
+    kernel_name: str
+    params: tuple[abi.Param, ...]
+    threads: int
+    mode: str
+    blocks: int
+    shared_bytes: int
+    arena_bytes: int
+    schedule: Any = field(repr=False, compare=False)
+    arena: Any = field(repr=False, compare=False)
+    op_lines: Mapping[str, tuple[int, ...]] = field(default_factory=dict, repr=False, compare=False)
+    group_lines: Mapping[str, tuple[int, int]] = field(default_factory=dict, repr=False, compare=False)
+    tensor_cores: bool = False
+    notes: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def program(self):
+        return self.schedule.program
+
+    @property
+    def options(self):
+        return self.schedule.options
+
+    @property
+    def dynamic_shared_bytes(self) -> int:
+        """Dynamic shared memory to pass at launch (0 when the workspace is static)."""
+        from .cuda_prelude import STATIC_SHARED_LIMIT
+        n = max(16, (self.shared_bytes + 15) // 16 * 16)
+        return n if self.shared_bytes and n > STATIC_SHARED_LIMIT else 0
+
+    @property
+    def num_lines(self) -> int:
+        return self.text.count("\n")
+
+    def lines_of(self, op_or_group: str) -> tuple[int, ...]:
+        """The line numbers implementing an IR op or a schedule group."""
+        if op_or_group in self.group_lines:
+            a, b = self.group_lines[op_or_group]
+            return tuple(range(a, b + 1))
+        return tuple(self.op_lines.get(op_or_group, ()))
+
+    def check(self, arch: str = "sm_90", **kwargs: Any):
+        """Compile with NVRTC for ``arch`` (no GPU needed) -> :class:`tkx.codegen.nvrtc.CompileReport`.
+
+        Raises :class:`tkx.codegen.nvrtc.CudaCompileError` with the offending lines quoted.
+        """
+        from .nvrtc import compile_cuda
+        return compile_cuda(self.text, arch, exact=bool(getattr(self.options, "exact", False)), **kwargs)
+
+    def __str__(self) -> str:
+        return self.text
+
+    def __repr__(self) -> str:
+        return (f"<tkx.CudaSource {self.kernel_name}: {self.num_lines} lines, {self.mode} mode, "
+                f"{self.threads} threads, shared {self.shared_bytes} B, arena {self.arena_bytes} B>")
+
+    def __rich__(self) -> Any:
+        from rich.syntax import Syntax
+        return Syntax(self.text, "cuda", line_numbers=True, word_wrap=False)
