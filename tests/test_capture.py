@@ -106,7 +106,7 @@ def test_printer_golden(name):
     path = GOLDEN / f"{name}.ir.txt"
     if os.environ.get("TKX_UPDATE_GOLDEN"):
         path.write_text(text + "\n")
-    assert text + "\n" == path.read_text(), f"printer output changed; rerun with TKX_UPDATE_GOLDEN=1 if intended"
+    assert text + "\n" == path.read_text(), "printer output changed; rerun with TKX_UPDATE_GOLDEN=1 if intended"
     assert "0x" not in text and " at " not in text  # no addresses
 
 

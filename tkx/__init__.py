@@ -6,7 +6,7 @@ passes -> schedule -> arena -> CUDA source -> compiled runner -> benchmark.
 
 from __future__ import annotations
 
-from . import examples, ir, reference
+from . import bench, examples, ir, reference, runtime
 from .arena import ArenaPlan
 from .capture import CapturedGraph, capture
 from .errors import SourceLine, TkxError, UnsupportedError
@@ -22,5 +22,5 @@ __all__ = [
     "capture", "CapturedGraph", "Program", "Op", "TensorSpec", "validate", "explore", "Exploration",
     "Options", "OptionsError", "register_pass", "run_passes", "PassTrace", "schedule", "FusedSchedule",
     "fusion_rule", "fuse", "keep", "ArenaPlan",
-    "TkxError", "UnsupportedError", "SourceLine", "ir", "reference", "examples", "__version__",
+    "TkxError", "UnsupportedError", "SourceLine", "ir", "reference", "examples", "runtime", "bench", "__version__",
 ]

@@ -28,6 +28,13 @@ def _parser() -> argparse.ArgumentParser:
     tour.add_argument(
         "--example", default="digits_mlp", metavar="NAME", help="example to compile (default: digits_mlp)"
     )
+    bench = commands.add_parser(
+        "bench", help="time the megakernel against eager, CUDA graphs and torch.compile (needs a GPU)")
+    bench.add_argument("suite", nargs="?", default="mlp", choices=["mlp"])
+    bench.add_argument("--out", metavar="FILE", help="write the results as JSON to FILE")
+    bench.add_argument("--repeats", type=int, default=9, help="timed samples per candidate (>= 7)")
+    bench.add_argument("--baselines", default="eager,eager+cudagraph,inductor,inductor-max-autotune")
+    bench.add_argument("--workloads", default="", help="comma-separated subset (default: the whole suite)")
     return parser
 
 
@@ -42,6 +49,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         from tkx.tour import run_tour
 
         return run_tour(example=args.example)
+    if args.command == "bench":
+        from tkx.bench.__main__ import main as bench_main
+
+        argv = [args.suite, "--repeats", str(args.repeats), "--baselines", args.baselines]
+        if args.out:
+            argv += ["--out", args.out]
+        if args.workloads:
+            argv += ["--workloads", args.workloads]
+        return bench_main(argv)
     parser.print_help()
     return 2
 

@@ -1,0 +1,406 @@
+"""Compile a :class:`~tkx.codegen.CudaSource` with NVRTC (cached on disk) and load it with cuda-core.
+
+* :func:`compile_cubin` - source -> cubin for an architecture; needs no GPU (NVRTC is a
+  library). Cached by content (:mod:`tkx.runtime.cache`).
+* :func:`compile` - cubin for the device's own architecture, loaded with ``cuda.core``:
+  a :class:`CompiledKernel` holding the registers, shared and local memory the *driver*
+  reports, the occupancy and the grid it will launch with.
+
+Grid size: 1 in ``block`` mode; in ``grid`` mode ``min(source.blocks, occupancy * SMs)``
+(capped by ``Options.max_blocks``), from the compiled kernel's occupancy, never a guess:
+a cooperative launch needs every block resident at once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from ..errors import TkxError
+from . import cache as _cache
+from .device import arch_of, cuda_core, make_current, require_cuda, sm_count
+
+#: Dynamic shared memory a kernel may use without opting in (bytes).
+DEFAULT_DYNAMIC_SHARED_LIMIT = 48 * 1024
+
+
+class KernelLoadError(TkxError):
+    """The compiled kernel cannot be loaded or launched as generated (resources, signature)."""
+
+
+# --------------------------------------------------------------------------------------
+# What a CudaSource must provide (read defensively: the code generator owns the class)
+# --------------------------------------------------------------------------------------
+def source_options(source: Any) -> Any:
+    """The :class:`tkx.Options` a source was generated under (defaults if it carries none)."""
+    options = getattr(source, "options", None)
+    if options is None and getattr(source, "schedule", None) is not None:
+        options = getattr(source.schedule, "options", None)
+    if options is None:
+        from ..options import Options
+
+        options = Options()
+    return options
+
+
+def source_program(source: Any) -> Any:
+    """The (optimised) :class:`tkx.Program` a source implements."""
+    program = getattr(source, "program", None)
+    if program is None and getattr(source, "schedule", None) is not None:
+        program = source.schedule.program
+    if program is None:
+        raise TkxError("this CudaSource carries no program (source.program / source.schedule.program)")
+    return program
+
+
+def kernel_name(source: Any) -> str:
+    from ..codegen import abi
+
+    return getattr(source, "kernel_name", None) or abi.KERNEL_NAME
+
+
+# --------------------------------------------------------------------------------------
+# Compiling to a cubin (no GPU needed)
+# --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Binary:
+    """A compiled cubin and where it came from.
+
+    ``report`` is NVRTC/ptxas's :class:`~tkx.codegen.nvrtc.CompileReport` (registers, spills,
+    static shared memory, stack); ``compile_seconds`` the cold NVRTC time of this source (as
+    measured when it was compiled, also for a cache hit); ``seconds`` the wall time of this
+    call (the cache lookup for a hit); ``key`` the cache key (SHA-256).
+    """
+
+    arch: str
+    report: Any = field(repr=False)
+    key: str
+    cache_hit: bool
+    seconds: float
+    compile_seconds: float
+    flags: tuple[str, ...] = field(default=(), repr=False)
+
+    @property
+    def cubin(self) -> bytes:
+        return self.report.cubin
+
+
+def _tkx_version() -> str:
+    import tkx
+
+    return getattr(tkx, "__version__", "0")
+
+
+def _report_to_json(report: Any) -> dict[str, Any]:
+    data = asdict(report)
+    data.pop("cubin", None)
+    return data
+
+
+def _report_from_json(data: dict[str, Any], cubin: bytes) -> Any:
+    from ..codegen.nvrtc import CompileReport, KernelResources
+
+    fields = dict(data)
+    fields["kernels"] = tuple(KernelResources(**k) for k in fields.get("kernels", ()))
+    fields["options"] = tuple(fields.get("options", ()))
+    known = CompileReport.__dataclass_fields__
+    return CompileReport(**{k: v for k, v in fields.items() if k in known}, cubin=cubin)
+
+
+def nvrtc_cache_key(text: str, arch: str, *, exact: bool = False) -> tuple[str, tuple[str, ...]]:
+    """``(key, flags)``: the cache key of compiling ``text`` for ``arch`` with tkx's NVRTC flags."""
+    from ..codegen import nvrtc
+
+    major, minor = nvrtc.nvrtc_version()
+    flags = nvrtc.nvrtc_flags(arch, exact=exact, includes=nvrtc.include_dirs())
+    key = _cache.cache_key(text, arch, flags, tkx_version=_tkx_version(),
+                           compiler_version=f"nvrtc {major}.{minor}")
+    return key, flags
+
+
+def compile_cubin(source: Any, arch: str = "sm_90", *, exact: bool | None = None,
+                  cache: bool | str = True) -> Binary:
+    """Compile ``source`` (a CudaSource or CUDA text) to a cubin for ``arch`` with NVRTC.
+
+    ``exact`` (default: ``source.options.exact``) turns off multiply-add contraction.
+    ``cache``: ``True`` reads and writes the on-disk cache, ``False`` bypasses it,
+    ``"refresh"`` recompiles and overwrites the entry (a cold compile, for timing).
+    Raises :class:`~tkx.codegen.nvrtc.CudaCompileError` (log and source lines quoted) or
+    :class:`~tkx.codegen.nvrtc.NvrtcUnavailableError`.
+    """
+    from ..codegen import nvrtc
+
+    text = source if isinstance(source, str) else source.text
+    if exact is None:
+        exact = False if isinstance(source, str) else bool(getattr(source_options(source), "exact", False))
+    start = time.perf_counter()
+    key, flags = nvrtc_cache_key(text, arch, exact=exact)
+    if cache is True:
+        hit = _cache.load_entry(key)
+        if hit is not None:
+            cubin, meta = hit
+            try:
+                report = _report_from_json(meta["report"], cubin)
+            except (KeyError, TypeError, ValueError):
+                report = None
+            if report is not None:
+                return Binary(arch, report, key, True, time.perf_counter() - start,
+                              float(meta.get("compile_seconds", report.compile_seconds)), flags)
+    report = nvrtc.compile_cuda(text, arch, exact=exact)
+    if cache:
+        _cache.store_entry(key, report.cubin, {"report": _report_to_json(report),
+                                               "compile_seconds": report.compile_seconds, "arch": arch})
+    return Binary(arch, report, key, False, time.perf_counter() - start, report.compile_seconds, flags)
+
+
+# --------------------------------------------------------------------------------------
+# Loaded kernels
+# --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Resources:
+    """What one compiled kernel uses and how it is launched.
+
+    Bytes are per block (shared) or per thread (local); ``occupancy`` is resident blocks per
+    SM at this block size; ``grid``/``block`` the launch configuration (blocks, threads);
+    ``spill_bytes`` ptxas's spill stores + loads (``-1`` when unknown, as for the
+    torch-extension back end); ``compile_seconds`` the cold compile time of this source
+    (NVRTC, or nvcc for ``torch-extension``); ``seconds`` the wall time of the compile call
+    that produced this kernel (a cache hit costs a few ms); ``load_seconds`` loading the
+    binary into the driver.
+    """
+
+    backend: str
+    arch: str
+    registers: int
+    shared_bytes: int
+    dynamic_shared_bytes: int
+    local_bytes: int
+    spill_bytes: int
+    occupancy: int
+    sm_count: int
+    grid: int
+    block: int
+    mode: str
+    arena_bytes: int
+    compile_seconds: float
+    seconds: float
+    load_seconds: float
+    cache_hit: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def summary(self) -> str:
+        """One line: ``grid 132x256 (grid mode), 96 regs, 0 B local, 4096 B smem, 1 block/SM, ...``."""
+        hit = "cache hit" if self.cache_hit else "cold"
+        return (f"{self.backend} {self.arch}: grid {self.grid}x{self.block} ({self.mode} mode), "
+                f"{self.registers} regs, "
+                f"{self.local_bytes} B local, {self.shared_bytes + self.dynamic_shared_bytes} B smem, "
+                f"{self.occupancy} block(s)/SM x {self.sm_count} SMs, arena {self.arena_bytes} B, "
+                f"compile {self.compile_seconds:.2f} s ({hit}, {self.seconds:.3f} s)")
+
+    def __str__(self) -> str:
+        return self.summary()
+
+
+def choose_grid(mode: str, preferred: int, occupancy: int, sms: int, max_blocks: int | None = None) -> int:
+    """The grid size (blocks) to launch with.
+
+    ``block`` mode: 1. ``grid`` mode: ``min(preferred, occupancy * sms)``, capped by
+    ``max_blocks``; at least 1. ``occupancy`` must be positive (see :func:`occupancy_error`).
+    """
+    if mode == "block":
+        return 1
+    grid = min(max(1, int(preferred)), int(occupancy) * int(sms))
+    if max_blocks:
+        grid = min(grid, int(max_blocks))
+    return max(1, grid)
+
+
+def occupancy_error(registers: int, shared_bytes: int, dynamic_shared_bytes: int, threads: int,
+                    local_bytes: int = 0) -> KernelLoadError:
+    """The error raised when not even one block of the kernel fits on an SM."""
+    return KernelLoadError(
+        f"the kernel cannot run: 0 blocks of {threads} threads fit on one SM ({registers} registers/thread = "
+        f"{registers * threads} per block, {shared_bytes} B static + {dynamic_shared_bytes} B dynamic shared "
+        f"memory per block, {local_bytes} B local/thread); lower Options.threads_per_block or the tile sizes "
+        "(tile_m, tile_n, tile_k)")
+
+
+def _attr(obj: Any, name: str, default: int = 0) -> int:
+    value = getattr(obj, name, None)
+    if value is None:
+        return default
+    return int(value() if callable(value) else value)
+
+
+def _launch_shape(source: Any) -> tuple[int, str, int, int]:
+    """(threads, mode, preferred blocks, dynamic shared bytes) of a CudaSource."""
+    schedule = getattr(source, "schedule", None)
+    threads = int(getattr(source, "threads", None) or getattr(schedule, "threads", 256))
+    mode = str(getattr(source, "mode", None) or getattr(schedule, "mode", "grid"))
+    blocks = int(getattr(source, "blocks", None) or getattr(schedule, "blocks", 1))
+    shared = int(getattr(source, "shared_bytes", 0) or 0)
+    return threads, mode, blocks, shared
+
+
+def arena_bytes_of(source: Any) -> int:
+    value = getattr(source, "arena_bytes", None)
+    if value is None and getattr(source, "arena", None) is not None:
+        value = source.arena.size_bytes
+    return int(value or 0)
+
+
+class CompiledKernel:
+    """A cubin loaded with ``cuda.core`` on one device, ready to launch.
+
+    Attributes: ``binary`` (:class:`Binary`), ``device``, ``registers`` (per thread, from the
+    driver), ``shared_bytes`` (static, per block), ``dynamic_shared_bytes``, ``local_bytes``
+    (per thread), ``occupancy`` (blocks per SM), ``grid``, ``block``, ``cooperative``,
+    ``resources`` (:class:`Resources`).
+
+    Raises :class:`KernelLoadError` when not one block fits on an SM (naming registers and
+    shared memory) or when the kernel's signature does not have one 8-byte pointer per ABI
+    parameter.
+    """
+
+    backend = "nvrtc"
+
+    def __init__(self, source: Any, binary: Binary, device: torch.device) -> None:
+        core = cuda_core()
+        self.source = source
+        self.binary = binary
+        self.device = device
+        self._core = core
+        threads, mode, blocks, dyn = _launch_shape(source)
+        make_current(device)
+        start = time.perf_counter()
+        with torch.cuda.device(device):
+            try:
+                obj = core.ObjectCode.from_cubin(binary.cubin, name=f"tkx-{binary.key[:12]}")
+            except TypeError:  # cuda-core releases without the name keyword
+                obj = core.ObjectCode.from_cubin(binary.cubin)
+            self._kernel = obj.get_kernel(kernel_name(source))
+            self._object = obj
+            attrs = self._kernel.attributes
+            self.registers = _attr(attrs, "num_regs")
+            self.shared_bytes = _attr(attrs, "shared_size_bytes")
+            self.local_bytes = _attr(attrs, "local_size_bytes")
+            max_threads = _attr(attrs, "max_threads_per_block", threads)
+            self._check_signature(source)
+            if threads > max_threads:
+                raise KernelLoadError(
+                    f"the kernel was generated for {threads} threads per block but uses {self.registers} "
+                    f"registers/thread, so at most {max_threads} fit in a block; "
+                    "lower Options.threads_per_block")
+            if dyn > DEFAULT_DYNAMIC_SHARED_LIMIT:
+                self._allow_dynamic_shared(dyn)
+            self.occupancy = self._occupancy(threads, dyn)
+        self.load_seconds = time.perf_counter() - start
+        self.dynamic_shared_bytes = dyn
+        self.block = threads
+        self.mode = mode
+        self.sm_count = sm_count(device)
+        if self.occupancy <= 0:
+            raise occupancy_error(self.registers, self.shared_bytes, dyn, threads, self.local_bytes)
+        options = source_options(source)
+        self.grid = choose_grid(mode, blocks, self.occupancy, self.sm_count,
+                                getattr(options, "max_blocks", None))
+        self.cooperative = mode != "block"
+        self._config = core.LaunchConfig(grid=self.grid, block=threads, shmem_size=dyn,
+                                         is_cooperative=self.cooperative)
+
+    # -- loading helpers --------------------------------------------------------------------
+    def _check_signature(self, source: Any) -> None:
+        params = getattr(source, "params", None)
+        if params is None:
+            return
+        try:
+            count = int(self._kernel.num_arguments)
+            info = list(self._kernel.arguments_info)
+        except Exception:  # older cuda-core or driver: nothing to check against
+            return
+        if count != len(params):
+            raise KernelLoadError(f"the compiled kernel takes {count} arguments but the ABI lists "
+                                  f"{len(params)} ({', '.join(p.name for p in params)})")
+        try:
+            sizes = [int(i[1]) if isinstance(i, (tuple, list)) else int(getattr(i, "size", 8)) for i in info]
+        except (TypeError, ValueError, IndexError):  # an unfamiliar ParamInfo layout: skip the size check
+            return
+        bad = [p.name for p, size in zip(params, sizes) if size != 8]
+        if bad:
+            raise KernelLoadError(f"kernel parameters {', '.join(bad)} are not 8-byte pointers")
+
+    def _occupancy(self, threads: int, dyn: int) -> int:
+        occ = getattr(self._kernel, "occupancy", None)
+        if occ is not None:
+            return int(occ.max_active_blocks_per_multiprocessor(threads, dyn))
+        from cuda.bindings import driver  # pragma: no cover - cuda-core without occupancy queries
+
+        err, n = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            driver.CUfunction(int(self._kernel.handle)), threads, dyn)
+        if int(err) != 0:
+            raise KernelLoadError(f"cuOccupancyMaxActiveBlocksPerMultiprocessor failed: {err}")
+        return int(n)
+
+    def _allow_dynamic_shared(self, nbytes: int) -> None:
+        from cuda.bindings import driver
+
+        attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        handle = self._kernel.handle
+        if isinstance(handle, driver.CUkernel):
+            (err,) = driver.cuKernelSetAttribute(attr, nbytes, handle, driver.CUdevice(self.device.index))
+        else:
+            (err,) = driver.cuFuncSetAttribute(driver.CUfunction(int(handle)), attr, nbytes)
+        if int(err) != 0:
+            raise KernelLoadError(f"could not allow {nbytes} B of dynamic shared memory per block: {err}")
+
+    # -- launching ---------------------------------------------------------------------------
+    def launch(self, args: Sequence[int], stream: int) -> None:
+        """Launch once on the CUDA stream whose handle is ``stream`` (an int: PyTorch's
+        ``cuda_stream``). ``args`` are device addresses, one per ABI parameter, in order.
+        Each is passed as an explicit 64-bit value (``ctypes.c_uint64``)."""
+        make_current(self.device)
+        core = self._core
+        core.launch(core.Stream.from_handle(int(stream)), self._config, self._kernel,
+                    *[ctypes.c_uint64(int(a)) for a in args])
+
+    @property
+    def resources(self) -> Resources:
+        return Resources(
+            backend=self.backend, arch=self.binary.arch, registers=self.registers,
+            shared_bytes=self.shared_bytes,
+            dynamic_shared_bytes=self.dynamic_shared_bytes, local_bytes=self.local_bytes,
+            spill_bytes=int(self.binary.report.spill_bytes), occupancy=self.occupancy, sm_count=self.sm_count,
+            grid=self.grid, block=self.block, mode=self.mode, arena_bytes=arena_bytes_of(self.source),
+            compile_seconds=self.binary.compile_seconds, seconds=self.binary.seconds,
+            load_seconds=self.load_seconds, cache_hit=self.binary.cache_hit)
+
+    def __repr__(self) -> str:
+        return f"<tkx.CompiledKernel {self.resources.summary()}>"
+
+
+def compile(source: Any, device: Any = None, *, cache: bool | str = True, backend: str | None = None) -> Any:
+    """Compile ``source`` for ``device``'s own architecture and load it.
+
+    ``backend`` defaults to ``source.options.backend``: ``"nvrtc"`` gives a
+    :class:`CompiledKernel` (cubin cached on disk, see :func:`compile_cubin`),
+    ``"torch-extension"`` an :class:`~tkx.runtime.extension.ExtensionKernel` built with
+    nvcc through ``torch.utils.cpp_extension``. Raises :class:`~tkx.runtime.device.NoDeviceError`
+    without a GPU, :class:`KernelLoadError` if the kernel cannot run as generated.
+    """
+    dev = require_cuda(device)
+    backend = backend or getattr(source_options(source), "backend", "nvrtc")
+    if backend == "torch-extension":
+        from .extension import ExtensionKernel
+
+        return ExtensionKernel.build(source, dev, cache=cache)
+    if backend != "nvrtc":
+        raise TkxError(f"unknown backend {backend!r}: use 'nvrtc' or 'torch-extension'")
+    binary = compile_cubin(source, arch_of(dev), cache=cache)
+    return CompiledKernel(source, binary, dev)

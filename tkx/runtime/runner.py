@@ -1,0 +1,356 @@
+"""Running a compiled step: :class:`CompiledRunner`, :class:`GraphRunner` and :func:`build`.
+
+A :class:`CompiledRunner` is called like the user's step (same pytrees in, same pytrees out).
+Per call it checks the inputs against the compiled layouts, allocates the outputs and the
+workspace arena from PyTorch's caching allocator, launches the kernel on PyTorch's current
+stream (so ``torch.cuda.graph`` captures it) and, with ``check=True`` (default), waits for it
+and raises :class:`~tkx.runtime.status.KernelError` if the kernel reported an error. In-place
+state updates land in the user's tensors (the kernel writes them), as eager does.
+
+A runner owns one set of sync/status words; launches on one stream are ordered, so calls on
+one stream may follow each other freely. Do not run one runner on two streams at once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from ..errors import TkxError
+from . import inputs as _inputs
+from . import status as _status
+from .device import require_cuda
+from .kernel import arena_bytes_of, compile, source_options, source_program
+
+
+def _stream_handle(device: torch.device) -> int:
+    return int(torch.cuda.current_stream(device).cuda_stream)
+
+
+def _capturing(device: torch.device) -> bool:
+    try:
+        return bool(torch.cuda.is_current_stream_capturing())
+    except RuntimeError:  # pragma: no cover - no CUDA
+        return False
+
+
+def _bump_versions(tensors: Sequence[torch.Tensor]) -> None:
+    """Tell autograd that the kernel wrote these tensors (as an in-place op would)."""
+    bump = getattr(torch.autograd.graph, "increment_version", None)
+    if bump is None or not tensors:
+        return
+    for t in tensors:
+        try:
+            bump(t)
+        except RuntimeError:  # inference tensors carry no version counter
+            pass
+
+
+class CompiledRunner:
+    """A compiled training step, callable like the original.
+
+    Build it with :func:`build` (from a step function) or ``CompiledRunner(source)`` (from a
+    :class:`~tkx.codegen.CudaSource`; then :meth:`verify` has no eager step to compare with
+    unless ``step_fn`` is given).
+
+    Attributes: ``source``, ``program`` (the optimised :class:`tkx.Program`), ``schedule``,
+    ``options``, ``device``, ``kernel`` (:class:`~tkx.runtime.kernel.CompiledKernel` or
+    :class:`~tkx.runtime.extension.ExtensionKernel`), ``step_fn``, ``resources``.
+
+    Raises :class:`~tkx.runtime.device.NoDeviceError` without a GPU.
+    """
+
+    def __init__(self, source: Any, *, device: Any = None, step_fn: Callable[..., Any] | None = None,
+                 backend: str | None = None, cache: bool | str = True) -> None:
+        self.device = require_cuda(device)
+        self.source = source
+        self.program = source_program(source)
+        self.schedule = getattr(source, "schedule", None)
+        self.options = source_options(source)
+        self.step_fn = step_fn
+        self.params = list(getattr(source, "params", None) or self._default_params())
+        self.arena_bytes = arena_bytes_of(source)
+        self.kernel = compile(source, self.device, backend=backend, cache=cache)
+        self._words = _status.new_words(self.device)
+        self._mutated = sorted({u.input_index for u in self.program.updates} |
+                               {i for i, s in enumerate(self.program.inputs) if s.mutated})
+        self.timings: dict[str, float] = {}
+
+    def _default_params(self) -> list[Any]:
+        from ..codegen import abi
+
+        return abi.kernel_params(self.program)
+
+    # -- facts ------------------------------------------------------------------------------
+    @property
+    def resources(self) -> Any:
+        """:class:`~tkx.runtime.kernel.Resources`: registers, shared/local bytes, occupancy,
+        grid, block, arena bytes, compile seconds (cold) and whether the cache was hit."""
+        return self.kernel.resources
+
+    @property
+    def input_names(self) -> list[str]:
+        return [i.name for i in self.program.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [o.name for o in self.program.outputs]
+
+    def launch_description(self) -> str:
+        k = self.kernel
+        return (f"grid {k.grid} x {k.block} threads ({k.mode} mode, occupancy {k.occupancy}/SM x "
+                f"{k.sm_count} SMs), {k.registers} registers, arena {self.arena_bytes} B")
+
+    def __repr__(self) -> str:
+        return f"<tkx.CompiledRunner {self.program.name}: {self.launch_description()}>"
+
+    # -- building blocks ---------------------------------------------------------------------
+    def flatten(self, args: Sequence[Any]) -> list[Any]:
+        """The flat inputs of ``args`` (the step's positional arguments); raises
+        :class:`~tkx.runtime.inputs.InputMismatchError` if the pytree structure differs."""
+        return _inputs.flatten_args(self.program, args)
+
+    def check_inputs(self, flat: Sequence[Any]) -> None:
+        """Raise :class:`~tkx.runtime.inputs.InputMismatchError` naming the first input whose
+        device, dtype, shape or strides differ from the compiled ones."""
+        _inputs.check_inputs(self.program.inputs, flat, self.device)
+
+    def allocate_outputs(self) -> list[torch.Tensor]:
+        """Fresh (uninitialised) output tensors, flat, in ``program.outputs`` order."""
+        return _inputs.allocate_outputs(self.program, self.device)
+
+    def new_arena(self) -> torch.Tensor:
+        """A workspace of ``arena_bytes`` bytes (at least 256) from PyTorch's caching allocator."""
+        return torch.empty(max(256, self.arena_bytes), dtype=torch.uint8, device=self.device)
+
+    def kernel_args(self, flat: Sequence[torch.Tensor], outs: Sequence[torch.Tensor], arena: torch.Tensor,
+                    words: torch.Tensor) -> list[int]:
+        """The kernel's arguments (device addresses) in ABI order (:mod:`tkx.codegen.abi`)."""
+        sync, status = _status.word_pointers(words)
+        return pack_args(self.params, [t.data_ptr() for t in flat], [t.data_ptr() for t in outs],
+                         arena.data_ptr(), sync, status)
+
+    def launch(self, flat: Sequence[torch.Tensor], outs: Sequence[torch.Tensor], arena: torch.Tensor,
+               words: torch.Tensor | None = None) -> None:
+        """Launch once on the current stream with already checked tensors (no checks, no sync)."""
+        args = self.kernel_args(flat, outs, arena, self._words if words is None else words)
+        if torch.cuda.current_device() != self.device.index:
+            with torch.cuda.device(self.device):
+                self.kernel.launch(args, _stream_handle(self.device))
+        else:
+            self.kernel.launch(args, _stream_handle(self.device))
+
+    def run_flat(self, flat: Sequence[Any], *, out: Any = None, arena: torch.Tensor | None = None,
+                 check: bool = True) -> list[torch.Tensor]:
+        """Run on flat inputs (``program.inputs`` order); returns the flat outputs."""
+        self.check_inputs(flat)
+        outs = (_inputs.check_outputs(self.program, out, self.device, flat) if out is not None
+                else self.allocate_outputs())
+        if arena is None:
+            arena = self.new_arena()
+        elif arena.numel() < self.arena_bytes or arena.device != self.device:
+            raise TkxError(f"arena= needs {self.arena_bytes} bytes on {self.device}")
+        self.launch(flat, outs, arena)
+        _bump_versions([flat[i] for i in self._mutated])
+        if check and not _capturing(self.device):
+            self.check_status(synchronize=False)
+        return outs
+
+    # -- the public call ---------------------------------------------------------------------
+    def __call__(self, *args: Any, out: Any = None, check: bool = True) -> Any:
+        """Run one step: ``runner(*args)`` takes and returns what ``step_fn(*args)`` does.
+
+        ``out``: preallocated outputs (flat list or the output pytree) to write into.
+        ``check``: wait for the kernel and raise :class:`~tkx.runtime.status.KernelError` if it
+        reported an error (skipped automatically while a CUDA graph is being captured).
+        Raises :class:`~tkx.runtime.inputs.InputMismatchError` for arguments that do not fit.
+        """
+        flat = self.flatten(args)
+        outs = self.run_flat(flat, out=out, check=check)
+        return _inputs.unflatten_outputs(self.program, outs)
+
+    def check_status(self, *, synchronize: bool = True) -> None:
+        """Raise :class:`~tkx.runtime.status.KernelError` if a launch since the last check
+        reported an error (the words are then cleared). ``synchronize`` waits for the whole
+        device first (use it after graph replays or launches on other streams)."""
+        error = _status.read_and_clear(self._words, self.schedule, self.launch_description(),
+                                       synchronize=synchronize)
+        if error is not None:
+            raise error
+
+    # -- graphs and checks -------------------------------------------------------------------
+    def capture_graph(self, *args: Any, warmup: int = 3) -> GraphRunner:
+        """Capture one launch on ``args`` in a :class:`torch.cuda.CUDAGraph`; see :class:`GraphRunner`.
+
+        Warms up ``warmup`` times on a side stream, then captures. Every input the step
+        updates in place is snapshotted first and restored after the warm-up and after the
+        capture, so the user's state is unchanged by capturing. Raises
+        :class:`~tkx.runtime.status.KernelError` if a warm-up launch reported an error.
+        """
+        return GraphRunner(self, args, warmup=warmup)
+
+    def verify(self, seeds: Sequence[int] = (0, 1), make_inputs: Callable[..., Any] | None = None, *,
+               strict: bool = False, int_high: int = 10, tolerances: dict[str, float] | None = None) -> Any:
+        """Compare the kernel with eager ``step_fn`` and with :func:`tkx.reference.run`.
+
+        For each seed: inputs from ``make_inputs(seed)`` (``device=`` passed when accepted)
+        or random ones shaped like the compiled inputs (normal floats, integers in
+        ``[0, int_high)``); outputs and workspace are poisoned with NaN before the launch.
+        Every output and in-place updated input is compared (relative error; float32
+        ``<= 1e-5``, bf16/fp16 ``<= 2e-2``, or ``tolerances`` by dtype name), and inputs the
+        step must not change are checked bit for bit.
+
+        Returns a :class:`~tkx.runtime.verify.Verification`; raises nothing on a mismatch
+        unless ``strict=True`` (:class:`~tkx.runtime.verify.VerificationError`).
+        """
+        from .verify import verify
+
+        return verify(self, seeds, make_inputs, strict=strict, int_high=int_high, tolerances=tolerances)
+
+
+def pack_args(params: Sequence[Any], inputs: Sequence[int], outputs: Sequence[int], arena: int, sync: int,
+              status: int) -> list[int]:
+    """Order the addresses as the kernel's parameters (``abi.Param`` roles) ask.
+
+    Raises :class:`TkxError` for an unknown role or an index out of range (a code generator
+    and runtime out of step).
+    """
+    args = []
+    for p in params:
+        role = p.role
+        if role == "input":
+            pool = inputs
+        elif role == "output":
+            pool = outputs
+        elif role == "arena":
+            args.append(arena)
+            continue
+        elif role == "sync":
+            args.append(sync)
+            continue
+        elif role == "status":
+            args.append(status)
+            continue
+        else:
+            raise TkxError(f"kernel parameter {p.name} has role {role!r}, which this runtime does not know")
+        if not 0 <= p.index < len(pool):
+            raise TkxError(f"kernel parameter {p.name} refers to {role} {p.index}, but there are {len(pool)}")
+        args.append(pool[p.index])
+    return args
+
+
+class GraphRunner:
+    """One launch of a :class:`CompiledRunner` captured in a CUDA graph.
+
+    ``replay()`` re-runs the step on the *same* tensors (the ones given to
+    :meth:`CompiledRunner.capture_graph`: copy new data into ``inputs`` to change them), writes
+    the in-place updates into them and returns the outputs (static tensors, overwritten by
+    each replay). It has its own outputs, arena and sync/status words; it does not check the
+    status (that would synchronise): call :meth:`check_status` when convenient.
+
+    Attributes: ``runner``, ``graph`` (:class:`torch.cuda.CUDAGraph`), ``args`` (the pytree
+    captured with), ``inputs`` (flat), ``outputs`` (flat), ``capture_seconds``.
+    """
+
+    def __init__(self, runner: CompiledRunner, args: Sequence[Any], *, warmup: int = 3) -> None:
+        if int(warmup) < 0:
+            raise ValueError("warmup must be >= 0")
+        self.runner = runner
+        self.args = tuple(args)
+        device = runner.device
+        flat = runner.flatten(self.args)
+        runner.check_inputs(flat)
+        self.inputs = flat
+        self.outputs = runner.allocate_outputs()
+        self.arena = runner.new_arena()
+        self._words = _status.new_words(device)
+        start = time.perf_counter()
+        with torch.cuda.device(device):
+            mutated = [i for i in runner._mutated]
+            snapshot = {i: flat[i].clone() for i in mutated}
+            current = torch.cuda.current_stream(device)
+            side = torch.cuda.Stream(device)
+            side.wait_stream(current)
+            with torch.cuda.stream(side):
+                for _ in range(int(warmup)):
+                    runner.launch(flat, self.outputs, self.arena, self._words)
+            current.wait_stream(side)
+            self._restore(snapshot)
+            torch.cuda.synchronize(device)
+            self.check_status(synchronize=False)
+            self.graph = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(self.graph):
+                    runner.launch(flat, self.outputs, self.arena, self._words)
+            finally:
+                self._restore(snapshot)
+                torch.cuda.synchronize(device)
+        self.capture_seconds = time.perf_counter() - start
+
+    def _restore(self, snapshot: dict[int, torch.Tensor]) -> None:
+        for i, saved in snapshot.items():
+            self.inputs[i].copy_(saved)
+
+    def replay(self) -> Any:
+        """Replay the step on the current stream; returns the outputs in the step's pytree."""
+        self.graph.replay()
+        _bump_versions([self.inputs[i] for i in self.runner._mutated])
+        return _inputs.unflatten_outputs(self.runner.program, self.outputs)
+
+    def check_status(self, *, synchronize: bool = True) -> None:
+        """Raise :class:`~tkx.runtime.status.KernelError` if a replay reported an error."""
+        error = _status.read_and_clear(self._words, self.runner.schedule, self.runner.launch_description(),
+                                       synchronize=synchronize)
+        if error is not None:
+            raise error
+
+    def __repr__(self) -> str:
+        return f"<tkx.GraphRunner {self.runner.program.name}: {self.runner.launch_description()}>"
+
+
+def lower(step_fn: Callable[..., Any], example_inputs: Sequence[Any], options: Any = None, *,
+          name: str | None = None, loss: int | None = None) -> Any:
+    """Capture, optimise, schedule, plan and generate: the :class:`~tkx.codegen.CudaSource` of a step."""
+    from ..arena import plan
+    from ..capture import capture
+    from ..codegen import generate
+    from ..options import Options
+    from ..passes import run_passes
+    from ..schedule import schedule
+
+    options = options or Options()
+    if not isinstance(example_inputs, (tuple, list)):
+        example_inputs = (example_inputs,)
+    captured = capture(step_fn, example_inputs, loss=loss, name=name)
+    program = run_passes(captured.lower(), options.passes).output
+    sched = schedule(program, options)
+    return generate(sched, plan(sched))
+
+
+def build(step_fn: Callable[..., Any], example_inputs: Sequence[Any], options: Any = None, *,
+          name: str | None = None, loss: int | None = None, device: Any = None,
+          cache: bool | str = True) -> CompiledRunner:
+    """Compile ``step_fn`` for the shapes, dtypes and strides of ``example_inputs``.
+
+    Runs on the device of the example inputs when they are CUDA tensors, else ``device`` (or
+    PyTorch's current CUDA device). ``options``: a :class:`tkx.Options` (``backend`` picks
+    NVRTC or the torch-extension build). ``loss``: flat index of the loss among the outputs.
+
+    Raises :class:`~tkx.runtime.device.NoDeviceError` (no GPU: says what works without one),
+    :class:`tkx.UnsupportedError` (capture), :class:`~tkx.codegen.nvrtc.CudaCompileError`.
+    """
+    from .device import device_of
+
+    if not isinstance(example_inputs, (tuple, list)):
+        example_inputs = (example_inputs,)
+    dev = device_of(tree_flatten(tuple(example_inputs))[0], device)
+    t0 = time.perf_counter()
+    source = lower(step_fn, example_inputs, options, name=name, loss=loss)
+    lowered = time.perf_counter() - t0
+    runner = CompiledRunner(source, device=dev, step_fn=step_fn, cache=cache)
+    runner.timings["lower_seconds"] = lowered
+    return runner

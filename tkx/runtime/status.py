@@ -1,0 +1,118 @@
+"""The kernel's sync and status words, and turning a nonzero status into a readable error.
+
+One ``int32`` tensor of :data:`WORDS` words per runner (and per captured graph), zeroed once:
+
+* words ``0..1`` - ``sync``: the grid barrier's arrival count and generation (the barrier
+  leaves them ready for the next launch; they are re-zeroed only after an error);
+* words ``4..7`` - ``status``: ``status[0]`` the error code (:data:`tkx.codegen.abi.ERRORS`),
+  ``status[1]`` the stage whose barrier failed, ``status[2]`` the block that saw it.
+
+``status`` starts 16 bytes into the tensor, so both pointers are 16-byte aligned.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..errors import TkxError
+
+WORDS = 8
+SYNC_OFFSET = 0      # words
+STATUS_OFFSET = 4    # words
+
+
+def error_names() -> dict[int, str]:
+    """Error code -> meaning: the ABI's table, completed by the prelude's where it has more."""
+    from ..codegen import abi
+
+    names = dict(abi.ERRORS)
+    try:
+        from ..codegen import cuda_prelude
+
+        for code, text in getattr(cuda_prelude, "ERROR_CODES", {}).items():
+            if code and code not in names:
+                names[code] = text
+    except ImportError:  # pragma: no cover - the prelude is part of tkx
+        pass
+    return names
+
+
+class KernelError(TkxError):
+    """The kernel reported an error through its status words.
+
+    ``code`` (see :func:`error_names`), ``stage`` (the stage whose barrier failed, ``-1`` at
+    kernel entry), ``block`` (the block that saw it), ``hazards`` (why that barrier exists).
+    """
+
+    def __init__(self, message: str, *, code: int, stage: int, block: int,
+                 hazards: tuple[str, ...] = ()) -> None:
+        self.code = code
+        self.stage = stage
+        self.block = block
+        self.hazards = hazards
+        super().__init__(message)
+
+
+def new_words(device: torch.device) -> torch.Tensor:
+    """A zeroed words tensor (sync + status) on ``device``."""
+    return torch.zeros(WORDS, dtype=torch.int32, device=device)
+
+
+def word_pointers(words: torch.Tensor) -> tuple[int, int]:
+    """``(sync address, status address)`` inside a words tensor."""
+    base = words.data_ptr()
+    return base + 4 * SYNC_OFFSET, base + 4 * STATUS_OFFSET
+
+
+def barrier_hazards(schedule: Any, stage: int) -> tuple[str, ...]:
+    """The hazards the schedule recorded for the barrier before ``stage`` (empty if unknown)."""
+    for barrier in getattr(schedule, "barriers", ()) or ():
+        if getattr(barrier, "stage", None) == stage:
+            return tuple(getattr(barrier, "hazards", ()) or ())
+    return ()
+
+
+def describe_status(code: int, stage: int, block: int, schedule: Any = None, launch: str = "") -> KernelError:
+    """The :class:`KernelError` for status words ``(code, stage, block)``.
+
+    Names the error, the stage whose barrier failed and the hazards that barrier guards
+    (from ``schedule.barriers``); ``launch`` describes the launch (grid, block) for context.
+    """
+    meaning = error_names().get(code, f"unknown error code {code}")
+    where = "at kernel entry" if stage < 0 else f"at the barrier before stage {stage}"
+    lines = [f"the tkx kernel reported error {code}: {meaning}, {where} (seen by block {block})"]
+    hazards = barrier_hazards(schedule, stage) if stage >= 0 else ()
+    if hazards:
+        lines.append("that barrier orders: " + "; ".join(hazards))
+    stages = getattr(schedule, "stages", None)
+    if stages is not None and 0 <= stage < len(stages):
+        lines.append(f"stage {stage} runs groups {', '.join(stages[stage])}")
+    if launch:
+        lines.append(f"launch: {launch}")
+    if code == 1:
+        lines.append("a grid barrier times out when a block never arrives: the grid exceeded the co-resident "
+                     "blocks, another kernel occupied the GPU, or a stage before it hung; raise "
+                     "Options.spin_limit for very long stages or try Options(mode='block') to isolate it")
+    return KernelError("\n  ".join(lines), code=code, stage=stage, block=block, hazards=hazards)
+
+
+def read_and_clear(words: torch.Tensor, schedule: Any = None, launch: str = "", *,
+                   synchronize: bool = False) -> KernelError | None:
+    """Read the status words; on an error, zero all the words (sync included, so the next
+    launch starts clean) and return the :class:`KernelError` (``None`` when all is well).
+
+    The read is a blocking copy on the current stream, so it waits for the launches made on
+    that stream; ``synchronize=True`` first waits for the whole device (launches or graph
+    replays on other streams)."""
+    if synchronize and words.is_cuda:
+        torch.cuda.synchronize(words.device)
+    host = words.cpu()
+    code, stage, block = (int(x) for x in host[STATUS_OFFSET:STATUS_OFFSET + 3])
+    if code == 0:
+        return None
+    words.zero_()
+    if words.is_cuda:
+        torch.cuda.synchronize(words.device)
+    return describe_status(code, stage, block, schedule, launch)
