@@ -498,6 +498,7 @@ def wmma_gemm(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue, 
         _k_loop(tk, compute),
         "// epilogue: each fragment goes through the warp's staging area, then element by element",
         epi,
+        "__syncthreads();  // every warp is done with its staging area before the next item reuses it",
     )
     items = p.batch * _ceil(p.m, tm) * _ceil(p.n, tn)
     params = {"tile": (tm, tn, tk), "warp_grid": (wm, wn), "fragments_per_warp": (pm, pn),

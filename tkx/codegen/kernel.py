@@ -241,15 +241,15 @@ class _Emitter:
         def epilogue(bat: str, row: str, col: str, acc: str) -> str:
             lin = f"(((long long){bat} * {m} + {row}) * {n} + {col})" if batched else \
                 f"((long long){row} * {n} + {col})"
-            lines = [f"const long long e = {lin};"]
+            lines = [f"const long long tkx_e = {lin};"]
             value = acc
             if op.kind == "addmm":
                 alpha, beta = op.attr("alpha", 1), op.attr("beta", 1)
-                bias = self.element(op.inputs[0], "e", None, None, {}, set(g.inlined))
+                bias = self.element(op.inputs[0], "tkx_e", None, None, {}, set(g.inlined))
                 value = f"{cops.literal(alpha)} * {acc} + {cops.literal(beta)} * {bias}" if (alpha, beta) != (1, 1) \
                     else f"{acc} + {bias}"
             lines.append(f"const float v_{op.id} = {round_to(op.out.dtype, value)};  // {op.id}: {op.kind}")
-            lines.append(self.point(g, "e", {op.id: f"v_{op.id}"}, 1))
+            lines.append(self.point(g, "tkx_e", {op.id: f"v_{op.id}"}, 1))
             return block(lines)
 
         code = emit_gemm(variant, prob, operand(a), operand(b), epilogue, tile_m=params["tile_m"],
@@ -282,9 +282,9 @@ class _Emitter:
             return load(dtype, ptr, idx)
 
         def finish(row: str, value: str) -> str:
-            return block(f"const long long e = {row};",
+            return block(f"const long long tkx_e = {row};",
                          f"const float v_{op.id} = {round_to(op.out.dtype, value)};  // {op.id}: {op.kind}",
-                         self.point(g, "e", {op.id: f"v_{op.id}"}, 1))
+                         self.point(g, "tkx_e", {op.id: f"v_{op.id}"}, 1))
 
         kind = op.kind
         strategy = g.params.get("strategy", "warp")
@@ -309,16 +309,16 @@ def _stage_loop(parts: list[tuple[Group, str, int]]) -> str:
         g, code, n = parts[0]
         return block(f"for (int item = blockIdx.x; item < {n}; item += gridDim.x) {{  // {g.id}: {n} items",
                      indent(code), "}")
-    lines = [f"for (int w = blockIdx.x; w < {total}; w += gridDim.x) {{  // {len(parts)} groups share the grid"]
+    lines = [f"for (int tkx_w = blockIdx.x; tkx_w < {total}; tkx_w += gridDim.x) {{  // {len(parts)} groups share the grid"]
     base = 0
     for j, (g, code, n) in enumerate(parts):
-        cond = f"w < {base + n}"
+        cond = f"tkx_w < {base + n}"
         head = "if" if j == 0 else "} else if"
         if j == len(parts) - 1:
             lines.append("} else {" if j else f"if ({cond}) {{")
         else:
             lines.append(f"{head} ({cond}) {{")
-        lines.append(indent(f"const int item = w - {base};  // {g.id}: {n} items", 1))
+        lines.append(indent(f"const int item = tkx_w - {base};  // {g.id}: {n} items", 1))
         lines.append(indent(code, 1))
         base += n
     lines.append("}")
