@@ -174,7 +174,7 @@ BARRIERS = dedent(r"""
         return tkx_ld_acquire(sync + 1);  // no barrier of this launch can have opened yet
     }
 
-    __device__ __noinline__ bool tkx_grid_barrier(unsigned int* sync, unsigned int gen, int* status,
+    __device__ __forceinline__ bool tkx_grid_barrier(unsigned int* sync, unsigned int gen, int* status,
                                                   int stage, unsigned long long spin_limit) {
         __shared__ int ok;
         __syncthreads();                                       // this block has finished the stage

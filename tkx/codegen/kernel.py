@@ -90,23 +90,23 @@ class _Emitter:
         """(C pointer expression, dtype) of root buffer ``buf``."""
         if buf in self.inputs:
             k = self.inputs[buf]
-            return f"a.in{k}", self.p.inputs[k].value.dtype
+            return f"in{k}", self.p.inputs[k].value.dtype
         if buf in self.s.scratch:
-            return f"reinterpret_cast<float*>(a.arena + {self.arena.offset(buf)})", "float32"
+            return f"reinterpret_cast<float*>(arena + {self.arena.offset(buf)})", "float32"
         home = self.s.homes.get(buf)
         if home is None:
             raise TkxError(f"codegen: {buf} is read from memory but has no home")
         dtype = self.ops[buf].out.dtype
         if home.kind == "arena":
-            return f"reinterpret_cast<{C_TYPES[dtype]}*>(a.arena + {self.arena.offset(buf)})", dtype
-        return (f"a.out{home.index}" if home.kind == "output" else f"a.in{home.index}"), dtype
+            return f"reinterpret_cast<{C_TYPES[dtype]}*>(arena + {self.arena.offset(buf)})", dtype
+        return (f"out{home.index}" if home.kind == "output" else f"in{home.index}"), dtype
 
     def home_pointer(self, home: Home, buf: str) -> tuple[str, str]:
         if home.kind == "arena":
             return self.pointer(buf)
         if home.kind == "output":
-            return f"a.out{home.index}", self.p.outputs[home.index].value.dtype
-        return f"a.in{home.index}", self.p.inputs[home.index].value.dtype
+            return f"out{home.index}", self.p.outputs[home.index].value.dtype
+        return f"in{home.index}", self.p.inputs[home.index].value.dtype
 
     # -- device functions for inlined values read at arbitrary indices ------------------
     def function(self, op_id: str) -> str:
@@ -121,7 +121,7 @@ class _Emitter:
         body = block(lines, f"return {val};")
         self.plan.functions[name] = (
             f"// {op_id} = {op.kind}: recomputed where it is read ({op.source.short() if op.source else ''})\n"
-            f"__device__ __forceinline__ float {name}(const TkxArgs& a, long long i) {{\n"
+            f"__device__ __forceinline__ float {name}(TKX_POINTERS, long long i) {{\n"
             f"{indent(body)}\n}}")
         return name
 
@@ -145,7 +145,7 @@ class _Emitter:
         if x.buffer in self.s.inlined:
             if lines is not None and same_point:
                 return self.value_statements(self.ops[x.buffer], lin, lines, memo, registers, group_inlined)
-            return f"{self.function(x.buffer)}(a, {idx})"
+            return f"{self.function(x.buffer)}(TKX_ARGS, {idx})"
         ptr, dtype = self.pointer(x.buffer)
         return load(dtype, ptr, idx)
 
@@ -233,7 +233,7 @@ class _Emitter:
             def load_elem(bat: str, r: str, c: str) -> str:
                 idx = coords(bat, r, c, view)
                 if view.buffer in self.s.inlined:
-                    return f"{self.function(view.buffer)}(a, {idx})"
+                    return f"{self.function(view.buffer)}(TKX_ARGS, {idx})"
                 ptr, dtype = self.pointer(view.buffer)
                 return load(dtype, ptr, idx)
             return load_elem
@@ -277,7 +277,7 @@ class _Emitter:
                 cs[d] = c
             idx = _coords_index(cs, x.strides, x.offset)
             if x.buffer in self.s.inlined:
-                return f"{self.function(x.buffer)}(a, {idx})"
+                return f"{self.function(x.buffer)}(TKX_ARGS, {idx})"
             ptr, dtype = self.pointer(x.buffer)
             return load(dtype, ptr, idx)
 
@@ -325,6 +325,12 @@ def _stage_loop(parts: list[tuple[Group, str, int]]) -> str:
     return block(lines[0], indent(block(lines[1:])), "}")
 
 
+def max_registers(threads: int, blocks_per_sm: int = 1) -> int:
+    """Registers per thread that let ``blocks_per_sm`` blocks of ``threads`` share a 64K-register SM
+    (CUDA caps a thread at 255; register allocation is in units of 8)."""
+    return max(32, min(255, 65536 // (threads * max(blocks_per_sm, 1))) // 8 * 8)
+
+
 def generate(s: FusedSchedule, arena: ArenaPlan):
     """The CUDA source of ``s`` with memory from ``arena``: a :class:`tkx.codegen.CudaSource`.
 
@@ -352,12 +358,10 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
         stage_code.append((si, parts))
     mode = s.mode
     spin = getattr(s.options, "spin_limit", 2_000_000)
-    struct_fields = [f"    {p.ctype.replace(' __restrict__', '')} {p.name};" for p in params
-                     if p.role in ("input", "output")] + ["    unsigned char* arena;"]
+    pointers = [p for p in params if p.role in ("input", "output", "arena")]
     body: list[str] = [
         f"if (!tkx_check_launch(status, {s.threads})) return;",
         barrier_setup(mode),
-        f"const TkxArgs a = {{{', '.join(p.name for p in params if p.role in ('input', 'output', 'arena'))}}};",
     ]
     if shared:
         body.append(shared_workspace(shared))
@@ -370,8 +374,12 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
         names = ", ".join(f"{g.id} {g.kind}" for g, _, _ in parts)
         body.append(f"// ==== stage {si}: {names} ====")
         body.append(_stage_loop(parts))
+    # Register budget of the requested occupancy (blocks_per_sm blocks of s.threads threads on
+    # a 64K-register SM). An explicit cap also keeps ptxas from its small default budget for
+    # very large kernels, which made it spill.
+    max_regs = max_registers(s.threads, getattr(s.options, "blocks_per_sm", 1))
     kernel = block(
-        f"extern \"C\" __global__ void __launch_bounds__({s.threads}) {abi.KERNEL_NAME}(",
+        f"extern \"C\" __global__ void __maxnreg__({max_regs}) {abi.KERNEL_NAME}(",
         indent(",\n".join(p.declaration() for p in params), 2) + ") {",
         indent(block(body)),
         "}")
@@ -379,8 +387,9 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
         f"// tkx megakernel for `{s.program.name}`: {len(s.groups)} groups in {len(s.stages)} stages, "
         f"{s.num_barriers} barriers ({mode} mode), {s.threads} threads per block.",
         f"// Arena: {arena.size_bytes} bytes. Generated by tkx; every address is a kernel argument.")
-    struct = block("struct TkxArgs {  // the kernel's pointers, handed to the device functions", *struct_fields,
-                   "};")
+    struct = block("// The kernel's pointers, handed on to the device functions (inlined: no copies are made).",
+                   "#define TKX_POINTERS " + ", ".join(p.declaration() for p in pointers),
+                   "#define TKX_ARGS " + ", ".join(p.name for p in pointers))
     functions = "\n\n".join(f for f in em.plan.functions.values() if f)
     text = block(header, "", prelude(tensor_cores=em.plan.tensor_cores), "", struct, "",
                  functions, "" if functions else None, kernel) + "\n"
