@@ -379,8 +379,12 @@ class Lowering:
             return self.emit("addmm", (bias, self.tensor(args[1]), self.tensor(args[2])), shape,
                              self.meta_dtype(node), {"alpha": alpha, "beta": beta})
         if short in ("empty", "empty_like", "new_empty", "empty_strided"):
-            raise self.fail("unsupported-op", f"{short} creates uninitialised memory",
-                            "use torch.zeros/torch.full instead of torch.empty")
+            # Functionalized graphs only use an empty tensor as the destination of a functional
+            # copy/fill, which lowers to a fresh value: its contents are never read. Poison it
+            # with NaN so a read would show, and let dead-code elimination drop it.
+            dtype = self.meta_dtype(node)
+            poison = float("nan") if dtype in ("float32", "bfloat16", "float16") else 0
+            return self.emit("fill", (), self.meta_shape(node), dtype, {"value": poison})
         if short in ("_local_scalar_dense", "item"):
             raise self.fail("data-dependent-control-flow", "reading a tensor's value as a Python number",
                             "keep values as tensors (use torch.where instead of if/else on data)")
