@@ -22,6 +22,8 @@ OPTION_SETS = {
     "default": Options(),
     "no-fusion": Options(fuse_pointwise=False, fuse_epilogues=False, fuse_reductions=False),
     "block": Options(mode="block"),
+    "no-epilogues": Options(fuse_epilogues=False),
+    "no-reduction-fusion": Options(fuse_reductions=False),
     "grid-small-tiles": Options(mode="grid", tile_m=16, tile_n=16, tile_k=8, threads_per_block=128),
 }
 

@@ -94,6 +94,28 @@ class ArenaPlan:
                          + ("  (scratch)" if s.kind == "scratch" else ""))
         return "\n".join(lines)
 
+    # -- views (tkx.render.stage_views) ---------------------------------------------------
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        try:
+            from ..render import stage_views
+        except Exception:  # never a traceback in a notebook cell
+            return {"text/plain": repr(self)}
+        return stage_views.bundle(self, lambda: stage_views.arena_html(self), include, exclude)
+
+    def svg(self) -> str:
+        """The memory timeline as SVG text (x = stage, y = byte offset)."""
+        from ..render.stage_views import arena_svg
+        return arena_svg(self)
+
+    def diff(self, other: ArenaPlan) -> Any:
+        """Size, lower bound and slot changes (added, removed, moved)."""
+        from ..render.stage_views import arena_diff
+        return arena_diff(self, other)
+
+    def __rich__(self) -> Any:
+        from ..render.stage_views import arena_rich
+        return arena_rich(self)
+
     def __repr__(self) -> str:
         return (f"<tkx.ArenaPlan {len(self.slots)} slots, {self.size_bytes} B "
                 f"(lower bound {self.lower_bound_bytes} B, no reuse {self.no_reuse_bytes} B)>")

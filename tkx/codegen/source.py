@@ -81,6 +81,23 @@ class CudaSource:
         return (f"<tkx.CudaSource {self.kernel_name}: {self.num_lines} lines, {self.mode} mode, "
                 f"{self.threads} threads, shared {self.shared_bytes} B, arena {self.arena_bytes} B>")
 
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        try:
+            from ..render import stage_views
+        except Exception:  # never a traceback in a notebook cell
+            return {"text/plain": repr(self)}
+        return stage_views.bundle(self, lambda: stage_views.cuda_html(self), include, exclude)
+
+    def html(self, check: bool = True) -> str:
+        """The HTML view; ``check=False`` leaves out the NVRTC report (no compile)."""
+        from ..render.stage_views import cuda_html
+        return cuda_html(self, check=check)
+
+    def diff(self, other: CudaSource) -> Any:
+        """A unified diff of the kernel text with line counts."""
+        from ..render.stage_views import cuda_diff
+        return cuda_diff(self, other)
+
     def __rich__(self) -> Any:
         from rich.syntax import Syntax
         return Syntax(self.text, "cuda", line_numbers=True, word_wrap=False)

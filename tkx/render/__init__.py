@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import html
+import re
 import shutil
 from functools import lru_cache
 from typing import Any
@@ -90,8 +91,7 @@ def graph_svg(graph: Any) -> str | None:
     if not dot_available():
         return None
     svg = graph.pipe(format="svg").decode("utf-8")
-    lines = [ln for ln in svg.splitlines() if not ln.lstrip().startswith("<!--")]
-    return "\n".join(lines)
+    return re.sub(r"<!--.*?-->\s*", "", svg, flags=re.S)
 
 
 def graph_html(graph: Any, alt: str = "graph") -> str:

@@ -179,7 +179,25 @@ def _can_join(w: _Work, anchor: str, op: Op) -> str | None:
     for dep in _memory_deps(w, op, members):
         if any(g.depends(dep, m) for m in members):
             return "not fused: another operand is computed after this group"
+    if _would_cycle(w, members | {op.id}):
+        return "not fused: the two groups would each wait for the other's values"
     return None
+
+
+def _would_cycle(w: _Work, members: set[str]) -> bool:
+    """Would a group made of ``members`` (transitively) read one of its own values from memory?"""
+    stack = list(_group_reads(w, list(members))[0])
+    seen: set[str] = set()
+    while stack:
+        b = stack.pop()
+        if b in members:
+            return True
+        anchor = w.domain_of.get(b)
+        if anchor is None or anchor in seen:
+            continue
+        seen.add(anchor)
+        stack.extend(r for r in _group_reads(w, w.domains[anchor])[0])
+    return False
 
 
 def _reads_through_inlined(w: _Work, op: Op) -> list[str]:

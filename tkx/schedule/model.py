@@ -192,6 +192,28 @@ class FusedSchedule:
     def materialized(self) -> tuple[str, ...]:
         return tuple(s for g in self.groups.values() for s in g.stores)
 
+    # -- views (tkx.render.stage_views) ---------------------------------------------------
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        try:
+            from ..render import stage_views
+        except Exception:  # never a traceback in a notebook cell
+            return {"text/plain": repr(self)}
+        return stage_views.bundle(self, lambda: stage_views.schedule_html(self), include, exclude)
+
+    def graph(self) -> Any:
+        """A ``graphviz.Digraph``: one cluster per group, ordered by stage, barriers between."""
+        from ..render.stage_views import schedule_graph
+        return schedule_graph(self)
+
+    def diff(self, other: FusedSchedule) -> Any:
+        """Groups added/removed/changed (matched by anchor op), decisions flipped, counts."""
+        from ..render.stage_views import schedule_diff
+        return schedule_diff(self, other)
+
+    def __rich__(self) -> Any:
+        from ..render.stage_views import schedule_rich
+        return schedule_rich(self)
+
 
 def _schedule_str(self: FusedSchedule) -> str:
     from .text import format_schedule
