@@ -1,6 +1,10 @@
 # make tour  - build the virtual environment (first run only) and walk an example through tkx
 # make test  - build the virtual environment (first run only) and run the CPU test suite
 # make lint  - ruff
+#
+# The browser test (tests/test_browser.py) drives Debian's chromium through Playwright for Python:
+# as root with apt-get, `make venv` installs the chromium package when /usr/bin/chromium is missing
+# (about 30 s here); otherwise that test skips. `playwright install` (a browser download) is never run.
 
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -29,6 +33,17 @@ $(STAMP): pyproject.toml
 			|| echo "note: could not install graphviz; graphs will show as text and DOT source"; \
 		else \
 			echo "note: graphviz's dot is not installed; graphs will show as text and DOT source"; \
+		fi; \
+	fi
+	@if [ ! -x /usr/bin/chromium ]; then \
+		if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+			echo "installing Debian's chromium for the browser test (about 30 s)"; \
+			export DEBIAN_FRONTEND=noninteractive; \
+			apt-get install -y -q chromium >/dev/null 2>&1 \
+			|| { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; } \
+			|| echo "note: could not install chromium; the browser test will skip"; \
+		else \
+			echo "note: /usr/bin/chromium is missing; the browser test will skip"; \
 		fi; \
 	fi
 	@touch $(STAMP)

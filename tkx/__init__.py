@@ -2,6 +2,7 @@
 
 Stages: :func:`capture` -> :class:`CapturedGraph` -> ``.lower()`` -> :class:`Program` ->
 passes -> schedule -> arena -> CUDA source -> compiled runner -> benchmark.
+:func:`report` writes every stage to one self-contained HTML file.
 """
 
 from __future__ import annotations
@@ -14,13 +15,26 @@ from .explore import Exploration, explore
 from .ir import Op, Program, TensorSpec, validate
 from .options import Options, OptionsError
 from .passes import PassTrace, register_pass, run_passes
-from .schedule import FusedSchedule, fuse, fusion_rule, keep, schedule
+from .render.report import report
+from .schedule import FusedSchedule, fuse, fusion_rule, keep
 
 __version__ = "0.1.0"
 
 __all__ = [
     "capture", "CapturedGraph", "Program", "Op", "TensorSpec", "validate", "explore", "Exploration",
-    "Options", "OptionsError", "register_pass", "run_passes", "PassTrace", "schedule", "FusedSchedule",
-    "fusion_rule", "fuse", "keep", "ArenaPlan",
+    "Options", "OptionsError", "register_pass", "run_passes", "PassTrace", "FusedSchedule",
+    "fusion_rule", "fuse", "keep", "ArenaPlan", "report",
     "TkxError", "UnsupportedError", "SourceLine", "ir", "reference", "examples", "runtime", "bench", "__version__",
 ]
+
+# The widgets need ipywidgets and anywidget: imported on first use, so `import tkx` works without them.
+_LAZY = {"Explorer": "tkx.explorer", "PassStepper": "tkx.explorer", "LinkedView": "tkx.explorer"}
+
+
+def __getattr__(name: str):
+    """``tkx.Explorer``, ``tkx.PassStepper`` and ``tkx.LinkedView``, imported from :mod:`tkx.explorer` on first use."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'tkx' has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""The ``tkx`` command: ``tkx tour [--example NAME]`` and ``tkx --version``."""
+"""The ``tkx`` command: ``tkx tour [--example NAME] [--html PATH]``, ``tkx bench`` and ``tkx --version``."""
 
 from __future__ import annotations
 
@@ -28,6 +28,9 @@ def _parser() -> argparse.ArgumentParser:
     tour.add_argument(
         "--example", default="digits_mlp", metavar="NAME", help="example to compile (default: digits_mlp)"
     )
+    tour.add_argument(
+        "--html", metavar="PATH",
+        help="also write every stage to PATH as one self-contained HTML file (open it in any browser)")
     bench = commands.add_parser(
         "bench", help="time the megakernel against eager, CUDA graphs and torch.compile (needs a GPU)")
     bench.add_argument("suite", nargs="?", default="mlp", choices=["mlp"])
@@ -48,6 +51,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"unknown example {args.example!r}; choose from: {', '.join(names())}")
         from tkx.tour import run_tour
 
+        if args.html:
+            return run_tour(example=args.example, html=args.html)
         return run_tour(example=args.example)
     if args.command == "bench":
         from tkx.bench.__main__ import main as bench_main

@@ -34,7 +34,9 @@ STAGE_OF_OPTION = {
     "tile_m": "schedule", "tile_n": "schedule", "tile_k": "schedule",
     "threads_per_block": "schedule", "blocks_per_sm": "schedule", "max_blocks": "schedule",
     "split_k": "schedule", "mode": "schedule", "fp32_math": "schedule",
-    "spin_limit": "cuda", "exact": "runner", "backend": "runner",
+    # Code generation and the runtime read the options from the schedule, which is cheap to
+    # recompute: these re-run it too, so every later stage sees the new value.
+    "spin_limit": "schedule", "exact": "schedule", "backend": "schedule",
 }
 
 
@@ -50,6 +52,8 @@ class Exploration:
                  options: Options | None = None, *, name: str | None = None,
                  loss: int | None = None, _cache: dict[str, Any] | None = None) -> None:
         self.step_fn = step_fn
+        if not isinstance(example_inputs, (tuple, list)):
+            example_inputs = (example_inputs,)  # one positional argument, as tkx.capture accepts
         self.example_inputs = tuple(example_inputs)
         self.options = options or Options()
         self.name = name or getattr(step_fn, "__name__", "step")
@@ -131,7 +135,9 @@ class Exploration:
 
 
 def explore(step_fn: Callable[..., Any], example_inputs: Sequence[Any], *, name: str | None = None,
-            loss: int | None = None, **options: Any) -> Exploration:
-    """Start exploring ``step_fn``: see :class:`Exploration`. ``options`` are
-    :class:`tkx.Options` fields (an invalid one raises naming the field)."""
-    return Exploration(step_fn, example_inputs, Options(**options), name=name, loss=loss)
+            loss: int | None = None, options: Options | None = None, **changes: Any) -> Exploration:
+    """Start exploring ``step_fn``: see :class:`Exploration`. ``options`` is a :class:`tkx.Options`
+    and ``changes`` are Options fields applied on top (an unknown or invalid one raises
+    :class:`tkx.OptionsError` naming the field and the allowed values)."""
+    base = options if options is not None else Options()
+    return Exploration(step_fn, example_inputs, base.replace(**changes) if changes else base, name=name, loss=loss)

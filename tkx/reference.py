@@ -70,10 +70,30 @@ def flatten_inputs(program: Program, inputs: Sequence[Any]) -> list[torch.Tensor
     if len(flat) != len(program.inputs):
         raise TkxError(f"expected {len(program.inputs)} input tensors, got {len(flat)}")
     for spec, t in zip(program.inputs, flat):
-        if not isinstance(t, torch.Tensor) or tuple(t.shape) != spec.value.shape or TORCH[spec.value.dtype] != t.dtype:
-            got = f"{getattr(t, 'dtype', type(t).__name__)}{list(getattr(t, 'shape', []))}"
+        if not isinstance(t, torch.Tensor):
+            raise TkxError(f"input {spec.name}: expected a tensor, got {type(t).__name__}")
+        if tuple(t.shape) != spec.value.shape or TORCH[spec.value.dtype] != t.dtype:
+            got = f"{t.dtype}{list(t.shape)}".replace("torch.", "")
             raise TkxError(f"input {spec.name}: expected {spec.value.dtype}{list(spec.value.shape)}, got {got}")
+    devices = {t.device for t in flat}
+    if len(devices) > 1:
+        raise TkxError(f"inputs on different devices: {sorted(map(str, devices))}; move them to one device")
+    mutated = {i for i, inp in enumerate(program.inputs) if inp.mutated}
+    for i in mutated:
+        for j, t in enumerate(flat):
+            if j != i and flat[i].numel() and t.numel() and \
+                    flat[i].untyped_storage().data_ptr() == t.untyped_storage().data_ptr():
+                raise TkxError(f"input {program.inputs[i].name} is updated in place but shares memory with "
+                               f"{program.inputs[j].name}; pass distinct tensors")
     return flat
+
+
+def _in_layout(t: torch.Tensor, spec: TensorSpec) -> torch.Tensor:
+    """``t`` itself when it has the captured strides, else a copy laid out like the capture."""
+    if tuple(t.stride()) == spec.strides or t.numel() <= 1:
+        return t
+    out = torch.empty_strided(spec.shape, spec.strides, dtype=t.dtype, device=t.device)
+    return out.copy_(t)
 
 
 def read(env: dict[str, torch.Tensor], spec: TensorSpec) -> torch.Tensor:
@@ -143,7 +163,7 @@ def run(program: Program, inputs: Sequence[Any], *, update_inputs: bool = False)
     device = flat[0].device
     env: dict[str, torch.Tensor] = {}
     for spec, t in zip(program.inputs, flat):
-        env[spec.value.buffer] = t
+        env[spec.value.buffer] = _in_layout(t, spec.value)
     for op in program.ops:
         args: list[Operand | torch.Tensor] = [read(env, x) if isinstance(x, TensorSpec) else x for x in op.inputs]
         result = evaluate(op, args, device)

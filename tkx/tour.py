@@ -2,12 +2,13 @@
 
 Each stage is printed with ``rich`` as it is computed, so a reader sees the same objects a
 notebook shows: the captured FX graph, the IR, and (as they exist) the pass trace, the
-fused schedule, the arena plan and the CUDA source.
+fused schedule, the arena plan and the CUDA source. ``html=PATH`` (``tkx tour --html PATH``)
+also writes them, with their notebook views, to one self-contained HTML file
+(:func:`tkx.render.report.write_report`).
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 
@@ -18,8 +19,11 @@ def _stage(console: Any, title: str, renderable: Any, seconds: float) -> None:
     console.print(renderable)
 
 
-def run_tour(example: str = "digits_mlp", console: Any = None) -> int:
-    """Print every stage of ``example``; returns a process exit code (0 on success)."""
+def run_tour(example: str = "digits_mlp", console: Any = None, html: str | None = None) -> int:
+    """Print every stage of ``example``; returns a process exit code (0 on success).
+
+    ``html``: also write the report of every stage to this path (the GPU section reuses the
+    runner and verification of stage 7 when there is a GPU)."""
     from rich.console import Console
 
     import tkx
@@ -52,13 +56,20 @@ def run_tour(example: str = "digits_mlp", console: Any = None) -> int:
             console.print(f"NVRTC check: {cuda.check(arch).summary()}")
     else:
         console.print(f"[yellow]NVRTC unavailable ({why}): skipping the compile check[/yellow]")
-    return _gpu_part(console, ex, exp)
+    gpu: dict[str, Any] = {}
+    code = _gpu_part(console, ex, exp, gpu)
+    if html:
+        from .render.report import write_report
+
+        path = write_report(exp, html, description=ex.description, make_inputs=ex.make_inputs,
+                            runner=gpu.get("runner"), verification=gpu.get("verification"))
+        console.print(f"[bold]HTML report[/bold] of every stage: {path}")
+    return code
 
 
-def _gpu_part(console: Any, ex: Any, exp: Any) -> int:
+def _gpu_part(console: Any, ex: Any, exp: Any, out: dict[str, Any] | None = None) -> int:
     """Stage 7 on a GPU: compile, verify, and (for digits_mlp) train against eager."""
     import torch
-
     from rich.rule import Rule
 
     if not torch.cuda.is_available():
@@ -70,7 +81,10 @@ def _gpu_part(console: Any, ex: Any, exp: Any) -> int:
 
     runner = tkx.runtime.CompiledRunner(exp.cuda)
     console.print(Rule(f"[bold]7. compiled runner[/bold]  {runner!r}", align="left"))
-    console.print(runner.verify(make_inputs=ex.make_inputs).summary())
+    verification = runner.verify(make_inputs=ex.make_inputs)
+    console.print(verification.summary())
+    if out is not None:
+        out.update(runner=runner, verification=verification)
     if ex.name == "digits_mlp":
         from .train_digits import train
 

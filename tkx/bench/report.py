@@ -7,7 +7,6 @@ batches of CUDA-graph replays (plain ``eager`` is timed without a graph). Ratios
 
 from __future__ import annotations
 
-import html
 import json
 import statistics
 from collections.abc import Sequence
@@ -183,9 +182,6 @@ class BenchmarkReport:
         return table
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        header, *body = self.table_rows()
-        head = "".join(f"<th>{html.escape(c)}</th>" for c in header)
-        rows = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in body)
-        title = html.escape(self.headline())
-        return {"text/plain": str(self),
-                "text/html": f"<div><b>{title}</b><table><tr>{head}</tr>{rows}</table></div>"}
+        from ..render.runtime_views import benchmark_bundle
+
+        return benchmark_bundle(self, include, exclude)

@@ -211,8 +211,11 @@ class _Emitter:
         n, t = task.src.numel, self.threads
         ptr, dtype = self.home_pointer(task.dst_home, task.src.buffer)
         src = self.element(task.src, "i", None, None, {}, None)
+        dst = (self.p.inputs[task.dst_home.index].value if task.dst_home.kind == "input"
+               else self.p.outputs[task.dst_home.index].value)
+        dst_idx = _mixed_index("i", dst.shape, dst.strides, dst.offset) if task.dst_home.kind == "input" else "i"
         body = block(f"const long long i = (long long)item * {t} + threadIdx.x;",
-                     f"if (i < {n}LL) {store(dtype, ptr, 'i', src)}  // copy {task.src.buffer} -> {task.dst_home}")
+                     f"if (i < {n}LL) {store(dtype, ptr, dst_idx, src)}  // copy {task.src.buffer} -> {task.dst_home}")
         return "{\n" + indent(body) + "\n}", max(1, -(-n // t)), 0
 
     def gemm_code(self, g: Group) -> tuple[str, int, int]:
@@ -325,6 +328,32 @@ def _stage_loop(parts: list[tuple[Group, str, int]]) -> str:
     return block(lines[0], indent(block(lines[1:])), "}")
 
 
+INT_DTYPES = ("int64", "int32")
+EXACT_INT_KINDS = frozenset({"fill", "iota", "cast"})
+
+
+def _check_supported(s: FusedSchedule) -> None:
+    """Refuse what the kernel would get wrong, with the op and the user's line."""
+    from ..errors import UnsupportedError
+
+    values = [i.value for i in s.program.inputs] + [op.out for op in s.program.ops]
+    for v in values:
+        if v.numel >= 2**31 or v.extent >= 2**31:
+            raise UnsupportedError("unsupported-shape", f"a tensor of {v.numel} elements ({list(v.shape)})",
+                                   hint="the generated kernel indexes with 32-bit offsets: keep tensors below "
+                                        "2**31 elements")
+        if v.numel == 0:
+            raise UnsupportedError("unsupported-shape", f"a zero-size tensor {list(v.shape)}",
+                                   hint="drop empty tensors from the step (the kernel would have nothing to do)")
+    for op in s.program.ops:
+        if op.out.dtype in INT_DTYPES and op.kind not in EXACT_INT_KINDS:
+            raise UnsupportedError(
+                "integer-arithmetic", f"{op.kind} on {op.out.dtype} values ({op.id})", op=op.kind, node=op.fx_node,
+                source=op.source,
+                hint="the kernel computes in fp32 registers, exact only below 2**24: keep counters and "
+                     "integer math as float32 tensors, or outside the step (comparisons and casts are fine)")
+
+
 def max_registers(threads: int, blocks_per_sm: int = 1) -> int:
     """Registers per thread that let ``blocks_per_sm`` blocks of ``threads`` share a 64K-register SM
     (CUDA caps a thread at 255; register allocation is in units of 8)."""
@@ -338,6 +367,7 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
     """
     from .source import CudaSource
 
+    _check_supported(s)
     em = _Emitter(s, arena)
     params = abi.kernel_params(s.program)
     for prm in params:  # the prelude's storage types (2-byte structs for bf16/fp16)
@@ -390,7 +420,10 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
     struct = block("// The kernel's pointers, handed on to the device functions (inlined: no copies are made).",
                    "#define TKX_POINTERS " + ", ".join(p.declaration() for p in pointers),
                    "#define TKX_ARGS " + ", ".join(p.name for p in pointers))
-    functions = "\n\n".join(f for f in em.plan.functions.values() if f)
+    declarations = "\n".join(f"__device__ __forceinline__ float {name}(TKX_POINTERS, long long i);"
+                             for name in em.plan.functions)
+    functions = "\n\n".join([declarations] + [f for f in em.plan.functions.values() if f]) \
+        if em.plan.functions else ""
     text = block(header, "", prelude(tensor_cores=em.plan.tensor_cores), "", struct, "",
                  functions, "" if functions else None, kernel) + "\n"
     # Source map: the lines of each group (by its marker comment) and of each op.

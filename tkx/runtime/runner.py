@@ -79,6 +79,8 @@ class CompiledRunner:
         self._mutated = sorted({u.input_index for u in self.program.updates} |
                                {i for i, s in enumerate(self.program.inputs) if s.mutated})
         self.timings: dict[str, float] = {}
+        #: The :class:`~tkx.runtime.verify.Verification` of the last :meth:`verify` call (``None`` before).
+        self.last_verification: Any = None
 
     def _default_params(self) -> list[Any]:
         from ..codegen import abi
@@ -107,6 +109,11 @@ class CompiledRunner:
 
     def __repr__(self) -> str:
         return f"<tkx.CompiledRunner {self.program.name}: {self.launch_description()}>"
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        from ..render.runtime_views import runner_bundle
+
+        return runner_bundle(self, include, exclude)
 
     # -- building blocks ---------------------------------------------------------------------
     def flatten(self, args: Sequence[Any]) -> list[Any]:
@@ -207,9 +214,15 @@ class CompiledRunner:
         Returns a :class:`~tkx.runtime.verify.Verification`; raises nothing on a mismatch
         unless ``strict=True`` (:class:`~tkx.runtime.verify.VerificationError`).
         """
-        from .verify import verify
+        from .verify import VerificationError, verify
 
-        return verify(self, seeds, make_inputs, strict=strict, int_high=int_high, tolerances=tolerances)
+        try:
+            result = verify(self, seeds, make_inputs, strict=strict, int_high=int_high, tolerances=tolerances)
+        except VerificationError as exc:
+            self.last_verification = exc.verification
+            raise
+        self.last_verification = result
+        return result
 
 
 def pack_args(params: Sequence[Any], inputs: Sequence[int], outputs: Sequence[int], arena: int, sync: int,

@@ -136,6 +136,11 @@ class Verification:
         verdict = "passed" if self.passed else "FAILED"
         return f"<tkx.Verification {verdict}: worst {self.worst} {self.worst_error:.3g}>"
 
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        from ..render.runtime_views import verification_bundle
+
+        return verification_bundle(self, include, exclude)
+
     def as_dict(self) -> dict[str, Any]:
         return {"passed": self.passed, "worst": self.worst, "worst_error": self.worst_error,
                 "errors": self.errors, "seeds": list(self.seeds), "notes": list(self.notes)}

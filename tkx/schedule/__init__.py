@@ -553,7 +553,8 @@ def schedule(program: Program, options: Any = None, *, rules: tuple[FusionRule, 
         v = upd.value
         name = program.inputs[upd.input_index].name
         producer = producer_group.get(v.buffer)
-        direct = (producer is not None and is_identity(v, g.ops[v.buffer].out)
+        dense_target = program.inputs[upd.input_index].value.is_dense
+        direct = (producer is not None and is_identity(v, g.ops[v.buffer].out) and dense_target
                   and homes.get(v.buffer) == Home("arena") and groups[producer].kind != "reduction_partial")
         if direct:
             own = groups[producer]
@@ -574,6 +575,8 @@ def schedule(program: Program, options: Any = None, *, rules: tuple[FusionRule, 
                 continue
             why = (f"groups {', '.join(late)} still read the old value in the same or a later stage"
                    if late else "the producing loop reads the old value through a view")
+        elif not dense_target:
+            why = "the input is not a dense tensor (a view or transposed), so it is written through its strides"
         else:
             why = "the new value is not computed elementwise in one group"
         last_reader = max((stage[r] for r in readers_of_input.get(upd.input_index, [])), default=-1)

@@ -173,15 +173,26 @@ def run(sched: FusedSchedule, arena: ArenaPlan, inputs: Sequence[Any], *, update
     """Execute ``sched`` with ``arena`` on ``inputs`` (flat tensors or the step's pytrees).
 
     Returns an :class:`tkx.reference.Execution` (outputs, updates) comparable with
-    :func:`tkx.reference.run`. Inputs are cloned first unless ``update_inputs=True``, in
-    which case in-place state updates land in the given tensors, as the kernel does.
+    :func:`tkx.reference.run`. It runs on copies laid out exactly as captured; with
+    ``update_inputs=True`` the in-place state updates are then copied into the given tensors.
     """
     flat = flatten_inputs(sched.program, inputs)
-    if not update_inputs:
-        flat = [t.clone() for t in flat]
+    originals = flat
+    # Work on tensors laid out exactly as captured (strides and storage extent), like the kernel.
+    flat = []
+    for spec, t in zip(sched.program.inputs, originals):
+        v = spec.value
+        store = torch.empty(max(v.extent, 1), dtype=t.dtype, device=t.device)
+        mine = store.as_strided(v.shape, v.strides, v.offset)
+        mine.copy_(t)
+        flat.append(mine)
     m = _Machine(sched, arena, flat)
     for stage in sched.stages:
         for gid in reversed(stage):
             m.run_group(sched.groups[gid])
     updates = {u.input_index: m.inputs[u.input_index] for u in sched.program.updates}
+    if update_inputs:
+        for i, new in updates.items():
+            originals[i].copy_(new)
+        updates = {i: originals[i] for i in updates}
     return Execution(sched.program, m.outputs, updates, {})
