@@ -299,6 +299,21 @@ class Lowering:
             return self.pointwise(UNARY[target], [args[0]])
         if short == "relu":
             return self.pointwise("maximum", [args[0], 0.0])
+        if short in ("log1p", "expm1"):
+            x = self.tensor(args[0])
+            shape, dtype = self.meta_shape(node), self.meta_dtype(node)
+            if short == "log1p":
+                one_plus = self.emit("add", (x, 1.0), shape, dtype, base=f"{node.name}_1p")
+                return self.emit("log", (one_plus,), shape, dtype)
+            e = self.emit("exp", (x,), shape, dtype, base=f"{node.name}_exp")
+            return self.emit("sub", (e, 1.0), shape, dtype)
+        if short == "masked_fill":
+            value = args[2]
+            if isinstance(value, torch.fx.Node):
+                return self.pointwise("where", [args[1], value, args[0]])
+            return self.pointwise("where", [args[1], float(value), args[0]])
+        if short == "zero":
+            return self.emit("fill", (), self.meta_shape(node), self.meta_dtype(node), {"value": 0})
         if short in ("add", "sub"):
             alpha = kwargs.get("alpha", args[2] if len(args) > 2 else 1)
             other = args[1]
@@ -391,9 +406,12 @@ class Lowering:
         if short in ("nonzero", "masked_select", "unique", "index", "_unique2"):
             raise self.fail("dynamic-shape", f"{short} has a data-dependent output shape",
                             "use a mask with torch.where so shapes stay static")
+        if short.endswith("_scatter"):
+            raise self.fail("unsupported-op", f"an in-place write into a view ({short})",
+                            "update whole tensors (e.g. torch.where(mask, new, old)) instead of slices")
         raise self.fail("unsupported-op", f"the op {short} is not supported by tkx",
-                        "rewrite it with supported primitives (pointwise, sum/mean/amax/amin, mm/bmm), "
-                        "or register a decomposition")
+                        "rewrite it with supported primitives (pointwise, sum/mean/amax/amin, mm/bmm) "
+                        "or add a decomposition to tkx.capture.decompositions")
 
     def lower_reduction(self, node: torch.fx.Node, kind: str) -> TensorSpec:
         args, kwargs = node.args, node.kwargs

@@ -223,7 +223,7 @@ class _Emitter:
         a, b = (op.inputs[1], op.inputs[2]) if op.kind == "addmm" else (op.inputs[0], op.inputs[1])
         assert isinstance(a, TensorSpec) and isinstance(b, TensorSpec)
         prob = GemmProblem.from_views(a, b)
-        m, n, k = prob.m, prob.n, prob.k
+        m, n = prob.m, prob.n
         params = g.params
         variant = params["impl"]
         batched = op.kind == "bmm"
@@ -312,7 +312,8 @@ def _stage_loop(parts: list[tuple[Group, str, int]]) -> str:
         g, code, n = parts[0]
         return block(f"for (int item = blockIdx.x; item < {n}; item += gridDim.x) {{  // {g.id}: {n} items",
                      indent(code), "}")
-    lines = [f"for (int tkx_w = blockIdx.x; tkx_w < {total}; tkx_w += gridDim.x) {{  // {len(parts)} groups share the grid"]
+    lines = [f"for (int tkx_w = blockIdx.x; tkx_w < {total}; tkx_w += gridDim.x) {{"
+             f"  // {len(parts)} groups share the grid"]
     base = 0
     for j, (g, code, n) in enumerate(parts):
         cond = f"tkx_w < {base + n}"

@@ -49,10 +49,13 @@ document.addEventListener('click',function(ev){var el=ev.target.closest?ev.targe
 if(!el)return;var key=el.getAttribute('data-tkx-key');
 document.querySelectorAll('.tkx-hl').forEach(function(e){e.classList.remove('tkx-hl');});
 var hits=[];document.querySelectorAll('[data-tkx-ids]').forEach(function(e){
-var ids=(e.getAttribute('data-tkx-ids')||'').split(' ');if(ids.indexOf(key)>=0){e.classList.add('tkx-hl');hits.push(e);}});
+var ids=(e.getAttribute('data-tkx-ids')||'').split(' ');
+if(ids.indexOf(key)>=0){e.classList.add('tkx-hl');hits.push(e);}});
 el.classList.add('tkx-hl');document.body.setAttribute('data-tkx-selected',key);
-hits.forEach(function(e){var box=e.closest('.tkx-view');if(box&&box!==el.closest('.tkx-view')&&!box.__tkxScrolled){
-e.scrollIntoView({block:'nearest'});}});});})();
+var seen=[];hits.forEach(function(e){var box=e.closest('.tkx-view');
+if(box&&box!==el.closest('.tkx-view')&&seen.indexOf(box)<0){seen.push(box);
+var r=e.getBoundingClientRect(),b=box.getBoundingClientRect();
+if(box.scrollHeight>box.clientHeight){box.scrollTop+=r.top-b.top-box.clientHeight/2;}}});});})();
 """
 
 

@@ -133,21 +133,32 @@ BUILTIN_RULES: tuple[FusionRule, ...] = (
 _USER_RULES: dict[str, FusionRule] = {}
 
 
-def fusion_rule(name: str, *, kinds: tuple[str, ...] = CANDIDATE_KINDS, replace: bool = False):
+def fusion_rule(name: str | Callable[[Candidate], Verdict | None] | None = None, *,
+                kinds: tuple[str, ...] | str = CANDIDATE_KINDS, replace: bool = False):
     """Decorator: register a user fusion rule ``fn(candidate) -> Verdict | None``.
 
-    User rules are asked before the built-in ones. Raises :class:`TkxError` if ``name`` is
-    taken (pass ``replace=True`` to redefine it, e.g. when re-running a notebook cell).
+    Use as ``@fusion_rule("name", kinds=("inline",))`` or bare ``@fusion_rule`` (the function's
+    name is the rule's). User rules are asked before the built-in ones. Raises
+    :class:`TkxError` if ``name`` is taken (pass ``replace=True`` to redefine it, e.g. when
+    re-running a notebook cell) or ``kinds`` names an unknown candidate kind.
     """
+    if callable(name):  # bare @fusion_rule
+        fn = name
+        return fusion_rule(fn.__name__, kinds=kinds, replace=replace)(fn)
+    if isinstance(kinds, str):
+        kinds = (kinds,)
+    if name is not None and not isinstance(name, str):
+        raise TkxError(f"fusion_rule: the name must be a string, got {type(name).__name__}")
     bad = [k for k in kinds if k not in CANDIDATE_KINDS]
     if bad:
         raise TkxError(f"fusion_rule {name!r}: unknown candidate kinds {bad}; allowed: {CANDIDATE_KINDS}")
 
     def register(fn: Callable[[Candidate], Verdict | None]) -> FusionRule:
-        if name in _USER_RULES and not replace:
-            raise TkxError(f"fusion rule {name!r} already exists; pass replace=True to redefine it")
-        rule = FusionRule(name, tuple(kinds), fn, (fn.__doc__ or "").strip())
-        _USER_RULES[name] = rule
+        rule_name = name or fn.__name__
+        if rule_name in _USER_RULES and not replace:
+            raise TkxError(f"fusion rule {rule_name!r} already exists; pass replace=True to redefine it")
+        rule = FusionRule(rule_name, tuple(kinds), fn, (fn.__doc__ or "").strip())
+        _USER_RULES[rule_name] = rule
         return rule
 
     return register
@@ -166,7 +177,15 @@ def active_rules(extra: tuple[FusionRule, ...] = ()) -> tuple[FusionRule, ...]:
 def judge(c: Candidate, rules: tuple[FusionRule, ...]) -> tuple[str, Verdict]:
     """(rule name, verdict) for a candidate; fused by default when no rule objects."""
     for rule in rules:
-        v = rule(c)
-        if v is not None:
-            return rule.name, v
+        try:
+            v = rule(c)
+        except Exception as e:
+            raise TkxError(f"fusion rule {rule.name!r} raised {type(e).__name__}: {e} (on {c.kind} candidate "
+                           f"{c.producer.id} -> {c.consumer.id})") from e
+        if v is None:
+            continue
+        if not isinstance(v, Verdict):
+            raise TkxError(f"fusion rule {rule.name!r} returned {v!r}; return tkx.fuse(code, reason), "
+                           f"tkx.keep(code, reason) or None (no opinion)")
+        return rule.name, v
     return "default", fuse("legal", f"fused: {c.kind} of {c.producer.kind} into {c.consumer.kind}")
