@@ -298,6 +298,23 @@ class Program:
         from .printer import rich_program
         return rich_program(self)
 
+    # -- views (tkx.render.ir_views; imported lazily so the core needs no graphviz) --
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        from .render.ir_views import program_mimebundle
+        return program_mimebundle(self, include, exclude)
+
+    def graph(self, **kw: Any) -> Any:
+        """The dataflow graph as a ``graphviz.Digraph`` (``collapse="auto"|"region"|"none"``,
+        ``expand=(regions...)``); see :func:`tkx.render.ir_views.program_graph`."""
+        from .render.ir_views import program_graph
+        return program_graph(self, **kw)
+
+    def diff(self, other: Any) -> Any:
+        """A :class:`~tkx.render.ir_views.ProgramDiff` of this program against ``other``:
+        added/removed/changed op ids, ``str()`` a unified diff, side by side in notebooks."""
+        from .render.ir_views import program_diff
+        return program_diff(self, other)
+
 
 class IRValidationError(TkxError):
     """A Program breaks an IR invariant (a compiler bug or a broken user pass)."""

@@ -89,6 +89,23 @@ class CapturedGraph:
         from ..printer import rich_captured
         return rich_captured(self)
 
+    # -- views (tkx.render.ir_views; imported lazily so the core needs no graphviz) --
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        from ..render.ir_views import captured_mimebundle
+        return captured_mimebundle(self, include, exclude)
+
+    def graph(self, **kw: Any) -> Any:
+        """The FX graph as a ``graphviz.Digraph`` (``collapse``/``expand`` as for
+        :meth:`tkx.ir.Program.graph`)."""
+        from ..render.ir_views import captured_graph
+        return captured_graph(self, **kw)
+
+    def diff(self, other: Any) -> Any:
+        """The :class:`~tkx.render.ir_views.ProgramDiff` of the two lowered programs
+        (``other``: a CapturedGraph or a Program)."""
+        from ..render.ir_views import captured_diff
+        return captured_diff(self, other)
+
 
 def _arg_names(step_fn: Callable, n: int) -> list[str]:
     try:

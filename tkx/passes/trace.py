@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import difflib
-import html
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -67,6 +66,20 @@ class PassStep:
     def __repr__(self) -> str:
         return f"<tkx.PassStep {self.summary()}>"
 
+    def diff(self) -> Any:
+        """This pass as a :class:`~tkx.render.ir_views.ProgramDiff` (before -> after)."""
+        from ..render.ir_views import step_diff
+        return step_diff(self)
+
+    def graph(self, **kw: Any) -> Any:
+        """Before and after in one ``graphviz.Digraph``: added ops green, removed red, changed yellow."""
+        from ..render.ir_views import diff_graph
+        return diff_graph(self.before, self.after, **kw)
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        from ..render.ir_views import step_mimebundle
+        return step_mimebundle(self, include, exclude)
+
 
 @dataclass(frozen=True)
 class PassTrace:
@@ -129,10 +142,24 @@ class PassTrace:
                 "  " + c.rjust(w) for c, w in zip(r[1:], widths[1:])))
         return "\n".join(lines)
 
+    # -- views (tkx.render.ir_views; imported lazily so the core needs no graphviz) --
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        rows = self.rows()
-        head = "".join(f"<th>{html.escape(c)}</th>" for c in rows[0])
-        body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows[1:])
-        title = html.escape(str(self).splitlines()[0])
-        return {"text/plain": str(self),
-                "text/html": f"<div><b>{title}</b><table><tr>{head}</tr>{body}</table></div>"}
+        from ..render.ir_views import trace_mimebundle
+        return trace_mimebundle(self, include, exclude)
+
+    def __rich__(self) -> Any:
+        from ..render.ir_views import trace_rich
+        return trace_rich(self)
+
+    def graph(self, step: int | str | None = None, **kw: Any) -> Any:
+        """The pass pipeline as a ``graphviz.Digraph`` (one node per pass with its op delta);
+        with ``step`` (position or pass name), that pass's before/after graph (added ops
+        green, removed red, changed yellow)."""
+        from ..render.ir_views import trace_graph
+        return trace_graph(self, step, **kw)
+
+    def diff(self, other: PassTrace) -> Any:
+        """A :class:`~tkx.render.ir_views.TraceDiff`: the two traces step by step, and the
+        diff of their output programs."""
+        from ..render.ir_views import trace_diff
+        return trace_diff(self, other)
