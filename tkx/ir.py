@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Any
 
 from .errors import SourceLine, TkxError
@@ -189,6 +190,12 @@ class Op:
     region: str = "forward"
     source: SourceLine | None = field(default=None, compare=False)
     fx_node: str | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        # Ops are shared between stages and explorations: attributes must not change in place
+        # (a pass that wants other attributes makes a new Op with ``op.replace(attrs=...)``).
+        if not isinstance(self.attrs, MappingProxyType):
+            object.__setattr__(self, "attrs", MappingProxyType(dict(self.attrs)))
 
     @property
     def info(self) -> OpInfo:

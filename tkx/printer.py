@@ -65,9 +65,10 @@ class Namer:
 
 
 def _is_broadcast(x: TensorSpec, root: TensorSpec) -> bool:
-    """x is root expanded (stride-0 new or size-1 dims, the rest unchanged)."""
+    """x is root expanded: its non-broadcast dims (size > 1, stride != 0) are root's dims of
+    size > 1, in order and with the same strides (size-1 dims and their strides are ignored)."""
     kept = [(d, s) for d, s in zip(root.shape, root.strides) if d != 1]
-    xs = [(d, s) for d, s in zip(x.shape, x.strides) if s != 0]
+    xs = [(d, s) for d, s in zip(x.shape, x.strides) if d != 1 and s != 0]
     return kept == xs and x.numel != root.numel
 
 

@@ -25,6 +25,9 @@ import shutil
 from functools import lru_cache
 from typing import Any
 
+#: Seconds Graphviz may spend on one layout before the view falls back to the DOT text.
+DOT_TIMEOUT_S = 20
+
 REGION_COLORS = {"forward": "#2b6cb0", "backward": "#805ad5", "optimizer": "#2f855a"}
 REGION_FILL = {"forward": "#ebf4ff", "backward": "#f3ebff", "optimizer": "#e6f6ec"}
 
@@ -93,7 +96,13 @@ def graph_svg(graph: Any) -> str | None:
     (they name the Graphviz version), so the output is deterministic for one Graphviz build."""
     if not dot_available():
         return None
-    svg = graph.pipe(format="svg").decode("utf-8")
+    import subprocess
+
+    try:  # a huge uncollapsed graph can take minutes in dot: give up rather than hang the cell
+        svg = subprocess.run(["dot", "-Tsvg"], input=graph.source.encode(), capture_output=True,
+                             timeout=DOT_TIMEOUT_S, check=True).stdout.decode("utf-8")
+    except subprocess.TimeoutExpired:
+        return None
     return re.sub(r"<!--.*?-->\s*", "", svg, flags=re.S)
 
 
@@ -102,8 +111,9 @@ def graph_html(graph: Any, alt: str = "graph") -> str:
     svg = graph_svg(graph)
     if svg is not None:
         return svg_img(svg, alt)
-    return ('<div class="tkx-dim">Graphviz\'s <code>dot</code> is not installed: showing the DOT source '
-            '(apt-get install graphviz, or conda install graphviz).</div>'
+    why = (f"Graphviz took longer than {DOT_TIMEOUT_S} s to lay this graph out" if dot_available()
+           else "Graphviz's <code>dot</code> is not installed (apt-get install graphviz, or conda install graphviz)")
+    return (f'<div class="tkx-dim">{why}: showing the DOT source.</div>'
             f'<details><summary>DOT source</summary><pre>{esc(graph.source)}</pre></details>')
 
 
