@@ -11,7 +11,7 @@ from tkx.options import Options, OptionsError
 
 FIELDS = ["fuse_pointwise", "fuse_epilogues", "fuse_reductions", "tile_m", "tile_n", "tile_k",
           "threads_per_block", "blocks_per_sm", "max_blocks", "split_k", "mode", "fp32_math", "exact",
-          "passes", "backend", "spin_limit"]
+          "passes", "rules", "backend", "spin_limit"]
 
 
 def test_defaults_are_valid_and_documented():
@@ -130,6 +130,9 @@ def test_fields_info_covers_every_field_with_help():
         assert default == f.default
         assert isinstance(help_text, str) and len(help_text) > 10 and "\n" not in help_text
         assert allowed is not None, name
+        if name == "rules":  # the registered user rules (none in a fresh session)
+            assert isinstance(allowed, tuple)
+            continue
         if allowed[0] != "range":
             assert default in allowed or name in ("passes",)
     by_name = {n: a for n, _, a, _ in info}

@@ -45,7 +45,7 @@ def test_integer_arithmetic_is_refused_with_the_line():
 
     exp = tkx.explore(step, (torch.randn(3), torch.tensor(16777217)))
     with pytest.raises(tkx.UnsupportedError) as info:
-        exp.cuda
+        _ = exp.cuda
     assert info.value.kind == "integer-arithmetic" and "test_regressions.py" in str(info.value)
 
 
@@ -89,7 +89,7 @@ def test_fusion_rule_errors_name_the_rule():
 
     try:
         with pytest.raises(tkx.TkxError, match="broken"):
-            exp.with_options(tile_m=32).schedule
+            _ = exp.with_options(tile_m=32).schedule
     finally:
         from tkx.schedule import remove_fusion_rule
         remove_fusion_rule("broken")

@@ -29,7 +29,7 @@ STAGES = ("captured", "program", "passes", "schedule", "arena", "cuda", "runner"
 
 #: The first stage each option affects (everything downstream is recomputed too).
 STAGE_OF_OPTION = {
-    "passes": "passes",
+    "passes": "passes", "rules": "schedule",
     "fuse_pointwise": "schedule", "fuse_epilogues": "schedule", "fuse_reductions": "schedule",
     "tile_m": "schedule", "tile_n": "schedule", "tile_k": "schedule",
     "threads_per_block": "schedule", "blocks_per_sm": "schedule", "max_blocks": "schedule",
@@ -108,6 +108,16 @@ class Exploration:
     def runner(self):
         from .runtime import CompiledRunner
         return self._stage("runner", lambda: CompiledRunner(self.cuda))
+
+    def widget(self, **kwargs: Any) -> Any:
+        """An interactive :class:`tkx.Explorer` over this exploration (needs ipywidgets)."""
+        from .explorer import widget
+        return widget(self, **kwargs)
+
+    @property
+    def computed(self) -> tuple[str, ...]:
+        """The stages computed so far, in pipeline order."""
+        return tuple(s for s in STAGES if s in self._cache)
 
     def stages(self, upto: str = "cuda") -> dict[str, Any]:
         """Ordered ``{stage name: object}`` up to and including ``upto``."""

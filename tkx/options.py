@@ -79,6 +79,7 @@ class Options:
                           choices=("simt", "tf32"))
     exact: bool = _opt(False, "no fused multiply-add contraction (compile with fmad off)", choices=_BOOL)
     passes: tuple[str, ...] | None = _opt(None, "pass pipeline by name (None: the default pipeline)")
+    rules: tuple[str, ...] | None = _opt(None, "user fusion rules by name (None: every registered one)")
     backend: str = _opt("nvrtc", "how the kernel is compiled", choices=("nvrtc", "torch-extension"))
     spin_limit: int = _opt(2_000_000, "grid-barrier spins before the kernel gives up and reports an error",
                            range=(1000, 10**10))
@@ -89,6 +90,9 @@ class Options:
             value = getattr(self, f.name)
             if f.name == "passes":
                 object.__setattr__(self, "passes", _check_passes(value))
+                continue
+            if f.name == "rules":
+                object.__setattr__(self, "rules", _check_rules(value))
                 continue
             _check_field(f, value)
         self._check_combinations()
@@ -142,6 +146,9 @@ class Options:
             meta = f.metadata
             if f.name == "passes":
                 allowed: Any = pass_names()
+            elif f.name == "rules":
+                from .schedule.rules import user_rule_names
+                allowed = user_rule_names()
             elif "choices" in meta:
                 allowed: Any = tuple(meta["choices"])
             elif "range" in meta:
@@ -196,6 +203,22 @@ def _check_field(f: dataclasses.Field, value: Any) -> None:
     else:
         return
     raise OptionsError(f.name, value, _allowed_text(f))
+
+
+def _check_rules(value: Any) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, str) or not isinstance(value, (tuple, list)):
+        raise OptionsError("rules", value, "None or a tuple of registered user fusion rule names")
+    from .schedule.rules import user_rule_names
+
+    known = user_rule_names()
+    for name in value:
+        if not isinstance(name, str) or name not in known:
+            raise OptionsError("rules", name, "registered user fusion rules: " + (", ".join(known) or "none"),
+                               message=f"invalid option rules: {name!r} is not a registered fusion rule; "
+                                       f"allowed: {', '.join(known) or 'none registered'}")
+    return tuple(value)
 
 
 def _check_passes(value: Any) -> tuple[str, ...] | None:

@@ -428,7 +428,7 @@ def schedule(program: Program, options: Any = None, *, rules: tuple[FusionRule, 
         from ..options import Options
         options = Options()
     g = _Graph(program)
-    w = _Work(g, options, active_rules(tuple(rules)))
+    w = _Work(g, options, active_rules(tuple(rules), getattr(options, "rules", None)))
 
     # Step 1: epilogues of GEMMs and reductions.
     for op in program.ops:

@@ -169,9 +169,17 @@ def remove_fusion_rule(name: str) -> None:
     _USER_RULES.pop(name, None)
 
 
-def active_rules(extra: tuple[FusionRule, ...] = ()) -> tuple[FusionRule, ...]:
-    """The rules in the order they are asked: ``extra``, user rules, built-ins."""
-    return tuple(extra) + tuple(_USER_RULES.values()) + BUILTIN_RULES
+def user_rule_names() -> tuple[str, ...]:
+    """Names of the registered user fusion rules, in registration order."""
+    return tuple(_USER_RULES)
+
+
+def active_rules(extra: tuple[FusionRule, ...] = (), enabled: tuple[str, ...] | None = None
+                 ) -> tuple[FusionRule, ...]:
+    """The rules in the order they are asked: ``extra``, user rules (only those named in
+    ``enabled`` when it is given), built-ins."""
+    users = tuple(r for n, r in _USER_RULES.items() if enabled is None or n in enabled)
+    return tuple(extra) + users + BUILTIN_RULES
 
 
 def judge(c: Candidate, rules: tuple[FusionRule, ...]) -> tuple[str, Verdict]:

@@ -1,0 +1,129 @@
+"""Linked views: the IR listing and the CUDA source side by side, the arena and the schedule below.
+
+Click an op (an IR row, a CUDA line, an arena block or a schedule group) and the widget
+highlights the CUDA lines that compute it (:attr:`CudaSource.op_lines`), its arena block
+(:attr:`ArenaPlan.slots`) and its schedule group and stage (:meth:`FusedSchedule.group_of`,
+:meth:`FusedSchedule.stage_of`). The Python side owns the selection: the ``selected`` trait
+(an op id) drives ``highlight``, so ``view.selected = "mm"`` does from Python what a click
+does in the browser. :func:`link_data` and :func:`link_info` are the plain functions behind it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anywidget
+import traitlets
+
+from .assets import read_asset
+
+
+def _stages_of(ex: Any) -> tuple[Any, Any, Any]:
+    """(schedule, arena, cuda) of an Exploration or a CudaSource."""
+    cuda = getattr(ex, "cuda", None) if not hasattr(ex, "op_lines") else ex
+    if cuda is None:
+        raise TypeError(f"LinkedView needs a tkx.Exploration or a CudaSource, not {type(ex).__name__}")
+    return cuda.schedule, cuda.arena, cuda
+
+
+def link_data(ex: Any) -> dict[str, Any]:
+    """Everything the front end draws: IR rows (``text``, ``op``, ``region``), CUDA lines,
+    line -> op map, schedule stages with their groups, arena slots."""
+    from ..printer import program_lines
+
+    sched, arena, cuda = _stages_of(ex)
+    program = sched.program
+    ops = iter(program.ops)
+    ir_rows = []
+    for kind, text, region in program_lines(program):
+        op = next(ops).id if kind == "op" else ""
+        ir_rows.append({"text": text, "op": op, "region": region or ""})
+    line_ops: dict[str, str] = {}
+    for op_id, lines in cuda.op_lines.items():
+        for n in lines:
+            line_ops.setdefault(str(n), op_id)
+    stages = [{"stage": i, "groups": [{"id": g, "kind": sched.groups[g].kind, "anchor": sched.groups[g].anchor,
+                                       "ops": list(sched.groups[g].ops)} for g in stage]}
+              for i, stage in enumerate(sched.stages)]
+    slots = [{"buffer": s.buffer, "offset": s.offset, "nbytes": s.nbytes, "first": s.first, "last": s.last,
+              "kind": s.kind} for s in sorted(arena.slots.values(), key=lambda s: (s.offset, s.first))]
+    return {"ir_rows": ir_rows, "cuda_lines": cuda.text.split("\n"), "line_ops": line_ops, "stages": stages,
+            "slots": slots, "arena_bytes": int(arena.size_bytes), "num_stages": len(sched.stages),
+            "title": f"{program.name}: {len(program.ops)} ops, {len(sched.groups)} groups, "
+                     f"{len(sched.stages)} stages, arena {arena.size_bytes} B, {cuda.num_lines} CUDA lines"}
+
+
+def link_info(ex: Any, op_id: str) -> dict[str, Any]:
+    """What selecting ``op_id`` highlights: ``cuda_lines`` (1-based), ``arena`` (its slot as a
+    dict, or ``None``), ``home`` (where its value lives), ``group``/``stage`` (the group that
+    stores or computes it), ``groups`` (every group computing or inlining it), ``text``."""
+    sched, arena, cuda = _stages_of(ex)
+    if not op_id:
+        return {"op": "", "cuda_lines": [], "arena": None, "home": "", "group": "", "stage": -1, "groups": [],
+                "text": ""}
+    try:
+        op = sched.program.op(op_id)
+    except Exception:
+        op = None
+    if op is None:
+        return {"op": op_id, "cuda_lines": [], "arena": None, "home": "", "group": "", "stage": -1, "groups": [],
+                "text": f"{op_id}: not an op of the scheduled program"}
+    lines = sorted(cuda.op_lines.get(op_id, ()))
+    slot = arena.slots.get(op_id)
+    slot_d = None if slot is None else {"buffer": slot.buffer, "offset": slot.offset, "nbytes": slot.nbytes,
+                                        "first": slot.first, "last": slot.last, "kind": slot.kind}
+    home = sched.homes.get(op_id)
+    if home is not None:
+        where = str(home) if home.kind != "arena" else (f"arena bytes {slot.offset}..{slot.end}" if slot else "arena")
+    elif op_id in sched.inlined:
+        where = "registers (inlined where read)"
+    else:
+        where = "registers (inside its group)"
+    groups = [g.id for g in sched.groups_in_order() if op_id in g.ops or op_id in g.inlined]
+    try:
+        group = sched.group_of(op_id).id
+    except KeyError:
+        group = groups[0] if groups else ""
+    stage = sched.stage_of(group) if group else -1
+    text = (f"{op_id} ({op.kind}, {op.region}): group {group or '-'}, stage {stage if stage >= 0 else '-'}, "
+            f"value in {where}, {len(lines)} CUDA line(s)")
+    return {"op": op_id, "cuda_lines": lines, "arena": slot_d, "home": where, "group": group, "stage": stage,
+            "groups": groups, "text": text}
+
+
+class LinkedView(anywidget.AnyWidget):
+    """IR | CUDA side by side, arena and schedule below; click an op to see where it went.
+
+    ``LinkedView(exploration)`` (or a :class:`~tkx.codegen.CudaSource`). Set ``selected`` to an
+    op id to select it from Python; read ``highlight`` (see :func:`link_info`) or
+    :attr:`highlighted_lines`.
+    """
+
+    _esm = read_asset("linked.js")
+    _css = read_asset("linked.css")
+
+    data = traitlets.Dict().tag(sync=True)
+    selected = traitlets.Unicode("").tag(sync=True)
+    highlight = traitlets.Dict().tag(sync=True)
+
+    def __init__(self, source: Any, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._source = source
+        self.data = link_data(source)
+        self.highlight = link_info(source, self.selected)
+
+    def set_source(self, source: Any) -> None:
+        """Show another exploration (the selection is kept when the op still exists)."""
+        self._source = source
+        with self.hold_sync():
+            self.data = link_data(source)
+            self.highlight = link_info(source, self.selected)
+
+    @traitlets.observe("selected")
+    def _on_selected(self, change: dict[str, Any]) -> None:
+        self.highlight = link_info(self._source, change["new"])
+
+    @property
+    def highlighted_lines(self) -> list[int]:
+        """CUDA line numbers (1-based) highlighted for the selected op."""
+        return list(self.highlight.get("cuda_lines", []))
