@@ -79,7 +79,7 @@ def _gpu_part(console: Any, ex: Any, exp: Any, out: dict[str, Any] | None = None
         return 0
     import tkx
 
-    runner = tkx.runtime.CompiledRunner(exp.cuda)
+    runner = tkx.runtime.CompiledRunner(exp.cuda, step_fn=ex.step_fn)
     console.print(Rule(f"[bold]7. compiled runner[/bold]  {runner!r}", align="left"))
     verification = runner.verify(make_inputs=ex.make_inputs)
     console.print(verification.summary())
