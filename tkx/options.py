@@ -124,12 +124,14 @@ class Options:
     # -- derived records ----------------------------------------------------------------------
     def replace(self, **changes: Any) -> Options:
         """A validated copy with ``changes`` applied; unknown names raise :class:`OptionsError`."""
-        names = [f.name for f in dataclasses.fields(self)]
-        for k in changes:
-            if k not in names:
-                raise OptionsError(k, changes[k], "one of the fields " + ", ".join(names),
-                                   message=f"unknown option {k!r}; the options are: {', '.join(names)}")
+        _check_names(changes)
         return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def make(cls, **values: Any) -> Options:
+        """``Options(**values)`` with the same clear error as :meth:`replace` for an unknown name."""
+        _check_names(values)
+        return cls(**values)
 
     @classmethod
     def fields_info(cls) -> list[tuple[str, Any, Any, str]]:
@@ -203,6 +205,19 @@ def _check_field(f: dataclasses.Field, value: Any) -> None:
     else:
         return
     raise OptionsError(f.name, value, _allowed_text(f))
+
+
+def _check_names(values: dict[str, Any]) -> None:
+    """Raise :class:`OptionsError` for an unknown option name, with a did-you-mean hint."""
+    import difflib
+
+    names = [f.name for f in dataclasses.fields(Options)]
+    for k in values:
+        if k not in names:
+            close = difflib.get_close_matches(k, names, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise OptionsError(k, values[k], "one of the fields " + ", ".join(names),
+                               message=f"unknown option {k!r}{hint}; the options are: {', '.join(names)}")
 
 
 def _check_rules(value: Any) -> tuple[str, ...] | None:

@@ -11,12 +11,32 @@ from __future__ import annotations
 
 from typing import Any
 
+#: One-line reading aids printed under each stage.
+LEGENDS = {
+    "captured": "Each FX node is one aten op on fake tensors; forward/backward/optimizer by dataflow, "
+                "with your source line.",
+    "program": "%k names a value by position; views are metadata: %3.T is a transpose, bcast(...) a "
+               "broadcast, reshape(...) a reshape - none of them is an op.",
+    "passes": "Each pass rewrites the program; +added -removed ~changed are op ids (the FX names).",
+    "schedule": "gN: a group = one unit of generated code (a GEMM, a reduction, an elementwise loop, a copy). "
+                "epilogue: pointwise ops applied to a GEMM/reduction result in registers; loop: same-shaped "
+                "ops computed in the same loop; inlined: recomputed where read. items: work items spread "
+                "over the grid. RAW: a read-after-write hazard that needs the barrier.",
+    "arena": "One workspace: a value lives from the stage that writes it to the last stage that reads it; "
+             "values whose stages do not overlap share bytes. In place: the new state is written into your "
+             "tensor; staged commit: copied in after its last read.",
+}
 
-def _stage(console: Any, title: str, renderable: Any, seconds: float) -> None:
+
+def _stage(console: Any, title: str, renderable: Any, seconds: float, legend: str | None = None) -> None:
     from rich.rule import Rule
+    from rich.text import Text
 
     console.print(Rule(f"[bold]{title}[/bold]  [dim]({seconds * 1e3:.1f} ms)[/dim]", align="left"))
-    console.print(renderable)
+    if legend:
+        console.print(Text(legend, style="dim"))
+    # Plain strings are printed as text: their [brackets] are content, not rich markup.
+    console.print(Text(renderable) if isinstance(renderable, str) else renderable)
 
 
 def run_tour(example: str = "digits_mlp", console: Any = None, html: str | None = None) -> int:
@@ -24,30 +44,45 @@ def run_tour(example: str = "digits_mlp", console: Any = None, html: str | None 
 
     ``html``: also write the report of every stage to this path (the GPU section reuses the
     runner and verification of stage 7 when there is a GPU)."""
+    import sys
+
     from rich.console import Console
 
     import tkx
 
-    console = console or Console()
+    # Piped output: no 80-column wrapping (the IR's source comments and CUDA lines stay whole).
+    console = console or Console(soft_wrap=not sys.stdout.isatty())
     ex = tkx.examples.get(example)
     console.print(f"[bold]tkx tour[/bold]: {ex.name} - {ex.description}")
     exp = tkx.explore(ex.step_fn, ex.example_inputs, name=ex.name, loss=ex.loss_output)
-    _stage(console, f"1. captured graph  {exp.captured!r}", exp.captured, exp.timings["captured"] / 1e3)
-    _stage(console, f"2. IR  {exp.program!r}", exp.program, exp.timings["program"] / 1e3)
-    _stage(console, f"3. passes  {exp.passes!r}", str(exp.passes), exp.timings["passes"] / 1e3)
+    _stage(console, f"1. captured graph  {exp.captured!r}", exp.captured, exp.timings["captured"] / 1e3,
+           LEGENDS["captured"])
+    _stage(console, f"2. IR  {exp.program!r}", exp.program, exp.timings["program"] / 1e3, LEGENDS["program"])
+    _stage(console, f"3. passes  {exp.passes!r}", str(exp.passes), exp.timings["passes"] / 1e3, LEGENDS["passes"])
     console.print(exp.optimized)
-    _stage(console, f"4. fused schedule  {exp.schedule!r}", str(exp.schedule), exp.timings["schedule"] / 1e3)
-    _stage(console, f"5. arena  {exp.arena!r}", str(exp.arena), exp.timings["arena"] / 1e3)
+    _stage(console, f"4. fused schedule  {exp.schedule!r}", str(exp.schedule), exp.timings["schedule"] / 1e3,
+           LEGENDS["schedule"])
+    _stage(console, f"5. arena  {exp.arena!r}", str(exp.arena), exp.timings["arena"] / 1e3, LEGENDS["arena"])
     cuda = exp.cuda
     kernel_start = cuda.text.index("#define TKX_POINTERS")
     first_line = cuda.text[:kernel_start].count("\n") + 1
     from rich.syntax import Syntax
+    from rich.text import Text
 
+    # The kernel's entry and its first stages; the whole source is in exp.cuda.text and --html.
+    shown = cuda.text[kernel_start:]
+    entry = shown.find("extern \"C\"")
+    second_barrier = shown.find("// ---- barrier before stage 2", entry)
+    cut = second_barrier if second_barrier > 0 else len(shown)
+    rest = shown[cut:].count("\n")
     _stage(console, f"6. CUDA source  {cuda!r}",
-           Syntax(cuda.text[kernel_start:], "cuda", line_numbers=True, start_line=first_line),
-           exp.timings["cuda"] / 1e3)
-    console.print(f"[dim](lines 1-{first_line - 1}: the fixed prelude - dtype helpers, barriers, reductions; "
-                  f"see exp.cuda.text)[/dim]")
+           Syntax(shown[:cut], "cuda", line_numbers=True, start_line=first_line),
+           exp.timings["cuda"] / 1e3,
+           "Device functions recompute inlined values; the kernel runs stage after stage with a barrier "
+           "between stages; every address is a kernel argument.")
+    console.print(Text(f"(lines 1-{first_line - 1}: the fixed prelude - dtype helpers, barriers, reductions; "
+                       f"{rest} more kernel lines after stage 1: see exp.cuda.text, or tkx tour --html report.html)",
+                       style="dim"))
     from .codegen.nvrtc import nvrtc_available
 
     ok, why = nvrtc_available()
@@ -64,6 +99,10 @@ def run_tour(example: str = "digits_mlp", console: Any = None, html: str | None 
         path = write_report(exp, html, description=ex.description, make_inputs=ex.make_inputs,
                             runner=gpu.get("runner"), verification=gpu.get("verification"))
         console.print(f"[bold]HTML report[/bold] of every stage: {path}")
+    else:
+        console.print(Text("Next: `tkx tour --html report.html` writes every stage with its notebook view "
+                           "(click an op to see its CUDA lines); in Jupyter, `tkx.Explorer(step_fn, inputs)`.",
+                           style="bold"))
     return code
 
 

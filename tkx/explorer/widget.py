@@ -147,7 +147,7 @@ class Explorer(W.VBox):
         else:
             if example_inputs is None:
                 raise TypeError("Explorer(step_fn, example_inputs, **options) needs example_inputs")
-            ex = Exploration(step_fn, example_inputs, Options(**options), name=name, loss=loss)
+            ex = Exploration(step_fn, example_inputs, Options.make(**options), name=name, loss=loss)
         self.make_inputs = make_inputs
         self.lazy_render = lazy_render
         #: Tabs whose content is out of date, rendered when opened (or by :meth:`render_all`).
