@@ -5,6 +5,8 @@
 # The browser test (tests/test_browser.py) drives Debian's chromium through Playwright for Python:
 # as root with apt-get, `make venv` installs the chromium package when /usr/bin/chromium is missing
 # (about 30 s here); otherwise that test skips. `playwright install` (a browser download) is never run.
+# The JupyterLab test (tests/test_jupyterlab.py) also needs the `lab` extra (jupyterlab, about 11 s
+# to install here), which `make venv` installs; it skips without jupyterlab or chromium.
 
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -23,7 +25,7 @@ $(STAMP): pyproject.toml
 		echo "no GPU found: installing the CPU build of torch 2.13.0"; \
 		$(PY) -m pip install 'torch==2.13.0'; \
 	fi
-	$(PY) -m pip install -e '.[gpu,examples,dev]'
+	$(PY) -m pip install -e '.[gpu,examples,dev,lab]'
 	@if ! command -v dot >/dev/null 2>&1; then \
 		if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
 			echo "installing graphviz (the dot binary) with apt-get"; \

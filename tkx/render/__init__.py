@@ -6,8 +6,11 @@ Conventions (see ``shared/research/jupyter-and-style.md``):
 * graphs go into HTML as ``<img>`` of a base64 SVG data URI (JupyterLab strips inline
   ``<svg>`` from untrusted notebooks); without the ``dot`` binary a one-line notice and the
   DOT source are shown instead - never a traceback;
-* every HTML view carries a hidden plain-text fallback (xarray's trick): if the styles are
-  stripped, a reader still sees the text;
+* every HTML view carries a hidden plain-text fallback (xarray's trick): where a viewer strips
+  styles (GitHub), a reader still sees the text; it is hidden by an inline style too, which
+  JupyterLab keeps in untrusted notebooks (it strips only ``<style>`` and ``<script>``);
+* the view's own rules are doubled in specificity (``.tkx-view.tkx-view td``) so JupyterLab's
+  right-aligned, striped table defaults do not win;
 * output is deterministic: ids are stable names (op ids, group ids, line numbers), never
   ``id()`` or addresses;
 * **provenance**: an element that stands for something carries ``data-tkx-key`` (what it is,
@@ -42,6 +45,9 @@ STYLE = """
 .tkx-view [data-tkx-key]{cursor:pointer}
 .tkx-view .tkx-hl{background:#fff3b0 !important;outline:1px solid #e0b000}
 .tkx-view .tkx-dim{color:#6e7781}
+.tkx-view.tkx-view td,.tkx-view.tkx-view th{text-align:left}
+.tkx-view.tkx-view tbody tr,.tkx-view.tkx-view tbody tr:hover{background:none}
+.tkx-view.tkx-view table{font-size:inherit}
 .tkx-region-forward{color:#2b6cb0}.tkx-region-backward{color:#805ad5}.tkx-region-optimizer{color:#2f855a}
 .tkx-view details>summary{cursor:pointer;font-family:system-ui,sans-serif}
 """
@@ -121,7 +127,7 @@ def view(kind: str, title: str, body: str, text: str) -> str:
     """One self-contained HTML view: styles, title, body, hidden text fallback, linking script."""
     return (f'<div class="tkx-view tkx-{esc(kind)}"><style>{STYLE}</style>'
             f'<div class="tkx-title">{esc(title)}</div>{body}'
-            f'<pre class="tkx-fallback">{esc(text)}</pre><script>{SCRIPT}</script></div>')
+            f'<pre class="tkx-fallback" style="display:none">{esc(text)}</pre><script>{SCRIPT}</script></div>')
 
 
 def mimebundle(obj: Any, html_text: str, include: Any = None, exclude: Any = None) -> dict[str, str]:
