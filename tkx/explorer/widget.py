@@ -64,7 +64,8 @@ class OptionalIntText(W.HBox):
                                 layout=W.Layout(width="190px"))
         super().__init__([self.number, self.none_box])
         self.value = value
-        self.tooltip = tooltip
+        # No tooltip on the box itself: JupyterLab's box view reads a `description` it does not
+        # have and fails to render (the two children carry the tooltip).
         self.description = description
         self.none_box.observe(self._from_children, names="value")
         self.number.observe(self._from_children, names="value")
