@@ -577,3 +577,46 @@ def test_linked_js_in_headless_chromium(digits):
     assert r["sets"] == [["selected", op]]
     assert r["cuda"] == len(info["cuda_lines"]) and r["rows"] == len(data["cuda_lines"])
     assert r["ir"] == 1 and r["slot"] == 1 and r["groups"] == len(info["groups"])
+
+
+def test_prototype_a_fusion_relu_mask_from_the_forward_gemm_tile():
+    """The issue's real case: a notebook-cell rule stores the ReLU backward mask from the forward GEMM's
+    tile (bias-add + ReLU + mask in one epilogue) instead of recomputing it in the backward; the Explorer
+    shows it as a toggle and the schedule diff shows the effect."""
+    import tkx
+    from tkx import arena as arena_mod
+    from tkx.schedule import remove_fusion_rule
+    from tkx.schedule.interpreter import run as run_schedule
+
+    ex = tkx.examples.get("digits_mlp")
+
+    @tkx.fusion_rule("relu-mask-in-forward-epilogue", kinds=("inline",), replace=True)
+    def relu_mask_in_forward(c):
+        if c.producer.kind == "le" and c.producer.region == "backward":
+            return tkx.keep("user", "store the ReLU mask from the forward GEMM tile (1 byte) instead of "
+                                    "recomputing it from the activations in the backward")
+        return None
+
+    try:
+        e = Explorer(ex.step_fn, ex.example_inputs, debounce_s=0)
+        e.refresh()
+        assert "relu-mask-in-forward-epilogue" in e.rule_toggles
+        with_rule = e.exploration.schedule
+        fwd = next(g for g in with_rule.groups.values()
+                   if g.kind == "gemm" and with_rule.op(g.anchor).region == "forward"
+                   and any(with_rule.op(o).kind == "le" for o in g.ops))
+        assert [with_rule.op(o).kind for o in fwd.ops][:3] == ["mm", "add", "maximum"]
+        assert any(with_rule.op(s).kind == "le" for s in fwd.stores)  # the mask is a side output
+        e.rule_toggles["relu-mask-in-forward-epilogue"].value = False
+        e.flush()
+        without = e.exploration.schedule
+        assert not any(without.op(s).kind == "le" for g in without.groups.values() for s in g.stores)
+        diff = with_rule.diff(without)
+        assert diff  # the schedule diff shows the change
+        inputs = ex.make_inputs(seed=3)
+        ref = tkx.reference.run(with_rule.program, inputs)
+        got = run_schedule(with_rule, arena_mod.plan(with_rule), inputs)
+        for a, b in zip(got.outputs, ref.outputs):
+            assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+    finally:
+        remove_fusion_rule("relu-mask-in-forward-epilogue")
