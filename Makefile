@@ -54,7 +54,7 @@ tour: venv
 	$(VENV)/bin/tkx tour
 
 test: venv
-	$(PY) -m pytest -q -m "not gpu"
+	$(PY) -m pytest -q -m "not gpu" tests notebooks --nbval-lax
 
 lint: venv
 	$(VENV)/bin/ruff check .
