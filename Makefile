@@ -12,7 +12,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.make-stamp
 
-.PHONY: venv tour test lint
+.PHONY: venv tour test lint docs
 
 venv: $(STAMP)
 
@@ -55,6 +55,11 @@ tour: venv
 
 test: venv
 	$(PY) -m pytest -q -m "not gpu" tests notebooks --nbval-lax
+
+# The documentation site (Sphinx + myst-nb, offline): executes the CPU notebooks, warnings are errors.
+docs: venv
+	cd docs && ../$(PY) -m sphinx -b html -W --keep-going -q . _build/html
+	@echo "docs: open docs/_build/html/index.html"
 
 lint: venv
 	$(VENV)/bin/ruff check .

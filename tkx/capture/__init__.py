@@ -193,20 +193,31 @@ def capture(step_fn: Callable[..., Any], example_inputs: Sequence[Any], *, loss:
 
     Parameters
     ----------
-    step_fn: a static functional training step. It may use ``torch.func.grad_and_value``,
-        return pytrees of tensors and update inputs in place (``p.sub_(lr * g)``).
-    example_inputs: the positional arguments (a sequence of pytrees of tensors). Only
-        their shapes, strides, dtypes and device are used; they are never modified.
-    loss: flat index of the loss among the flattened outputs; by default the first 0-d
+    step_fn
+        A static functional training step. It may use ``torch.func.grad_and_value``, return
+        pytrees of tensors and update inputs in place (``p.sub_(lr * g)``).
+    example_inputs
+        The positional arguments (a sequence of pytrees of tensors). Only their shapes,
+        strides, dtypes and device are used; they are never modified.
+    loss
+        Flat index of the loss among the flattened outputs; by default the first 0-d
         floating-point output. The loss's ancestors form the ``forward`` region.
-    name: a name for the program (defaults to ``step_fn.__name__``).
+    name
+        A name for the program (defaults to ``step_fn.__name__``).
 
-    Returns a :class:`CapturedGraph`; ``.lower()`` gives the :class:`tkx.ir.Program`.
+    Returns
+    -------
+    CapturedGraph
+        ``.lower()`` gives the :class:`tkx.ir.Program`.
 
-    Raises :class:`tkx.UnsupportedError` naming the op, FX node and source line for
-    unsupported ops, dynamic shapes, data-dependent control flow, closed-over tensors,
-    random ops, unsupported dtypes, empty or non-tensor inputs and mismatched devices.
+    Raises
+    ------
+    tkx.UnsupportedError
+        Naming the op, FX node and source line, for unsupported ops, dynamic shapes,
+        data-dependent control flow, closed-over tensors, random ops, unsupported dtypes,
+        empty or non-tensor inputs and mismatched devices.
     """
+
     if not isinstance(example_inputs, (tuple, list)):
         example_inputs = (example_inputs,)
     name = name or getattr(step_fn, "__name__", "step")
