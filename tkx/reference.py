@@ -88,12 +88,17 @@ def flatten_inputs(program: Program, inputs: Sequence[Any]) -> list[torch.Tensor
     return flat
 
 
-def _in_layout(t: torch.Tensor, spec: TensorSpec) -> torch.Tensor:
-    """``t`` itself when it has the captured strides, else a copy laid out like the capture."""
-    if tuple(t.stride()) == spec.strides or t.numel() <= 1:
+def in_captured_layout(t: torch.Tensor, spec: TensorSpec, *, copy: bool = False) -> torch.Tensor:
+    """``t`` laid out exactly as captured (``spec``'s strides and offset over a storage of
+    ``spec.extent`` elements): ``t`` itself when its strides already match (unless ``copy``),
+    else a copy. Works for overlapping layouts (stride 0) too: elements are scattered to
+    their storage slots instead of copied through an overlapping view."""
+    if not copy and (tuple(t.stride()) == spec.strides or t.numel() <= 1):
         return t
-    out = torch.empty_strided(spec.shape, spec.strides, dtype=t.dtype, device=t.device)
-    return out.copy_(t)
+    store = torch.empty(max(spec.extent, 1), dtype=t.dtype, device=t.device)
+    slots = torch.arange(max(spec.extent, 1), device=t.device).as_strided(spec.shape, spec.strides, spec.offset)
+    store[slots.reshape(-1)] = t.reshape(-1)
+    return store.as_strided(spec.shape, spec.strides, spec.offset)
 
 
 def read(env: dict[str, torch.Tensor], spec: TensorSpec) -> torch.Tensor:
@@ -163,7 +168,7 @@ def run(program: Program, inputs: Sequence[Any], *, update_inputs: bool = False)
     device = flat[0].device
     env: dict[str, torch.Tensor] = {}
     for spec, t in zip(program.inputs, flat):
-        env[spec.value.buffer] = _in_layout(t, spec.value)
+        env[spec.value.buffer] = in_captured_layout(t, spec.value)
     for op in program.ops:
         args: list[Operand | torch.Tensor] = [read(env, x) if isinstance(x, TensorSpec) else x for x in op.inputs]
         result = evaluate(op, args, device)

@@ -20,7 +20,7 @@ import torch
 from ..arena import ArenaPlan
 from ..errors import TkxError
 from ..ir import Op, TensorSpec
-from ..reference import TORCH, Execution, evaluate, flatten_inputs
+from ..reference import TORCH, Execution, evaluate, flatten_inputs, in_captured_layout
 from .model import FusedSchedule, Group, Home
 
 
@@ -178,14 +178,8 @@ def run(sched: FusedSchedule, arena: ArenaPlan, inputs: Sequence[Any], *, update
     """
     flat = flatten_inputs(sched.program, inputs)
     originals = flat
-    # Work on tensors laid out exactly as captured (strides and storage extent), like the kernel.
-    flat = []
-    for spec, t in zip(sched.program.inputs, originals):
-        v = spec.value
-        store = torch.empty(max(v.extent, 1), dtype=t.dtype, device=t.device)
-        mine = store.as_strided(v.shape, v.strides, v.offset)
-        mine.copy_(t)
-        flat.append(mine)
+    # Work on copies laid out exactly as captured (strides and storage extent), like the kernel.
+    flat = [in_captured_layout(t, spec.value, copy=True) for spec, t in zip(sched.program.inputs, originals)]
     m = _Machine(sched, arena, flat)
     for stage in sched.stages:
         for gid in reversed(stage):
