@@ -40,17 +40,28 @@ STAGE_OF_OPTION = {
 }
 
 
+def _registry_fingerprints() -> dict[str, tuple]:
+    """What the cached ``passes`` and ``schedule`` stages depend on besides the options: the pass
+    registry and the user fusion rules (both can change while a notebook runs)."""
+    from .passes.registry import registry_fingerprint
+    from .schedule.rules import rules_fingerprint
+    return {"passes": registry_fingerprint(), "schedule": rules_fingerprint()}
+
+
 class Exploration:
     """Every stage of compiling one step under one :class:`Options`, lazily computed.
 
     Stage attributes are computed on first access and cached; :attr:`timings` records how
-    long each took (ms). Raises whatever the stage raises (e.g. :class:`tkx.UnsupportedError`
-    from capture) on first access.
+    long each took (ms). Registering, replacing or removing a pass or a fusion rule makes the
+    cached ``passes`` or ``schedule`` stage stale: the next access recomputes it and every later
+    stage (:attr:`recomputed` lists why). Raises whatever the stage raises (e.g.
+    :class:`tkx.UnsupportedError` from capture) on first access.
     """
 
     def __init__(self, step_fn: Callable[..., Any], example_inputs: Sequence[Any],
                  options: Options | None = None, *, name: str | None = None,
-                 loss: int | None = None, _cache: dict[str, Any] | None = None) -> None:
+                 loss: int | None = None, _cache: dict[str, Any] | None = None,
+                 _fingerprints: dict[str, tuple] | None = None) -> None:
         self.step_fn = step_fn
         if not isinstance(example_inputs, (tuple, list)):
             example_inputs = (example_inputs,)  # one positional argument, as tkx.capture accepts
@@ -60,9 +71,28 @@ class Exploration:
         self.loss = loss
         self._cache: dict[str, Any] = dict(_cache or {})
         self.timings: dict[str, float] = {}
+        #: The registry fingerprints the cached ``passes``/``schedule`` stages were computed with.
+        self._fingerprints: dict[str, tuple] = dict(_fingerprints or {})
+        #: One line per stale stage dropped because a pass or fusion rule changed since it was computed.
+        self.recomputed: list[str] = []
 
     # -- stages -----------------------------------------------------------------------
+    def _drop_stale(self) -> None:
+        now = _registry_fingerprints()
+        for stage, what in (("passes", "the registered passes"), ("schedule", "the user fusion rules")):
+            if stage in self._cache and self._fingerprints.get(stage) != now[stage]:
+                first = STAGES.index(stage)
+                dropped = [s for s in STAGES[first:] if s in self._cache]
+                for s in dropped:
+                    del self._cache[s]
+                self.recomputed.append(f"{what} changed: recomputing {', '.join(dropped)}")
+        for stage in ("passes", "schedule"):
+            if stage not in self._cache:
+                self._fingerprints[stage] = now[stage]
+
     def _stage(self, name: str, make: Callable[[], Any]) -> Any:
+        if STAGES.index(name) >= STAGES.index("passes"):
+            self._drop_stale()
         if name not in self._cache:
             t0 = time.perf_counter()
             self._cache[name] = make()
@@ -135,9 +165,10 @@ class Exploration:
         options = self.options.replace(**changes)
         first = min((STAGES.index(STAGE_OF_OPTION.get(k, "passes")) for k, v in changes.items()
                      if getattr(self.options, k) != v), default=len(STAGES))
+        self._drop_stale()
         keep = {k: v for k, v in self._cache.items() if STAGES.index(k) < first}
         return Exploration(self.step_fn, self.example_inputs, options, name=self.name, loss=self.loss,
-                           _cache=keep)
+                           _cache=keep, _fingerprints={k: v for k, v in self._fingerprints.items() if k in keep})
 
     def __repr__(self) -> str:
         done = [s for s in STAGES if s in self._cache]

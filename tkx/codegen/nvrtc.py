@@ -26,6 +26,7 @@ import os
 import re
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from ..errors import TkxError
 
@@ -264,14 +265,25 @@ def nvrtc_version() -> tuple[int, int]:
     return int(major), int(minor)
 
 
-def nvrtc_available() -> tuple[bool, str]:
-    """``(True, "NVRTC 13.5")`` or ``(False, why not)``; never raises."""
+class NvrtcStatus(NamedTuple):
+    """Whether NVRTC can compile here: unpacks as ``ok, detail`` and is truthy only when ``ok``,
+    so both ``ok, why = nvrtc_available()`` and ``if nvrtc_available():`` read right."""
+
+    ok: bool
+    detail: str  #: ``"NVRTC 13.0"`` when available, else why not
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+def nvrtc_available() -> NvrtcStatus:
+    """``NvrtcStatus(True, "NVRTC 13.0")`` or ``NvrtcStatus(False, why not)``; never raises."""
     try:
         major, minor = nvrtc_version()
         _backend("auto")
     except NvrtcUnavailableError as exc:
-        return False, str(exc)
-    return True, f"NVRTC {major}.{minor}"
+        return NvrtcStatus(False, str(exc))
+    return NvrtcStatus(True, f"NVRTC {major}.{minor}")
 
 
 # --------------------------------------------------------------------------------------

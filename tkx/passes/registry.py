@@ -103,6 +103,12 @@ def register_pass(name: Any = None, *, default: bool = False, description: str =
     return decorate
 
 
+def registry_fingerprint() -> tuple[tuple[str, int, bool], ...]:
+    """A value that changes whenever a pass is registered, replaced or removed: ``(name, id(fn),
+    default)`` per pass. :class:`tkx.Exploration` compares it to recompute stale pass traces."""
+    return tuple((k, id(v.fn), k in _USER_DEFAULTS) for k, v in _REGISTRY.items())
+
+
 def unregister_pass(name: str) -> None:
     """Remove a user pass (and its default-pipeline membership); unknown names raise.
 

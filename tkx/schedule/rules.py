@@ -169,6 +169,12 @@ def remove_fusion_rule(name: str) -> None:
     _USER_RULES.pop(name, None)
 
 
+def rules_fingerprint() -> tuple[tuple[str, int, tuple[str, ...]], ...]:
+    """A value that changes whenever a user rule is registered, replaced or removed: ``(name,
+    id(fn), kinds)`` per rule. :class:`tkx.Exploration` compares it to recompute stale schedules."""
+    return tuple((n, id(r.decide), r.kinds) for n, r in _USER_RULES.items())
+
+
 def user_rule_names() -> tuple[str, ...]:
     """Names of the registered user fusion rules, in registration order."""
     return tuple(_USER_RULES)
