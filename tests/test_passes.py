@@ -124,12 +124,12 @@ def test_dce_golden():
     assert format_program(step.after) == golden("""
         program t {
           inputs:
-            %0: f32[4,8]                                                # x
+            %in0: f32[4,8]                                              # x
           forward:
-            %1: f32[4,8] = exp %0
-            %2: f32[4,8] = mul %1, 2.0
+            %a: f32[4,8] = exp %in0
+            %c: f32[4,8] = mul %a, 2.0
           outputs:
-            out = %2: f32[4,8]
+            out = %c: f32[4,8]
         }
     """)
     assert_same_results(p, step.after, random_inputs(p))
@@ -176,27 +176,27 @@ def test_cse_golden():
     assert format_program(step.after) == golden("""
         program t {
           inputs:
-            %0: f32[4,8]                                                # x
-            %1: f32[8]                                                  # y
+            %in0: f32[4,8]                                              # x
+            %in1: f32[8]                                                # y
           forward:
-            %2: f32[8] = fill {value=1.0}
-            %3: f32[4,8] = fill {value=1.0}
-            %4: i64[8] = iota {dim=0, start=0, step=1}
-            %5: f32[4,8] = add %0, bcast(%1 -> 4x8)
-            %6: f32[4,8] = mul %0, 0.0
-            %7: f32[4,8] = mul %0, -0.0
-            %8: f32[4,8] = mul %0, 0
-            %9: f32[4,8] = sub %5, %5
-            %10: f32[4,8] = mul bcast(%2 -> 4x8), bcast(%2 -> 4x8)
-            %11: bool[4,8] = eq bcast(%4 -> 4x8), bcast(%4 -> 4x8)
+            %f1: f32[8] = fill {value=1.0}
+            %f3: f32[4,8] = fill {value=1.0}
+            %i1: i64[8] = iota {dim=0, start=0, step=1}
+            %a: f32[4,8] = add %in0, bcast(%in1 -> 4x8)
+            %c: f32[4,8] = mul %in0, 0.0
+            %d: f32[4,8] = mul %in0, -0.0
+            %e: f32[4,8] = mul %in0, 0
+            %g: f32[4,8] = sub %a, %a
+            %h: f32[4,8] = mul bcast(%f1 -> 4x8), bcast(%f1 -> 4x8)
+            %k: bool[4,8] = eq bcast(%i1 -> 4x8), bcast(%i1 -> 4x8)
           outputs:
-            g = %9: f32[4,8]
-            c = %6: f32[4,8]
-            d = %7: f32[4,8]
-            e = %8: f32[4,8]
-            h = %10: f32[4,8]
-            k = %11: bool[4,8]
-            f3 = %3: f32[4,8]
+            g = %g: f32[4,8]
+            c = %c: f32[4,8]
+            d = %d: f32[4,8]
+            e = %e: f32[4,8]
+            h = %h: f32[4,8]
+            k = %k: bool[4,8]
+            f3 = %f3: f32[4,8]
         }
     """)
     assert_same_results(p, step.after, random_inputs(p))
@@ -236,24 +236,24 @@ def test_canonicalize_views_golden():
     assert format_program(step.after) == golden("""
         program t {
           inputs:
-            %0: f32[1,8]                                                # x
-            %1: f32[8]                                                  # w  (updated in place)
-            %2: f32[8]                                                  # v
+            %in0: f32[1,8]                                              # x
+            %in1: f32[8]                                                # w  (updated in place)
+            %in2: f32[8]                                                # v
           forward:
-            %3: f32[1,8] = exp %0
-            %4: f32[1,8] = neg reshape(%1 -> 1x8)
-            %5: f32[8] = mul reshape(%3 -> 8), reshape(%3 -> 8)
-            %6: f32[8] = cast %1
-            %7: f32[8] = add %1, 1.0
-            %8: f32[4] = cast view(%4, 4, strides=(2))
+            %a: f32[1,8] = exp %in0
+            %b: f32[1,8] = neg reshape(%in1 -> 1x8)
+            %d: f32[8] = mul reshape(%a -> 8), reshape(%a -> 8)
+            %e: f32[8] = cast %in1
+            %f: f32[8] = add %in1, 1.0
+            %h: f32[4] = cast view(%b, 4, strides=(2))
           outputs:
-            b = %4: f32[1,8]
-            d = %5: f32[8]
-            e = %6: f32[8]
-            g = %2: f32[8]
-            h = %8: f32[4]
+            b = %b: f32[1,8]
+            d = %d: f32[8]
+            e = %e: f32[8]
+            g = %in2: f32[8]
+            h = %h: f32[4]
           in-place updates:
-            w <- %7
+            w <- %f
         }
     """)
     a = step.after.op("a").inputs[0]
@@ -314,34 +314,34 @@ def test_simplify_golden():
     assert format_program(step.after) == golden("""
         program t {
           inputs:
-            %0: f32[4,8]                                                # x
-            %1: i64[4,8]                                                # n
-            %2: bf16[4,8]                                               # h
+            %in0: f32[4,8]                                              # x
+            %in1: i64[4,8]                                              # n
+            %in2: bf16[4,8]                                             # h
           forward:
-            %3: f32[] = fill {value=1}
-            %4: f32[] = fill {value=0.0}
-            %5: bf16[] = fill {value=2}
-            %6: f32[4,8] = mul %0, bcast(%4 -> 4x8)
-            %7: f32[4,8] = mul %1, 1.0
-            %8: f32[4,8] = neg %0
-            %9: bf16[4,8] = cast %0
-            %10: f32[4,8] = cast %9
-            %11: f32[4,8] = cast %2
-            %12: f16[4,8] = cast %2
-            %13: f32[] = fill {value=2.0}
-            %14: f32[] = fill {value=0.20000000298023224}
-            %15: bf16[] = fill {value=2.09375}
-            %16: f32[] = fill {value=inf}
-            %17: f32[4,8] = add %6, %0
+            %one: f32[] = fill {value=1}
+            %zero: f32[] = fill {value=0.0}
+            %two: bf16[] = fill {value=2}
+            %mz: f32[4,8] = mul %in0, bcast(%zero -> 4x8)
+            %nf: f32[4,8] = mul %in1, 1.0
+            %n1: f32[4,8] = neg %in0
+            %c1: bf16[4,8] = cast %in0
+            %c2: f32[4,8] = cast %c1
+            %c3: f32[4,8] = cast %in2
+            %c4: f16[4,8] = cast %in2
+            %k1: f32[] = fill {value=2.0}
+            %k2: f32[] = fill {value=0.20000000298023224}
+            %k3: bf16[] = fill {value=2.09375}
+            %k4: f32[] = fill {value=inf}
+            %r: f32[4,8] = add %mz, %in0
           outputs:
-            r = %17: f32[4,8]
-            nf = %7: f32[4,8]
-            c2 = %10: f32[4,8]
-            c4 = %12: f16[4,8]
-            c5 = %2: bf16[4,8]
-            k2 = %14: f32[]
-            k3 = %15: bf16[]
-            k4 = %16: f32[]
+            r = %r: f32[4,8]
+            nf = %nf: f32[4,8]
+            c2 = %c2: f32[4,8]
+            c4 = %c4: f16[4,8]
+            c5 = %in2: bf16[4,8]
+            k2 = %k2: f32[]
+            k3 = %k3: bf16[]
+            k4 = %k4: f32[]
         }
     """)
     inputs = random_inputs(p)
@@ -409,26 +409,26 @@ def test_transpose_gemm_golden():
     assert format_program(step.after) == golden("""
         program t {
           inputs:
-            %0: f32[4,5]                                                # a
-            %1: f32[5,6]                                                # b
-            %2: f32[6,3]                                                # c
-            %3: f32[6]                                                  # bias
+            %in0: f32[4,5]                                              # a
+            %in1: f32[5,6]                                              # b
+            %in2: f32[6,3]                                              # c
+            %in3: f32[6]                                                # bias
           forward:
-            %4: f32[6,4] = mm %1.T, %0.T
-            %5: f32[6,4] = exp %4
+            %mm1_t: f32[6,4] = mm %in1.T, %in0.T
+            %e: f32[6,4] = exp %mm1_t
           backward:
-            %6: f32[6,4] = mm %1.T, %0.T
-            %7: f32[3,4] = mm %2.T, %6
-            %8: f32[6,4] = addmm bcast(%3 -> 6x4), %1.T, %0.T {alpha=1, beta=1}
-            %9: f32[4,6] = mm %0, %1
-            %10: f32[6,4] = neg %9.T
+            %mm2_t: f32[6,4] = mm %in1.T, %in0.T
+            %mm3_t: f32[3,4] = mm %in2.T, %mm2_t
+            %mm4_t: f32[6,4] = addmm bcast(%in3 -> 6x4), %in1.T, %in0.T {alpha=1, beta=1}
+            %mm5: f32[4,6] = mm %in0, %in1
+            %g: f32[6,4] = neg %mm5.T
           outputs:
-            e = %5: f32[6,4]
-            t1 = %4: f32[6,4]
-            t3 = %7: f32[3,4]
-            t4 = %8: f32[6,4]
-            g = %10: f32[6,4]
-            mm5 = %9: f32[4,6]
+            e = %e: f32[6,4]
+            t1 = %mm1_t: f32[6,4]
+            t3 = %mm3_t: f32[3,4]
+            t4 = %mm4_t: f32[6,4]
+            g = %g: f32[6,4]
+            mm5 = %mm5: f32[4,6]
         }
     """)
     assert step.after.op("mm4_t").inputs[0] == V("in3", (6, 4), strides=(1, 0))
@@ -534,8 +534,8 @@ def test_a_pass_registered_from_a_notebook_cell_shows_up_in_the_trace():
         step = trace["zero_products"]
         assert step.changed == ("c", "d") and step.added == () and step.removed == ()
         assert "zero_products" in str(trace)
-        assert "-    %6: f32[4,8] = mul %0, 0.0" in step.diff_text()
-        assert "+    %6: f32[4,8] = fill {value=0.0}" in step.diff_text()
+        assert "-    %c: f32[4,8] = mul %in0, 0.0" in step.diff_text()
+        assert "+    %c: f32[4,8] = fill {value=0.0}" in step.diff_text()
         assert P.pass_info("zero_products").description == "x*0.0 -> fill 0.0"
         # re-running the cell needs replace=True
         with pytest.raises(P.PassError, match="already registered"):

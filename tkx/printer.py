@@ -1,7 +1,9 @@
 """A readable, deterministic printer for programs and captured graphs (JAX/MLIR style).
 
-Names are assigned at print time from topological order (``%0``, ``%1``, ...): inputs
-first, then ops. Every value shows its dtype and shape; views show how they look at their
+Every value is named after the buffer it lives in: ``%in0``, ``%in1``, ... for the step's inputs (the
+user's names, such as ``params['w1']``, are comments) and ``%<op id>`` for ops (``%relu``, ``%mm_2``), the
+same ids the schedule, the arena plan and the CUDA source use, so a name never changes when a pass
+removes other ops. Every value shows its dtype and shape; views show how they look at their
 root (``%3.T``, ``bcast(%1 -> 64x128)``, ``view(%2, ...)``); the user's source line is a
 trailing comment. Nothing printed depends on object identity or memory addresses.
 """
@@ -32,7 +34,7 @@ def _fmt_scalar(x: Any) -> str:
 
 
 class Namer:
-    """Assigns ``%k`` names to root buffers in program order."""
+    """Names root buffers ``%<buffer id>`` (inputs ``%in0``..., ops ``%<op id>``)."""
 
     def __init__(self, program: Program) -> None:
         self.names: dict[str, str] = {}
@@ -43,7 +45,7 @@ class Namer:
             self._add(op.id, op.out)
 
     def _add(self, buf: str, spec: TensorSpec) -> None:
-        self.names[buf] = f"%{len(self.names)}"
+        self.names[buf] = f"%{buf}"
         self.roots[buf] = spec
 
     def operand(self, x: Operand) -> str:

@@ -15,8 +15,8 @@ from typing import Any
 LEGENDS = {
     "captured": "Each FX node is one aten op on fake tensors; forward/backward/optimizer by dataflow, "
                 "with your source line.",
-    "program": "%k names a value by position; views are metadata: %3.T is a transpose, bcast(...) a "
-               "broadcast, reshape(...) a reshape - none of them is an op.",
+    "program": "%relu names the value of op relu (%in0: input 0); views are metadata: %relu.T is a "
+               "transpose, bcast(...) a broadcast, reshape(...) a reshape - none of them is an op.",
     "passes": "Each pass rewrites the program; +added -removed ~changed are op ids (the FX names).",
     "schedule": "gN: a group = one unit of generated code (a GEMM, a reduction, an elementwise loop, a copy). "
                 "epilogue: pointwise ops applied to a GEMM/reduction result in registers; loop: same-shaped "

@@ -51,8 +51,8 @@ class PassStep:
     def diff_text(self, context: int = 1) -> str:
         """A unified diff of the printed programs before and after this pass.
 
-        Names ``%k`` are positional, so removing an op renames everything after it; the
-        diff shows that too. Empty string when the printed programs are equal.
+        Values are named after their op ids (``%relu``), so only the ops the pass added,
+        removed or changed differ. Empty string when the printed programs are equal.
         """
         a = format_program(self.before).splitlines()
         b = format_program(self.after).splitlines()

@@ -177,22 +177,21 @@ def _short_target(target: str) -> str:
 
 def _program_rows(program: Program, namer: Namer) -> list[str]:
     op_ids = {op.id for op in program.ops}
-    rows = ['<tr><th>name</th><th>type</th><th>op</th><th>operands</th><th>attributes</th><th>op id</th>'
-            '<th>source</th></tr>',
-            f'<tr class="tkx-sec"><td colspan="7">inputs ({len(program.inputs)})</td></tr>']
+    rows = ['<tr><th>name</th><th>type</th><th>op</th><th>operands</th><th>attributes</th><th>source</th></tr>',
+            f'<tr class="tkx-sec"><td colspan="6">inputs ({len(program.inputs)})</td></tr>']
     for inp in program.inputs:
         buf = inp.value.buffer
         mark = "updated in place" if inp.mutated else ""
         rows.append(f'<tr {attrs(f"buf:{buf}")}><td class="tkx-n tkx-b">{esc(namer.names[buf])}</td>'
                     f'<td>{esc(type_str(inp.value))}</td><td class="tkx-dim">input</td>'
-                    f'<td>{esc(inp.name)}</td><td class="tkx-dim">{mark}</td><td></td><td></td></tr>')
+                    f'<td>{esc(inp.name)}</td><td class="tkx-dim">{mark}</td><td></td></tr>')
     region, prev = None, None
     for op in program.ops:
         if op.region != region:
             region = op.region
             n = sum(1 for o in program.ops if o.region == region)
             color = REGION_COLORS.get(region, "#24292f")
-            rows.append(f'<tr class="tkx-reg"><td colspan="7" style="color:{color}">{esc(region)}'
+            rows.append(f'<tr class="tkx-reg"><td colspan="6" style="color:{color}">{esc(region)}'
                         f' <span class="tkx-dim">({n} ops)</span></td></tr>')
         border = REGION_COLORS.get(op.region, "#d0d7de")
         rows.append(
@@ -200,16 +199,16 @@ def _program_rows(program: Program, namer: Namer) -> list[str]:
             f'<td class="tkx-n tkx-b" style="border-left-color:{border}">{esc(namer.names[op.id])}</td>'
             f'<td>{esc(type_str(op.out))}</td><td><b>{esc(op.kind)}</b></td>'
             f'<td>{_operands(op, namer, op_ids)}</td><td class="tkx-dim">{esc(_attrs(op).strip())}</td>'
-            f'<td class="tkx-id">{esc(op.id)}</td>{_src_cell(op.source, prev)}</tr>')
+            f'{_src_cell(op.source, prev)}</tr>')
         prev = op.source
-    rows.append(f'<tr class="tkx-sec"><td colspan="7">outputs ({len(program.outputs)})</td></tr>')
+    rows.append(f'<tr class="tkx-sec"><td colspan="6">outputs ({len(program.outputs)})</td></tr>')
     for i, o in enumerate(program.outputs):
         rows.append(f'<tr {attrs(f"out:{i}", [_buf_key(o.value.buffer, op_ids)])}>'
                     f'<td class="tkx-n tkx-b">{_ref(_buf_key(o.value.buffer, op_ids), namer.operand(o.value))}</td>'
                     f'<td>{esc(type_str(o.value))}</td><td class="tkx-dim">output</td>'
-                    f'<td>{esc(o.name)}</td><td></td><td></td><td></td></tr>')
+                    f'<td>{esc(o.name)}</td><td></td><td></td></tr>')
     if program.updates:
-        rows.append(f'<tr class="tkx-sec"><td colspan="7">in-place updates ({len(program.updates)})</td></tr>')
+        rows.append(f'<tr class="tkx-sec"><td colspan="6">in-place updates ({len(program.updates)})</td></tr>')
         for u in program.updates:
             target = program.inputs[u.input_index]
             key = _buf_key(u.value.buffer, op_ids)
@@ -217,7 +216,7 @@ def _program_rows(program: Program, namer: Namer) -> list[str]:
                         f'<td class="tkx-n tkx-b">{_ref(key, namer.operand(u.value))}</td>'
                         f'<td>{esc(type_str(u.value))}</td><td class="tkx-dim">writes</td>'
                         f'<td>{_ref(f"buf:{target.value.buffer}", namer.names[target.value.buffer])} '
-                        f'{esc(target.name)}</td><td></td><td></td><td></td></tr>')
+                        f'{esc(target.name)}</td><td></td><td></td></tr>')
     return rows
 
 
@@ -242,8 +241,8 @@ def program_html(program: Program, *, graph: bool = True) -> str:
     summary = (f'<div class="tkx-sum"><b>{len(program.ops)}</b> ops '
                f'({_region_counts(o.region for o in program.ops)}), <b>{len(program.inputs)}</b> inputs, '
                f'<b>{len(program.outputs)}</b> outputs, <b>{len(program.updates)}</b> in-place updates. '
-               f'Names <code>%k</code> are positions (a pass that removes ops renumbers them); '
-               f'the op id is stable.</div>')
+               f'A value is named after its op id (<code>%relu</code>) or input buffer (<code>%in0</code>): '
+               f'the ids the schedule, arena and CUDA views use; passes never rename them.</div>')
     table = f'<table>{"".join(_program_rows(program, namer))}</table>'
     body = _style() + summary + table
     if graph:
@@ -578,7 +577,7 @@ class ProgramDiff:
     ``added``/``removed``/``changed``: op ids (see :func:`tkx.passes.op_delta`: an op is
     *changed* when its id is in both but its kind, operands, attrs, output or region
     differ). ``str(diff)`` is a one-line summary followed by a unified diff of the printed
-    programs (names ``%k`` are positions, so removing an op renumbers the ones after it);
+    programs (values are named after their op ids, so only the ops that differ show up);
     in a notebook it shows the changed ops side by side. ``.graph()`` draws both programs
     in one graph, added ops green, removed red (dashed), changed yellow.
     """
@@ -706,8 +705,7 @@ def _side_by_side(d: ProgramDiff, context: int) -> str:
             return '<td></td><td></td>'
         cls = _STATUS_CLASS.get(status, "")
         return (f'<td class="tkx-mark {cls}">{_STATUS_MARK.get(status, "")}</td>'
-                f'<td class="{cls}" {attrs(f"op:{op.id}", _op_ids(op))}>{esc(_op_code(op, namer))}'
-                f'  <span class="tkx-id">{esc(op.id)}</span></td>')
+                f'<td class="{cls}" {attrs(f"op:{op.id}", _op_ids(op))}>{esc(_op_code(op, namer))}</td>')
 
     rows = [f'<tr><th></th><th>before ({len(d.before.ops)} ops)</th><th class="tkx-gap"></th><th></th>'
             f'<th>after ({len(d.after.ops)} ops)</th></tr>']
@@ -723,8 +721,8 @@ def _side_by_side(d: ProgramDiff, context: int) -> str:
                     f'<td class="tkx-mark {cls}">~</td><td class="{cls}">{esc(right)}</td></tr>')
     legend = ('<div class="tkx-dim"><span class="tkx-add">&nbsp;+ added&nbsp;</span> '
               '<span class="tkx-rem">&nbsp;- removed&nbsp;</span> '
-              '<span class="tkx-chg">&nbsp;~ changed&nbsp;</span> &nbsp;grey: the op id, stable across passes; '
-              '<code>%k</code> names are positions in each program.</div>')
+              '<span class="tkx-chg">&nbsp;~ changed&nbsp;</span> &nbsp;values are named after their op ids, '
+              'which passes never rename.</div>')
     return f'<table class="tkx-side">{"".join(rows)}</table>{legend}'
 
 
