@@ -15,6 +15,18 @@ class TkxError(Exception):
     """Base class of every error tkx raises on purpose."""
 
 
+class UnknownOpError(TkxError, KeyError):
+    """A name that is not an op id (or group id) of the program or schedule asked.
+
+    The message says what the name is instead (an op kind, a printer name such as ``%25``,
+    a group id, an input) or suggests close op ids. A ``KeyError``, so ``except KeyError``
+    keeps working.
+    """
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
 @dataclass(frozen=True)
 class SourceLine:
     """Where a value came from in the user's program.
@@ -44,7 +56,8 @@ class UnsupportedError(TkxError):
     ----------
     kind: short machine-readable category (``"unsupported-op"``, ``"dynamic-shape"``,
         ``"data-dependent-control-flow"``, ``"closed-over-tensor"``, ``"random-op"``,
-        ``"unsupported-dtype"``, ``"bad-input"``, ``"device-mismatch"``).
+        ``"unsupported-dtype"``, ``"bad-input"``, ``"bad-call"`` (``step_fn(*example_inputs)``
+        does not match ``step_fn``'s parameters), ``"device-mismatch"``).
     op: the PyTorch operation involved (e.g. ``aten.nonzero.default``) or ``None``.
     node: the FX node name, or ``None`` when the error precedes tracing.
     source: the user's :class:`SourceLine`, or ``None`` when unknown.

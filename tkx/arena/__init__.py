@@ -14,14 +14,20 @@ any one stage) and the size with no reuse at all.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import TkxError
 from ..schedule.model import FusedSchedule
 
 #: Byte alignment of every slot (a 128-byte line keeps each value on its own cache lines).
 ALIGN = 128
+
+
+class StageIndexError(TkxError, IndexError):
+    """A stage index outside ``0..len(schedule.stages) - 1``."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +82,19 @@ class ArenaPlan:
         return self.slots[buffer].offset
 
     def live_at(self, stage: int) -> list[Slot]:
+        """The slots live in stage ``stage`` (``0..len(schedule.stages) - 1``; another index raises
+        :class:`StageIndexError`, an ``IndexError``)."""
+        n = len(self.schedule.stages)
+        where = f"arena plan of {self.schedule.program.name}"
+        if isinstance(stage, str) and stage in self.schedule.groups:
+            raise StageIndexError(f"live_at takes a stage index, got group id {stage!r}; "
+                                  f"use plan.live_at(plan.schedule.stage_of({stage!r}))")
+        try:
+            stage = operator.index(stage)
+        except TypeError:
+            raise StageIndexError(f"live_at takes a stage index (an int in 0..{n - 1}), got {stage!r}") from None
+        if not 0 <= stage < n:
+            raise StageIndexError(f"no stage {stage} in the {where}: it has {n} stages, 0..{n - 1}")
         return [s for s in self.slots.values() if s.first <= stage <= s.last]
 
     def __str__(self) -> str:

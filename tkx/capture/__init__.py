@@ -116,6 +116,27 @@ def _arg_names(step_fn: Callable, n: int) -> list[str]:
     return [params[i] if i < len(params) else f"arg{i}" for i in range(n)]
 
 
+def _bad_call(step_fn: Callable, example_inputs: Sequence[Any], e: TypeError) -> tuple[str, str] | None:
+    """(what, fix) when ``step_fn(*example_inputs)`` fails because the arguments do not match
+    ``step_fn``'s parameters (not a TypeError from inside the step); ``None`` otherwise."""
+    try:
+        sig = inspect.signature(step_fn)
+    except (TypeError, ValueError):
+        return None
+    try:
+        sig.bind(*example_inputs)
+        return None
+    except TypeError:
+        pass
+    names = [p.name for p in sig.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    call = ", ".join(("*" if p.kind == p.VAR_POSITIONAL else "") + p.name for p in sig.parameters.values()
+                     if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL))
+    tup = ", ".join(names) + ("," if len(names) == 1 else "")
+    fn = getattr(step_fn, "__name__", "step_fn")
+    return (f"step_fn(*example_inputs) raised TypeError: {e}",
+            f"pass example_inputs as a tuple matching step_fn's parameters: {fn}({call}) -> example_inputs=({tup})")
+
+
 def _path_name(root: str, path: tuple) -> str:
     from torch.utils._pytree import keystr
     return root + keystr(path)
@@ -215,7 +236,8 @@ def capture(step_fn: Callable[..., Any], example_inputs: Sequence[Any], *, loss:
     tkx.UnsupportedError
         Naming the op, FX node and source line, for unsupported ops, dynamic shapes,
         data-dependent control flow, closed-over tensors, random ops, unsupported dtypes,
-        empty or non-tensor inputs and mismatched devices.
+        empty or non-tensor inputs, example inputs that do not match ``step_fn``'s
+        parameters (``bad-call``) and mismatched devices.
     """
 
     if not isinstance(example_inputs, (tuple, list)):
@@ -258,6 +280,8 @@ def capture(step_fn: Callable[..., Any], example_inputs: Sequence[Any], *, loss:
     except TkxError:
         raise
     except Exception as e:  # anything else torch raised while tracing the user's code
+        if isinstance(e, TypeError) and (bad := _bad_call(step_fn, example_inputs, e)) is not None:
+            raise UnsupportedError("bad-call", bad[0], source=user_frame(sys._getframe(1)), hint=bad[1]) from None
         src = user_frame_of_traceback(e.__traceback__)
         if "convert all Tensors to FakeTensors" in str(e):
             raise UnsupportedError(

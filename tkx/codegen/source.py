@@ -60,11 +60,19 @@ class CudaSource:
         return self.text.count("\n")
 
     def lines_of(self, op_or_group: str) -> tuple[int, ...]:
-        """The line numbers implementing an IR op or a schedule group."""
+        """The line numbers implementing an IR op or a schedule group (``()`` for one with no
+        lines of its own); :class:`~tkx.errors.UnknownOpError` for any other name."""
         if op_or_group in self.group_lines:
             a, b = self.group_lines[op_or_group]
             return tuple(range(a, b + 1))
-        return tuple(self.op_lines.get(op_or_group, ()))
+        if op_or_group in self.op_lines:
+            return tuple(self.op_lines[op_or_group])
+        groups = getattr(self.schedule, "groups", {})
+        if op_or_group in groups or any(o.id == op_or_group for o in self.program.ops):
+            return ()
+        from ..schedule.model import unknown_op_error
+        raise unknown_op_error(self.program, op_or_group, f"the CUDA source of {self.program.name}", groups,
+                               groups_ok=True)
 
     def check(self, arch: str = "sm_90", **kwargs: Any):
         """Compile with NVRTC for ``arch`` (no GPU needed) -> :class:`tkx.codegen.nvrtc.CompileReport`.

@@ -109,13 +109,16 @@ def registry_fingerprint() -> tuple[tuple[str, int, bool], ...]:
     return tuple((k, id(v.fn), k in _USER_DEFAULTS) for k, v in _REGISTRY.items())
 
 
-def unregister_pass(name: str) -> None:
-    """Remove a user pass (and its default-pipeline membership); unknown names raise.
+def unregister_pass(name: str, *, missing_ok: bool = False) -> None:
+    """Remove a user pass (and its default-pipeline membership); unknown names raise
+    :class:`UnknownPassError` unless ``missing_ok=True`` (handy when re-running a notebook cell).
 
     Built-in passes cannot be removed; unregistering a user pass that replaced a built-in
     (``replace=True``) restores the built-in.
     """
     if name not in _REGISTRY:
+        if missing_ok:
+            return
         raise UnknownPassError(_unknown(name))
     if _REGISTRY[name].builtin:
         raise PassError(f"{name!r} is a built-in pass and cannot be unregistered; "
@@ -182,6 +185,18 @@ def _check_contract(name: str, before: Program, after: Any) -> None:
         raise PassError(f"pass {name!r} added or dropped in-place state updates")
 
 
+def _program_hint(x: Any) -> str:
+    """Where the Program is in ``x`` (an Exploration, a PassTrace, a captured graph, ...)."""
+    kind = type(x).__name__
+    if kind == "Exploration":
+        return "pass exp.program (or use exp.passes)"
+    if kind == "PassTrace":
+        return "pass trace.output (the program after its passes)"
+    if isinstance(getattr(x, "program", None), Program):
+        return f"pass its .program ({kind}.program)"
+    return "capture one first: tkx.capture(step_fn, example_inputs).program"
+
+
 def run_passes(program: Program, passes: Iterable[str | PassFn] | None = None) -> PassTrace:
     """Run ``passes`` (names or functions; the default pipeline when ``None``) in order.
 
@@ -189,6 +204,8 @@ def run_passes(program: Program, passes: Iterable[str | PassFn] | None = None) -
     the program's signature; a pass that breaks either raises :class:`PassError` naming
     it. Each pass is timed with ``time.perf_counter``. Returns a :class:`PassTrace`.
     """
+    if not isinstance(program, Program):
+        raise PassError(f"run_passes expects a tkx Program, got {type(program).__name__}: {_program_hint(program)}")
     if isinstance(passes, str):
         passes = (passes,)
     chosen = default_pipeline() if passes is None else tuple(passes)

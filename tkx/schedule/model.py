@@ -18,11 +18,13 @@ interpreter and the code generator read the same decisions.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import difflib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..ir import Op, Program, TensorSpec
+from ..errors import UnknownOpError
+from ..ir import OPS, Op, Program, TensorSpec
 
 #: Group kinds.
 GROUP_KINDS = ("gemm", "reduction", "reduction_partial", "pointwise", "copy")
@@ -152,17 +154,33 @@ class FusedSchedule:
     options: Any = field(compare=False)
 
     def op(self, op_id: str) -> Op:
-        return self.program.op(op_id)
+        """The op ``op_id`` of :attr:`program`; :class:`~tkx.errors.UnknownOpError` (a ``KeyError``)
+        explaining an op kind, a printer name (``%25``) or a typo otherwise."""
+        try:
+            return self.program.op(op_id)
+        except KeyError:
+            raise self._unknown(op_id) from None
+
+    def _unknown(self, op_id: Any) -> UnknownOpError:
+        return unknown_op_error(self.program, op_id, f"schedule {self.program.name}", self.groups)
+
+    def _check_op(self, op_id: Any) -> None:
+        if not any(o.id == op_id for o in self.program.ops):
+            raise self._unknown(op_id)
 
     def group_of(self, op_id: str) -> Group:
         """The group that computes ``op_id`` and stores it (or the first that inlines it)."""
+        self._check_op(op_id)
         for g in self.groups.values():
             if op_id in g.stores:
                 return g
         for g in self.groups.values():
             if op_id in g.ops:
                 return g
-        raise KeyError(op_id)
+        for g in self.groups_in_order():
+            if op_id in g.inlined:
+                return g
+        raise UnknownOpError(f"op {op_id!r} is computed by no group of schedule {self.program.name}")
 
     def stage_of(self, group_id: str) -> int:
         for i, stage in enumerate(self.stages):
@@ -176,7 +194,10 @@ class FusedSchedule:
         return {g.id: g.ops[1:] for g in self.groups.values() if g.kind == "gemm"}
 
     def why_not_fused(self, op_id: str | None = None) -> list[FusionDecision]:
-        """Decisions that did not fuse (optionally only those involving ``op_id``)."""
+        """Decisions that did not fuse (optionally only those involving ``op_id``, an op id of
+        :attr:`program`: another name raises :class:`~tkx.errors.UnknownOpError`)."""
+        if op_id is not None:
+            self._check_op(op_id)
         return [d for d in self.decisions if not d.fused and
                 (op_id is None or op_id in (d.producer, d.consumer))]
 
@@ -213,6 +234,60 @@ class FusedSchedule:
     def __rich__(self) -> Any:
         from ..render.stage_views import schedule_rich
         return schedule_rich(self)
+
+
+def _few(names: Iterable[str], n: int = 8) -> str:
+    names = list(names)
+    more = f", ... ({len(names)} in all)" if len(names) > n else ""
+    return ", ".join(names[:n]) + more
+
+
+def unknown_op_error(program: Program, name: Any, where: str, groups: Mapping[str, Any] | None = None,
+                     groups_ok: bool = False) -> UnknownOpError:
+    """The error for ``name``, not an op id of ``program``, saying what it is instead.
+
+    ``where`` names the object asked (``"schedule digits_mlp"``). ``name`` may be an op kind
+    (its ops are listed), a printer name such as ``%25`` (mapped to the op :mod:`tkx.printer`
+    names so), a group id of ``groups``, a program input, or a typo (close op ids are
+    suggested). ``groups_ok``: group ids are valid too (a few are listed). One helper for
+    :class:`FusedSchedule` lookups and :meth:`tkx.codegen.CudaSource.lines_of`.
+    """
+    ids = [o.id for o in program.ops]
+    groups = dict(groups or {})
+    head = f"no {'op or group' if groups_ok else 'op'} {name!r} in {where}; "
+    inputs = {i.value.buffer: i.name for i in program.inputs}
+    inputs.update({i.name: i.name for i in program.inputs})
+    if not isinstance(name, str):
+        tail = f"op ids are strings: {_few(ids)}"
+    elif any(o.kind == name for o in program.ops):
+        tail = f"{name!r} is an op kind: its ops are {_few(o.id for o in program.ops if o.kind == name)} (use an op id)"
+    elif name in OPS:
+        tail = f"{name!r} is an op kind, but no op of this program has it (op ids: {_few(ids)})"
+    elif name.startswith("%"):
+        from ..printer import Namer
+        printed = Namer(program).names
+        buf = {k: b for b, k in printed.items()}.get(name)
+        buf = name[1:] if buf is None and name[1:] in ids else buf
+        pre = "IR value numbers are printer names: " if name[1:].isdigit() else ""
+        if buf in ids:
+            tail = f"{pre}{name!r} is the printer's name of op {buf!r} in this program (use the op id {buf!r})"
+        elif buf is not None:
+            tail = f"{pre}{name!r} is the printer's name of input {inputs[buf]}, not an op"
+        else:
+            example = f" (op {ids[0]!r} prints as {printed[ids[0]]!r})" if ids else ""
+            tail = (f"IR value names like {name!r} are printer names, not op ids, and no value of this program "
+                    f"prints so{example}; use an op id such as {_few(ids, 4)}")
+    elif name in groups and not groups_ok:
+        tail = f"{name!r} is a group id: its ops are {_few(groups[name].ops) or 'none'} (use an op id)"
+    elif name in inputs:
+        tail = f"{name!r} is a program input, not an op"
+    else:
+        close = difflib.get_close_matches(name, ids + (list(groups) if groups_ok else []), n=3)
+        tail = (f"did you mean {' or '.join(map(repr, close))}?" if close
+                else f"op ids are names such as {_few(ids)}")
+    if groups_ok:
+        tail += f"{'' if tail.endswith('?') else '.'} Group ids: {_few(groups)}"
+    return UnknownOpError(head + tail)
 
 
 def _schedule_str(self: FusedSchedule) -> str:
