@@ -13,20 +13,24 @@ does), from ``notebooks/``, then rewrites it under one policy (``tests/test_note
   substitutions in ``notebooks/sanitize.cfg`` (timings, addresses, versions, register counts).
 
 Execution counts stay only on cells with stored outputs (nbval needs them), timing metadata and widget
-state are dropped and the notebook metadata is kept as it was, so a re-run changes the files only where
-an output changed. Fails (exit 1) on a cell error.
+state are dropped, the notebook metadata is kept as it was, and a cell whose new output equals the stored
+one after sanitizing keeps the stored one: a re-run changes the files only where an output really changed.
+Fails (exit 1) on a cell error.
 """
 
 from __future__ import annotations
 
 import copy
+import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import nbformat
 from jupyter_client import KernelManager
 from nbclient import NotebookClient
 from nbval.kernel import CURRENT_ENV_KERNEL_NAME, NbvalKernelspecManager
+from nbval.plugin import get_sanitize_patterns
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
@@ -41,9 +45,24 @@ def rich(output: dict) -> bool:
         set(output.get("data", {})) != {"text/plain"}
 
 
+def _sanitized(outputs: list) -> list:
+    """``outputs`` as nbval compares them: text only, after the patterns in ``notebooks/sanitize.cfg``."""
+    patterns = get_sanitize_patterns((NOTEBOOKS / "sanitize.cfg").read_text())
+
+    def clean(text: Any) -> str:
+        text = "".join(text) if isinstance(text, list) else str(text)
+        for regex, replace in patterns:
+            text = re.sub(regex, replace, text)
+        return text
+
+    return [(o.get("output_type"), clean(o.get("text", "")),
+             {k: clean(v) for k, v in o.get("data", {}).items()}) for o in outputs]
+
+
 def store(path: Path) -> list[str]:
     """Execute ``path`` and rewrite it under the policy; returns one line per tag added."""
     nb = nbformat.read(path, as_version=4)
+    stored = [copy.deepcopy(c) for c in nb.cells]
     metadata = copy.deepcopy(nb.metadata)
     km = KernelManager(kernel_name=CURRENT_ENV_KERNEL_NAME, kernel_spec_manager=NbvalKernelspecManager())
     NotebookClient(nb, km=km, timeout=300, record_timing=False,
@@ -69,6 +88,9 @@ def store(path: Path) -> list[str]:
         for output in cell.outputs:
             if "metadata" in output:
                 output["metadata"] = {}
+        old = stored[index]
+        if old.get("outputs") and old.source == cell.source and _sanitized(old.outputs) == _sanitized(cell.outputs):
+            cell.outputs, cell.execution_count = old.outputs, old.execution_count  # only timings differ
     nbformat.write(nb, path)
     return notes
 

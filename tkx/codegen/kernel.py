@@ -452,6 +452,17 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
     for (no, gid), (nxt, _) in zip(starts, starts[1:] + [(len(lines) + 1, None)]):
         if gid is not None:
             group_lines[gid] = (no, nxt - 1)
+    # The loop skeleton of a group (tile loops, the GEMM's k-loop, a reduction's accumulation) carries no
+    # op comment: its code lines belong to the group's anchor op, so lines_of("mm") is the whole GEMM.
+    claimed = {no for nos in op_lines.values() for no in nos}
+    for gid, (first, last) in group_lines.items():
+        anchor = s.groups[gid].anchor
+        if anchor not in em.ops:
+            continue
+        own = [no for no in range(first + 1, last + 1)
+               if no not in claimed and lines[no - 1].strip().replace("else", "").strip("{} ")
+               and not lines[no - 1].lstrip().startswith("//")]
+        op_lines[anchor] = sorted(set(op_lines.get(anchor, [])) | set(own))
     return CudaSource(text=text, kernel_name=abi.KERNEL_NAME, params=tuple(params), threads=s.threads,
                       mode=mode, blocks=1 if mode == "block" else s.blocks, shared_bytes=shared,
                       arena_bytes=arena.size_bytes, schedule=s, arena=arena,
