@@ -12,7 +12,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.make-stamp
 
-.PHONY: venv tour test lint docs
+.PHONY: venv tour test lint docs student-notebooks
 
 venv: $(STAMP)
 
@@ -67,6 +67,10 @@ test: venv
 docs: venv
 	cd docs && ../$(PY) -m sphinx -b html -W --keep-going -q . _build/html
 	@echo "docs: open docs/_build/html/index.html"
+
+# The notebooks with every exercise's solution cleared (nbgrader's markers), for a class.
+student-notebooks: venv
+	$(PY) scripts/student-notebooks.py build/student-notebooks
 
 lint: venv
 	$(VENV)/bin/ruff check .
