@@ -81,9 +81,9 @@ def link_info(ex: Any, op_id: str) -> dict[str, Any]:
         where = "registers (inside its group)"
     groups = [g.id for g in sched.groups_in_order() if op_id in g.ops or op_id in g.inlined]
     try:
-        group = sched.group_of(op_id).id
-    except KeyError:
-        group = groups[0] if groups else ""
+        group = sched.group_of(op_id).id  # stores it, computes it, or (first in stage order) inlines it
+    except KeyError:  # computed by no group: then `groups` is empty too
+        group = ""
     stage = sched.stage_of(group) if group else -1
     text = (f"{op_id} ({op.kind}, {op.region}): group {group or '-'}, stage {stage if stage >= 0 else '-'}, "
             f"value in {where}, {len(lines)} CUDA line(s)")

@@ -165,8 +165,7 @@ class FusedSchedule:
         return unknown_op_error(self.program, op_id, f"schedule {self.program.name}", self.groups)
 
     def _check_op(self, op_id: Any) -> None:
-        if not any(o.id == op_id for o in self.program.ops):
-            raise self._unknown(op_id)
+        self.op(op_id)  # raises the explaining UnknownOpError
 
     def group_of(self, op_id: str) -> Group:
         """The group that computes ``op_id`` and stores it (or the first that inlines it)."""
