@@ -82,3 +82,24 @@ class UnsupportedError(TkxError):
         if hint:
             parts.append(f"  fix:    {hint}")
         super().__init__("\n".join(parts))
+
+
+class KernelError(TkxError):
+    """The kernel (or an interpreter running the same program) reported an error.
+
+    ``code``: the status code (:data:`tkx.codegen.abi.ERRORS`); ``stage``: the stage whose
+    barrier failed (``-1`` at kernel entry or when no stage applies); ``block``: the block
+    that saw it (``-1`` from an interpreter); ``hazards``: why that barrier exists; ``op``:
+    the IR op id that raised it (an index out of range) and ``source`` the user's line.
+    """
+
+    def __init__(self, message: str, *, code: int, stage: int = -1, block: int = -1,
+                 hazards: tuple[str, ...] = (), op: str | None = None,
+                 source: SourceLine | None = None) -> None:
+        self.code = code
+        self.stage = stage
+        self.block = block
+        self.hazards = hazards
+        self.op = op
+        self.source = source
+        super().__init__(message)

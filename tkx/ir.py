@@ -8,9 +8,10 @@ therefore metadata on a ``TensorSpec``, never ops.
 
 Scalars (Python ``int``/``float``/``bool``) may appear directly as op operands.
 
-The primitive op set is :data:`OPS`; each entry says its family (``pointwise``,
-``reduction``, ``matmul``, ``generator``), its arity and what it computes. The same table
-drives the reference interpreter, the schedule, the code generator and their tests.
+The primitive op set is the op table :data:`tkx.ops.OPS` (re-exported here): one row per
+kind with its family (``pointwise``, ``reduction``, ``matmul``, ``generator``, ``index``),
+arity, meaning, torch reference, C expression and flags. The same table drives lowering,
+both interpreters, the passes, the fusion rules, the code generator and their tests.
 """
 
 from __future__ import annotations
@@ -21,16 +22,9 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
+from .dtypes import DTYPE_BYTES, DTYPE_SHORT, FLOAT_DTYPES, INT_DTYPES  # noqa: F401 (re-exported)
 from .errors import SourceLine, TkxError
-
-#: dtypes a value may have, with their size in bytes.
-DTYPE_BYTES: dict[str, int] = {
-    "float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "bool": 1,
-}
-FLOAT_DTYPES = ("float32", "bfloat16", "float16")
-#: Short names used by the printer (JAX style).
-DTYPE_SHORT = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "int64": "i64",
-               "int32": "i32", "bool": "bool"}
+from .ops import COMPARISONS, OPS, POINTWISE, Kind, OpDef, row  # noqa: F401 (re-exported)
 
 REGIONS = ("forward", "backward", "optimizer")
 
@@ -93,83 +87,8 @@ class TensorSpec:
 
 Operand = TensorSpec | int | float | bool
 
-
-@dataclass(frozen=True)
-class OpInfo:
-    """One primitive of the IR: family, arity (``None`` = variadic), meaning."""
-
-    name: str
-    family: str
-    arity: int | None
-    doc: str
-
-
-def _table(family: str, arity: int | None, entries: str) -> dict[str, OpInfo]:
-    out = {}
-    for line in entries.strip().splitlines():
-        name, doc = line.split(":", 1)
-        out[name.strip()] = OpInfo(name.strip(), family, arity, doc.strip())
-    return out
-
-
-OPS: dict[str, OpInfo] = {
-    **_table("pointwise", 1, """
-        neg: -x
-        exp: e**x
-        log: natural logarithm
-        tanh: hyperbolic tangent
-        sigmoid: 1 / (1 + exp(-x))
-        sqrt: square root
-        rsqrt: 1 / sqrt(x)
-        abs: |x|
-        sign: -1, 0 or 1
-        erf: Gauss error function
-        reciprocal: 1 / x
-        logical_not: x == 0
-        cast: convert to the output dtype (also a plain copy when dtypes agree)
-        clamp: clamp(x, attrs['min'], attrs['max']); either bound may be None
-    """),
-    **_table("pointwise", 2, """
-        add: x + y
-        sub: x - y
-        mul: x * y
-        div: x / y (true division)
-        pow: x ** y with a scalar exponent y
-        maximum: elementwise max (NaN-propagating)
-        minimum: elementwise min (NaN-propagating)
-        eq: x == y
-        ne: x != y
-        lt: x < y
-        le: x <= y
-        gt: x > y
-        ge: x >= y
-        logical_and: x and y
-        logical_or: x or y
-    """),
-    **_table("pointwise", 3, """
-        where: cond ? x : y
-    """),
-    **_table("reduction", 1, """
-        sum: sum over attrs['dims'] (keepdim in attrs['keepdim'])
-        mean: mean over attrs['dims']
-        amax: max over attrs['dims']
-        amin: min over attrs['dims']
-    """),
-    **_table("matmul", 2, """
-        mm: [M,K] @ [K,N] -> [M,N]
-        bmm: [B,M,K] @ [B,K,N] -> [B,M,N]
-    """),
-    **_table("matmul", 3, """
-        addmm: beta*bias + alpha*([M,K] @ [K,N]), bias broadcast to [M,N]
-    """),
-    **_table("generator", 0, """
-        fill: every element equals attrs['value']
-        iota: attrs['start'] + attrs['step'] * index along attrs['dim']
-    """),
-}
-
-POINTWISE = frozenset(k for k, v in OPS.items() if v.family == "pointwise")
-COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
+#: Kept for code written against earlier releases: a row of the op table.
+OpInfo = OpDef
 
 
 @dataclass(frozen=True)
@@ -194,16 +113,19 @@ class Op:
     def __post_init__(self) -> None:
         # Ops are shared between stages and explorations: attributes must not change in place
         # (a pass that wants other attributes makes a new Op with ``op.replace(attrs=...)``).
+        if not type(self.kind) is str:  # a tkx.ops.Kind member: store the plain name
+            object.__setattr__(self, "kind", str(self.kind))
         if not isinstance(self.attrs, MappingProxyType):
             object.__setattr__(self, "attrs", MappingProxyType(dict(self.attrs)))
 
     @property
-    def info(self) -> OpInfo:
-        return OPS[self.kind]
+    def info(self) -> OpDef:
+        """This op's row of the op table (raises :class:`tkx.ops.UnknownKindError` for an unknown kind)."""
+        return row(self.kind)
 
     @property
     def family(self) -> str:
-        return OPS[self.kind].family
+        return row(self.kind).family
 
     @property
     def tensor_inputs(self) -> tuple[TensorSpec, ...]:
@@ -359,7 +281,7 @@ def validate(program: Program) -> Program:
 
     for op in program.ops:
         where = f"op {op.id} ({op.kind})"
-        info = OPS.get(op.kind)
+        info = OPS.get(str(op.kind))
         if info is None:
             raise IRValidationError(f"{where}: unknown op kind")
         if info.arity is not None and len(op.inputs) != info.arity:

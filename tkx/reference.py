@@ -15,27 +15,10 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from . import ops
+from .dtypes import TORCH
 from .errors import TkxError
 from .ir import Op, Operand, Program, TensorSpec
-
-TORCH = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-         "int64": torch.int64, "int32": torch.int32, "bool": torch.bool}
-
-_UNARY = {
-    "neg": torch.neg, "exp": torch.exp, "log": torch.log, "tanh": torch.tanh,
-    "sigmoid": torch.sigmoid, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "abs": torch.abs,
-    "sign": torch.sign, "erf": torch.erf, "reciprocal": torch.reciprocal,
-    "logical_not": torch.logical_not,
-}
-_BINARY = {
-    "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "pow": torch.pow,
-    "maximum": torch.maximum, "minimum": torch.minimum, "eq": torch.eq, "ne": torch.ne,
-    "lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge,
-    "logical_and": torch.logical_and, "logical_or": torch.logical_or,
-}
-_TENSOR_ONLY = {"maximum", "minimum", "logical_and", "logical_or"}
-_REDUCE = {"sum": torch.sum, "mean": torch.mean, "amax": torch.amax, "amin": torch.amin}
-
 
 @dataclass
 class Execution:
@@ -108,51 +91,12 @@ def read(env: dict[str, torch.Tensor], spec: TensorSpec) -> torch.Tensor:
 
 
 def evaluate(op: Op, args: list[Any], device: torch.device) -> torch.Tensor:
-    """Compute one op with torch; ``args`` are tensors (views) or Python scalars."""
-    kind, dtype = op.kind, TORCH[op.out.dtype]
-    if kind in _UNARY:
-        return _UNARY[kind](args[0])
-    if kind in _BINARY:
-        a, b = args
-        if not isinstance(a, torch.Tensor):  # scalar first operand: keep torch's promotion
-            a = torch.tensor(a, dtype=torch.result_type(a, b) if isinstance(b, torch.Tensor) else dtype,
-                             device=device)
-        if not isinstance(b, torch.Tensor) and kind in _TENSOR_ONLY:
-            b = torch.tensor(b, dtype=torch.result_type(a, b), device=device)
-        return _BINARY[kind](a, b)
-    if kind == "where":
-        cond, a, b = args
-        cond = cond.bool() if isinstance(cond, torch.Tensor) else bool(cond)
-        a = a if isinstance(a, torch.Tensor) else torch.tensor(a, dtype=dtype, device=device)
-        b = b if isinstance(b, torch.Tensor) else torch.tensor(b, dtype=dtype, device=device)
-        return torch.where(cond, a, b)
-    if kind == "clamp":
-        return torch.clamp(args[0], op.attr("min"), op.attr("max"))
-    if kind == "cast":
-        return args[0].to(dtype)
-    if kind in _REDUCE:
-        x = args[0]
-        dims, keep = tuple(op.attr("dims", ())), bool(op.attr("keepdim", False))
-        if kind in ("sum", "mean"):
-            if x.dtype in (torch.bool, torch.int64, torch.int32) and kind == "mean":
-                x = x.to(dtype)
-            return _REDUCE[kind](x, dim=dims, keepdim=keep, dtype=dtype) if dims else x.to(dtype)
-        return _REDUCE[kind](x, dim=dims, keepdim=keep) if dims else x.clone()
-    if kind == "mm":
-        return torch.mm(args[0], args[1])
-    if kind == "bmm":
-        return torch.bmm(args[0], args[1])
-    if kind == "addmm":
-        return torch.addmm(args[0], args[1], args[2], beta=op.attr("beta", 1), alpha=op.attr("alpha", 1))
-    if kind == "fill":
-        return torch.full(op.out.shape, op.attr("value"), dtype=dtype, device=device)
-    if kind == "iota":
-        dim, n = op.attr("dim", 0), op.out.shape[op.attr("dim", 0)]
-        line = op.attr("start", 0) + op.attr("step", 1) * torch.arange(n, device=device, dtype=torch.float64)
-        view = [1] * op.out.ndim
-        view[dim] = n
-        return line.reshape(view).expand(op.out.shape).to(dtype)
-    raise TkxError(f"reference interpreter: unknown op kind {kind!r} ({op.id})")
+    """Compute one op with torch; ``args`` are tensors (views) or Python scalars.
+
+    The op table's row for ``op.kind`` does the work (:func:`tkx.ops.evaluate`); a kind
+    without a row raises :class:`tkx.ops.UnknownKindError`, an index out of range
+    :class:`tkx.errors.KernelError` (the same error the kernel reports)."""
+    return ops.evaluate(op, args, device)
 
 
 def run(program: Program, inputs: Sequence[Any], *, update_inputs: bool = False) -> Execution:

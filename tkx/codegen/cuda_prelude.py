@@ -37,6 +37,7 @@ ERROR_CODES = {
     0: "ok",
     1: "grid barrier timed out (a block never arrived: grid larger than the GPU can hold at once?)",
     2: "kernel launched with a block size other than the one it was generated for",
+    3: "an index out of range (status[1] holds the op's number)",
 }
 ERR_BARRIER_TIMEOUT = 1
 ERR_BAD_LAUNCH = 2
@@ -56,7 +57,8 @@ STATIC_SHARED_LIMIT = 48 * 1024
 
 DTYPES = dedent(r"""
     // ---------------------------------------------------------------------------------
-    // dtypes: every value lives in a float register; loads widen, stores round.
+    // dtypes: floats and bools live in float registers (loads widen, stores round), integers
+    // in long long registers (exact).
     // ---------------------------------------------------------------------------------
     #define TKX_INF __int_as_float(0x7f800000)
     #define TKX_NAN __int_as_float(0x7fffffff)
@@ -93,8 +95,9 @@ DTYPES = dedent(r"""
     TKX_INLINE float tkx_ld_f16(const void* p, long long i) {
         return tkx_f16_to_float(static_cast<const unsigned short*>(p)[i]);
     }
-    TKX_INLINE float tkx_ld_i64(const long long* p, long long i) { return (float)p[i]; }
-    TKX_INLINE float tkx_ld_i32(const int* p, long long i) { return (float)p[i]; }
+    // Integers load into long long registers (exact); a float context converts them.
+    TKX_INLINE long long tkx_ld_i64(const long long* p, long long i) { return p[i]; }
+    TKX_INLINE long long tkx_ld_i32(const int* p, long long i) { return (long long)p[i]; }
     TKX_INLINE float tkx_ld_bool(const bool* p, long long i) { return p[i] ? 1.0f : 0.0f; }
 
     // Stores: round a float to the buffer's dtype (integers truncate toward zero, like .to()).
@@ -105,21 +108,46 @@ DTYPES = dedent(r"""
     TKX_INLINE void tkx_st_f16(void* p, long long i, float x) {
         static_cast<unsigned short*>(p)[i] = tkx_float_to_f16(x);
     }
-    TKX_INLINE void tkx_st_i64(long long* p, long long i, float x) { p[i] = (long long)x; }
-    TKX_INLINE void tkx_st_i32(int* p, long long i, float x) { p[i] = (int)x; }
+    TKX_INLINE void tkx_st_i64(long long* p, long long i, long long x) { p[i] = x; }
+    TKX_INLINE void tkx_st_i32(int* p, long long i, long long x) { p[i] = (int)x; }
     TKX_INLINE void tkx_st_bool(bool* p, long long i, float x) { p[i] = x != 0.0f; }
 
     // Round a float to the nearest value of a dtype, kept as float (what a store then a load gives).
     TKX_INLINE float tkx_round_f32(float x) { return x; }
     TKX_INLINE float tkx_round_bf16(float x) { return tkx_bf16_to_float(tkx_float_to_bf16(x)); }
     TKX_INLINE float tkx_round_f16(float x) { return tkx_f16_to_float(tkx_float_to_f16(x)); }
-    TKX_INLINE float tkx_round_i64(float x) { return truncf(x); }
-    TKX_INLINE float tkx_round_i32(float x) { return truncf(x); }
     TKX_INLINE float tkx_round_bool(float x) { return x != 0.0f ? 1.0f : 0.0f; }
 
     // NaN-propagating max/min (torch.maximum, torch.amax): a NaN on either side wins.
     TKX_INLINE float tkx_max(float a, float b) { return (a != a || a >= b) ? a : b; }
     TKX_INLINE float tkx_min(float a, float b) { return (a != a || a <= b) ? a : b; }
+
+    // Integer arithmetic in long long registers (exact), with Python's floor semantics where torch has them.
+    #define TKX_INT64_MIN (-9223372036854775807LL - 1LL)
+    #define TKX_INT64_MAX 9223372036854775807LL
+    TKX_INLINE long long tkx_max(long long a, long long b) { return a >= b ? a : b; }
+    TKX_INLINE long long tkx_min(long long a, long long b) { return a <= b ? a : b; }
+    TKX_INLINE long long tkx_imax(long long a, long long b) { return a >= b ? a : b; }
+    TKX_INLINE long long tkx_imin(long long a, long long b) { return a <= b ? a : b; }
+    TKX_INLINE long long tkx_iabs(long long a) { return a < 0 ? -a : a; }
+    TKX_INLINE long long tkx_ifloordiv(long long a, long long b) {
+        long long q = a / b;
+        return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q;
+    }
+    TKX_INLINE long long tkx_iremainder(long long a, long long b) {
+        long long r = a % b;
+        return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+    }
+    // torch.remainder on floats: the result takes the sign of the divisor.
+    TKX_INLINE float tkx_remainder(float a, float b) {
+        float r = fmodf(a, b);
+        return (r != 0.0f && ((r < 0.0f) != (b < 0.0f))) ? r + b : r;
+    }
+    // torch.xlogy: 0 where x == 0 (unless y is NaN), else x * log(y).
+    TKX_INLINE float tkx_xlogy(float x, float y) {
+        if (y != y) return TKX_NAN;
+        return x == 0.0f ? 0.0f : x * logf(y);
+    }
 """)
 
 
@@ -222,46 +250,62 @@ REDUCTIONS = dedent(r"""
     // thread of the warp/block must call them). The block versions return the result
     // to every thread.
     // ---------------------------------------------------------------------------------
+    // Each op works on float and on long long (integer reductions are exact).
     struct tkx_sum_op {
-        static __device__ __forceinline__ float identity() { return 0.0f; }
-        static __device__ __forceinline__ float apply(float a, float b) { return a + b; }
+        template <class T> static __device__ __forceinline__ T identity() { return T(0); }
+        template <class T> static __device__ __forceinline__ T apply(T a, T b) { return a + b; }
     };
     struct tkx_max_op {
-        static __device__ __forceinline__ float identity() { return -TKX_INF; }
-        static __device__ __forceinline__ float apply(float a, float b) { return tkx_max(a, b); }
+        template <class T> static __device__ __forceinline__ T identity();
+        template <class T> static __device__ __forceinline__ T apply(T a, T b) { return tkx_max(a, b); }
     };
+    template <> __device__ __forceinline__ float tkx_max_op::identity<float>() { return -TKX_INF; }
+    template <> __device__ __forceinline__ long long tkx_max_op::identity<long long>() { return TKX_INT64_MIN; }
     struct tkx_min_op {
-        static __device__ __forceinline__ float identity() { return TKX_INF; }
-        static __device__ __forceinline__ float apply(float a, float b) { return tkx_min(a, b); }
+        template <class T> static __device__ __forceinline__ T identity();
+        template <class T> static __device__ __forceinline__ T apply(T a, T b) { return tkx_min(a, b); }
     };
+    template <> __device__ __forceinline__ float tkx_min_op::identity<float>() { return TKX_INF; }
+    template <> __device__ __forceinline__ long long tkx_min_op::identity<long long>() { return TKX_INT64_MAX; }
 
-    template <class Op>
-    __device__ __forceinline__ float tkx_warp_reduce(float v) {
+    template <class Op, class T>
+    __device__ __forceinline__ T tkx_warp_reduce(T v) {
         #pragma unroll
         for (int offset = 16; offset > 0; offset >>= 1)      // butterfly: all lanes get the result
-            v = Op::apply(v, __shfl_xor_sync(0xffffffffu, v, offset));
+            v = Op::template apply<T>(v, __shfl_xor_sync(0xffffffffu, v, offset));
         return v;
     }
 
-    template <class Op>
-    __device__ __forceinline__ float tkx_block_reduce(float v) {
-        __shared__ float partial[32];                        // one slot per warp
+    template <class Op, class T>
+    __device__ __forceinline__ T tkx_block_reduce(T v) {
+        __shared__ T partial[32];                            // one slot per warp
         const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
         const int warps = (blockDim.x + 31) >> 5;
-        v = tkx_warp_reduce<Op>(v);
+        v = tkx_warp_reduce<Op, T>(v);
         __syncthreads();                                     // a previous call may still read partial[]
         if (lane == 0) partial[warp] = v;
         __syncthreads();
-        v = lane < warps ? partial[lane] : Op::identity();   // every warp folds the partials
-        return tkx_warp_reduce<Op>(v);
+        v = lane < warps ? partial[lane] : Op::template identity<T>();   // every warp folds the partials
+        return tkx_warp_reduce<Op, T>(v);
     }
 
-    __device__ __forceinline__ float tkx_warp_sum(float v) { return tkx_warp_reduce<tkx_sum_op>(v); }
-    __device__ __forceinline__ float tkx_warp_max(float v) { return tkx_warp_reduce<tkx_max_op>(v); }
-    __device__ __forceinline__ float tkx_warp_min(float v) { return tkx_warp_reduce<tkx_min_op>(v); }
-    __device__ __forceinline__ float tkx_block_sum(float v) { return tkx_block_reduce<tkx_sum_op>(v); }
-    __device__ __forceinline__ float tkx_block_max(float v) { return tkx_block_reduce<tkx_max_op>(v); }
-    __device__ __forceinline__ float tkx_block_min(float v) { return tkx_block_reduce<tkx_min_op>(v); }
+    template <class T> __device__ __forceinline__ T tkx_warp_sum(T v) { return tkx_warp_reduce<tkx_sum_op, T>(v); }
+    template <class T> __device__ __forceinline__ T tkx_warp_max(T v) { return tkx_warp_reduce<tkx_max_op, T>(v); }
+    template <class T> __device__ __forceinline__ T tkx_warp_min(T v) { return tkx_warp_reduce<tkx_min_op, T>(v); }
+    template <class T> __device__ __forceinline__ T tkx_block_sum(T v) { return tkx_block_reduce<tkx_sum_op, T>(v); }
+    template <class T> __device__ __forceinline__ T tkx_block_max(T v) { return tkx_block_reduce<tkx_max_op, T>(v); }
+    template <class T> __device__ __forceinline__ T tkx_block_min(T v) { return tkx_block_reduce<tkx_min_op, T>(v); }
+
+    // An index out of range: record it (the first error wins) with the op's number in
+    // status[1], so the runtime can name the op and the user's line.
+    #define TKX_ERR_INDEX 3
+    __device__ __forceinline__ long long tkx_check_index(int* status, long long j, long long n, int op) {
+        if (j < 0 || j >= n) {
+            tkx_fail(status, TKX_ERR_INDEX, op);
+            return 0;                                        // a safe address; the result is discarded
+        }
+        return j;
+    }
 """)
 
 #: Headers a kernel with tensor-core GEMMs includes (``nvcuda::wmma``, ``__nv_bfloat16``, ``__half``).
@@ -300,8 +344,16 @@ def store(dtype: str, pointer: str, index: str, value: str) -> str:
 
 
 def round_to(dtype: str, expr: str) -> str:
-    """C expression: ``expr`` rounded to ``dtype`` and kept as float (identity for float32)."""
-    return expr if dtype == "float32" else f"tkx_round_{SUFFIX[dtype]}({expr})"
+    """C expression: ``expr`` rounded to ``dtype`` and kept in its register type.
+
+    Floats stay ``float`` (identity for float32, the nearest bf16/f16 value otherwise), bools
+    become ``0.0f``/``1.0f``; integers are ``long long`` expressions already (int32 wraps to
+    32 bits, as a store and a load would)."""
+    if dtype in ("float32", "int64"):
+        return expr
+    if dtype == "int32":
+        return f"(long long)(int)({expr})"
+    return f"tkx_round_{SUFFIX[dtype]}({expr})"
 
 
 def barrier_setup(mode: str) -> str:

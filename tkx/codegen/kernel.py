@@ -23,6 +23,8 @@ from typing import Any
 
 from ..arena import ArenaPlan
 from ..errors import TkxError
+from .. import ops as optable
+from ..dtypes import FLOAT_DTYPES, INT_DTYPES
 from ..ir import Op, TensorSpec, contiguous_strides
 from ..schedule.model import FusedSchedule, Group, Home
 from . import abi
@@ -47,6 +49,16 @@ def _coords_index(coords: list[str], strides: tuple[int, ...], offset: int) -> s
     if offset:
         terms.append(str(offset))
     return "(" + " + ".join(terms) + ")" if terms else "0"
+
+
+def _linear(coords: list[str], shape: tuple[int, ...]) -> str:
+    """C expression: the row-major linear index of ``coords`` in ``shape``."""
+    terms, inner = [], 1
+    for c, n in zip(reversed(coords), reversed(shape)):
+        if n != 1 and c != "0":
+            terms.append(c if inner == 1 else f"(long long){c} * {inner}")
+        inner *= n
+    return "(" + " + ".join(reversed(terms)) + ")" if terms else "0"
 
 
 def _unravel(lin: str, shape: tuple[int, ...]) -> list[str]:
@@ -121,7 +133,7 @@ class _Emitter:
         body = block(lines, f"return {val};")
         self.plan.functions[name] = (
             f"// {op_id} = {op.kind}: recomputed where it is read ({op.source.short() if op.source else ''})\n"
-            f"__device__ __forceinline__ float {name}(TKX_POINTERS, long long i) {{\n"
+            f"__device__ __forceinline__ {cops.c_type(op.out.dtype)} {name}(TKX_POINTERS, long long i) {{\n"
             f"{indent(body)}\n}}")
         return name
 
@@ -155,24 +167,102 @@ class _Emitter:
         key = (op.id, lin)
         if memo is not None and key in memo:
             return memo[key]
-        if op.kind == "fill":
-            text = cops.literal(cops.round_scalar(float(op.attr("value")), op.out.dtype)
-                                if op.out.dtype in ("float32", "bfloat16", "float16") else op.attr("value"))
-        elif op.kind == "iota":
-            dim = op.attr("dim", 0)
-            coord = _unravel(lin, op.out.shape)[dim] if op.out.shape else "0"
-            text = round_to(op.out.dtype, f"({cops.literal(op.attr('start', 0))} + "
-                                          f"{cops.literal(op.attr('step', 1))} * (float){coord})")
-        else:
-            args = [self.element(x, lin, lines, memo, registers, group_inlined) for x in op.inputs]
-            text = cops.value(op, args, exact=self.exact)
+        ctype = cops.c_type(op.out.dtype)
         var = f"v_{op.id}"
         if memo is not None:
             n = sum(1 for k in memo if k[0] == op.id)
             var = f"v_{op.id}" if n == 0 else f"v_{op.id}_{n}"
+        integer = op.out.dtype in INT_DTYPES
+        if op.kind == "fill":
+            v = op.attr("value")
+            text = (cops.int_literal(v) if integer else
+                    cops.literal(cops.round_scalar(float(v), op.out.dtype) if op.out.dtype in FLOAT_DTYPES
+                                 else (1.0 if v else 0.0)))
+        elif op.kind == "iota":
+            dim = op.attr("dim", 0)
+            coord = _unravel(lin, op.out.shape)[dim] if op.out.shape else "0"
+            if integer:
+                text = f"({cops.int_literal(op.attr('start', 0))} + {cops.int_literal(op.attr('step', 1))} * " \
+                       f"(long long){coord})"
+            else:
+                text = round_to(op.out.dtype, f"({cops.literal(op.attr('start', 0))} + "
+                                              f"{cops.literal(op.attr('step', 1))} * (float){coord})")
+        elif op.kind in SPECIAL_POINTWISE:
+            text = SPECIAL_POINTWISE[op.kind](self, op, lin, lines, memo, registers, group_inlined, var)
+        else:
+            args = [self.element(x, lin, lines, memo, registers, group_inlined) for x in op.inputs]
+            text = cops.value(op, args, exact=self.exact)
+        if memo is not None:
             memo[key] = var
-        lines.append(f"const float {var} = {text};  // {op.id}: {op.kind}")
+        if text is not None:
+            lines.append(f"const {ctype} {var} = {text};  // {op.id}: {op.kind}")
         return var
+
+    # -- index ops: operands read at computed coordinates -------------------------------------
+    def op_number(self, op: Op) -> int:
+        """The position of ``op`` in the program: what the kernel writes into status[1] on an index error."""
+        return next(i for i, o in enumerate(self.p.ops) if o.id == op.id)
+
+    def at(self, x: TensorSpec, coords: list[str]) -> str:
+        """Expression: element ``coords`` (in ``x.shape``) of operand ``x``, evaluated lazily
+        (a load or a device-function call, never statements: it may sit in one branch)."""
+        lin = _linear(coords, x.shape)
+        return self.element(x, lin, None, None, {}, None)
+
+    def index_code(self, op: Op, lin: str, lines: list[str], var: str) -> str | None:
+        """Statements of ``gather``/``cat``/``slice_scatter`` at ``lin``; defines ``var``; returns None."""
+        ctype = cops.c_type(op.out.dtype)
+        coords = _unravel(lin, op.out.shape) if op.out.shape else []
+        dim = op.attr("dim", 0)
+        tag = f"  // {op.id}: {op.kind}"
+        if op.kind == "gather":
+            src, index = op.inputs
+            n = src.shape[dim]
+            j = f"{var}_j"
+            lines.append(f"long long {j} = {self.element(index, lin, lines, {}, {}, None)};{tag}")
+            if op.attr("wrap", False):
+                lines.append(f"if ({j} < 0) {j} += {n};  // negative indices count from the end")
+            lines.append(f"{j} = tkx_check_index(status, {j}, {n}, {self.op_number(op)});  // 0 <= index < {n}")
+            cs = list(coords)
+            cs[dim] = j
+            lines.append(f"const {ctype} {var} = {self.at(src, cs)};{tag}")
+            return None
+        if op.kind == "cat":
+            cd = coords[dim]
+            lines.append(f"{ctype} {var};{tag}")
+            offset = 0
+            parts = [x for x in op.inputs if isinstance(x, TensorSpec)]
+            for k, x in enumerate(parts):
+                size = x.shape[dim]
+                cs = list(coords)
+                cs[dim] = f"({cd} - {offset})" if offset else cd
+                head = "if" if k == 0 else "else if"
+                cond = f"{head} ({cd} < {offset + size}) " if k < len(parts) - 1 else ("else " if k else "")
+                lines.append(f"{cond}{var} = {self.at(x, cs)};")
+                offset += size
+            return None
+        if op.kind == "slice_scatter":
+            base, src = op.inputs
+            start, end, step = op.attr("start"), op.attr("end"), op.attr("step")
+            cd = coords[dim]
+            rel = f"({cd} - {start})" if start else cd
+            inside = f"{cd} >= {start} && {cd} < {end}" + (f" && {rel} % {step} == 0" if step != 1 else "")
+            cs = list(coords)
+            cs[dim] = f"({rel} / {step})" if step != 1 else rel
+            lines.append(f"const {ctype} {var} = ({inside}) ? {self.at(src, cs)} : {self.at(base, coords)};{tag}")
+            return None
+        raise TkxError(f"codegen: no emitter for index op {op.kind} ({op.id})")
+
+    def index_check_code(self, op: Op, lin: str, lines: list[str], var: str) -> str | None:
+        x = self.element(op.inputs[0], lin, lines, {}, {}, None)
+        lo, hi, ignore = op.attr("lo"), op.attr("hi"), op.attr("ignore")
+        bad = f"{var} < {lo}LL || {var} >= {hi}LL"
+        if ignore is not None:
+            bad = f"({bad}) && {var} != {ignore}LL"
+        lines.append(f"const long long {var} = {x};  // {op.id}: index_check")
+        lines.append(f"if ({bad}) tkx_fail(status, TKX_ERR_INDEX, {self.op_number(op)});  "
+                     f"// {op.attr('what', 'an index')} must be in [{lo}, {hi})")
+        return None
 
     # -- the domain point of a group ----------------------------------------------------------
     def point(self, g: Group, lin: str, first: dict[str, str], start: int) -> str:
@@ -290,6 +380,9 @@ class _Emitter:
                          self.point(g, "tkx_e", {op.id: f"v_{op.id}"}, 1))
 
         kind = op.kind
+        if op.out.dtype in INT_DTYPES and g.kind == "reduction_partial" or (
+                op.out.dtype in INT_DTYPES and "partials" in g.params):
+            raise TkxError(f"codegen: integer reduction {op.id} was scheduled in two phases (float partials)")
         strategy = g.params.get("strategy", "warp")
         rows_contiguous = g.params.get("rows_contiguous", False)
         if g.kind == "reduction_partial":
@@ -300,7 +393,8 @@ class _Emitter:
             scratch, _ = self.pointer(g.params["partials"])
             code = final_reduce(kind, rows, size, g.params["parts"], finish, scratch=scratch, threads=self.threads)
         else:
-            code = emit_reduction(strategy, kind, rows, max(size, 1), element, finish, threads=self.threads)
+            code = emit_reduction(strategy, kind, rows, max(size, 1), element, finish, threads=self.threads,
+                                  ctype=cops.c_type(op.out.dtype))
         self.plan.notes[g.id] = {"strategy": code.strategy, **code.params}
         return code.code, code.work_items, code.shared_bytes
 
@@ -329,8 +423,6 @@ def _stage_loop(parts: list[tuple[Group, str, int]]) -> str:
     return block(lines[0], indent(block(lines[1:])), "}")
 
 
-INT_DTYPES = ("int64", "int32")
-EXACT_INT_KINDS = frozenset({"fill", "iota", "cast"})
 
 
 def _check_supported(s: FusedSchedule) -> None:
@@ -347,12 +439,22 @@ def _check_supported(s: FusedSchedule) -> None:
             raise UnsupportedError("unsupported-shape", f"a zero-size tensor {list(v.shape)}",
                                    hint="drop empty tensors from the step (the kernel would have nothing to do)")
     for op in s.program.ops:
-        if op.out.dtype in INT_DTYPES and op.kind not in EXACT_INT_KINDS:
+        r = optable.row(op.kind)  # a kind without a row fails here, loudly
+        if op.out.dtype in INT_DTYPES and not r.int_exact:
             raise UnsupportedError(
                 "integer-arithmetic", f"{op.kind} on {op.out.dtype} values ({op.id})", op=op.kind, node=op.fx_node,
-                source=op.source,
-                hint="the kernel computes in fp32 registers, exact only below 2**24: keep counters and "
-                     "integer math as float32 tensors, or outside the step (comparisons and casts are fine)")
+                source=op.source, hint="compute it in float32 (cast the operands first)")
+        if r.family in ("pointwise", "index") and r.c is None and op.kind not in SPECIAL_POINTWISE:
+            raise TkxError(f"codegen: the op table row of {op.kind} ({op.id}) has no C expression or emitter")
+
+
+#: Pointwise and index kinds the kernel generator emits as statements (no C expression in the table).
+SPECIAL_POINTWISE = {
+    "gather": lambda em, op, lin, lines, memo, regs, inl, var: em.index_code(op, lin, lines, var),
+    "cat": lambda em, op, lin, lines, memo, regs, inl, var: em.index_code(op, lin, lines, var),
+    "slice_scatter": lambda em, op, lin, lines, memo, regs, inl, var: em.index_code(op, lin, lines, var),
+    "index_check": lambda em, op, lin, lines, memo, regs, inl, var: em.index_check_code(op, lin, lines, var),
+}
 
 
 def max_registers(threads: int, blocks_per_sm: int = 1) -> int:
@@ -389,7 +491,7 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
         stage_code.append((si, parts))
     mode = s.mode
     spin = getattr(s.options, "spin_limit", 2_000_000)
-    pointers = [p for p in params if p.role in ("input", "output", "arena")]
+    pointers = [p for p in params if p.role in ("input", "output", "arena", "status")]
     body: list[str] = [
         f"if (!tkx_check_launch(status, {s.threads})) return;",
         barrier_setup(mode),
@@ -421,8 +523,9 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
     struct = block("// The kernel's pointers, handed on to the device functions (inlined: no copies are made).",
                    "#define TKX_POINTERS " + ", ".join(p.declaration() for p in pointers),
                    "#define TKX_ARGS " + ", ".join(p.name for p in pointers))
-    declarations = "\n".join(f"__device__ __forceinline__ float {name}(TKX_POINTERS, long long i);"
-                             for name in em.plan.functions)
+    declarations = "\n".join(
+        f"__device__ __forceinline__ {cops.c_type(em.ops[name[len('tkx_v_'):]].out.dtype)} {name}"
+        f"(TKX_POINTERS, long long i);" for name in em.plan.functions)
     functions = "\n\n".join([declarations] + [f for f in em.plan.functions.values() if f]) \
         if em.plan.functions else ""
     text = block(header, "", prelude(tensor_cores=em.plan.tensor_cores), "", struct, "",

@@ -36,22 +36,26 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .ops import literal
+from .. import ops as table
+from ..dtypes import literal
 from .text import block, indent
 
 Element = Callable[[str, str], str]  # (row, r) -> float C expression
 Finish = Callable[[str, str], str]  # (row, value) -> C statements
 
-KINDS = ("sum", "mean", "amax", "amin")
+KINDS = tuple(sorted(table.REDUCTIONS))
 STRATEGIES = ("thread", "warp", "block", "partial", "final")
 
-# kind -> (identity, fold statement template, warp reduction, block reduction)
-_FOLD = {
-    "sum": ("0.0f", "{acc} += {x};", "tkx_warp_sum", "tkx_block_sum"),
-    "mean": ("0.0f", "{acc} += {x};", "tkx_warp_sum", "tkx_block_sum"),
-    "amax": ("-TKX_INF", "{acc} = tkx_max({acc}, {x});", "tkx_warp_max", "tkx_block_max"),
-    "amin": ("TKX_INF", "{acc} = tkx_min({acc}, {x});", "tkx_warp_min", "tkx_block_min"),
-}
+
+def _row(kind: str) -> table.Reduction:
+    r = table.row(kind).reduction
+    if r is None:
+        raise ValueError(f"{kind!r} is not a reduction; one of {KINDS}")
+    return r
+
+
+def _identity(kind: str, ctype: str) -> str:
+    return _row(kind).identity["int" if ctype == "long long" else "float"]
 
 
 @dataclass(frozen=True)
@@ -75,8 +79,7 @@ def _ceil(a: int, b: int) -> int:
 
 
 def _check(kind: str, rows: int, size: int, threads: int) -> None:
-    if kind not in _FOLD:
-        raise ValueError(f"unknown reduction {kind!r}; one of {KINDS}")
+    _row(kind)
     if rows < 1 or size < 1:
         raise ValueError(f"reduction of {rows} rows x {size} elements: both must be >= 1")
     if threads % 32:
@@ -84,16 +87,16 @@ def _check(kind: str, rows: int, size: int, threads: int) -> None:
 
 
 def _fold(kind: str, acc: str, x: str) -> str:
-    return _FOLD[kind][1].format(acc=acc, x=x)
+    return _row(kind).fold.format(acc=acc, x=x)
 
 
 def _result(kind: str, acc: str, size: int) -> str:
     """The reduced value: the accumulator, divided by ``size`` for a mean."""
-    return f"{acc} / {literal(size)}" if kind == "mean" else acc
+    return f"{acc} / {literal(size)}" if _row(kind).divide else acc
 
 
-def _finish_block(kind: str, acc: str, size: int, finish: Finish) -> str:
-    return block(f"const float value = {_result(kind, acc, size)};", finish("row", "value"))
+def _finish_block(kind: str, acc: str, size: int, finish: Finish, ctype: str = "float") -> str:
+    return block(f"const {ctype} value = {_result(kind, acc, size)};", finish("row", "value"))
 
 
 def _wrap(comment: str, body: str) -> str:
@@ -101,18 +104,18 @@ def _wrap(comment: str, body: str) -> str:
 
 
 def thread_per_row(kind: str, rows: int, size: int, element: Element, finish: Finish, *, threads: int = 256,
-                   item: str = "item") -> ReduceCode:
+                 item: str = "item", ctype: str = "float") -> ReduceCode:
     """One thread per row; a work item is ``threads`` consecutive rows."""
     _check(kind, rows, size, threads)
     body = block(
         f"const int row = {item} * {threads} + threadIdx.x;",
         f"if (row < {rows}) {{",
-        f"    float acc = {_FOLD[kind][0]};",
+        f"    {ctype} acc = {_identity(kind, ctype)};",
         f"    for (int r = 0; r < {size}; ++r) {{",
-        f"        const float elem = {element('row', 'r')};",
+        f"        const {ctype} elem = {element('row', 'r')};",
         f"        {_fold(kind, 'acc', 'elem')}",
         "    }",
-        indent(_finish_block(kind, "acc", size, finish)),
+        indent(_finish_block(kind, "acc", size, finish, ctype)),
         "}",
     )
     code = _wrap(f"{kind} over {size} elements of each of {rows} rows: one thread per row", body)
@@ -120,7 +123,7 @@ def thread_per_row(kind: str, rows: int, size: int, element: Element, finish: Fi
 
 
 def warp_per_row(kind: str, rows: int, size: int, element: Element, finish: Finish, *, threads: int = 256,
-                 item: str = "item") -> ReduceCode:
+                 item: str = "item", ctype: str = "float") -> ReduceCode:
     """One warp per row, lanes stride over r, a shuffle reduction; a work item is one row per warp."""
     _check(kind, rows, size, threads)
     warps = threads // 32
@@ -128,14 +131,14 @@ def warp_per_row(kind: str, rows: int, size: int, element: Element, finish: Fini
         "const int lane = threadIdx.x % 32;",
         f"const int row = {item} * {warps} + threadIdx.x / 32;",
         f"if (row < {rows}) {{  // the whole warp takes the same branch",
-        f"    float acc = {_FOLD[kind][0]};",
+        f"    {ctype} acc = {_identity(kind, ctype)};",
         f"    for (int r = lane; r < {size}; r += 32) {{",
-        f"        const float elem = {element('row', 'r')};",
+        f"        const {ctype} elem = {element('row', 'r')};",
         f"        {_fold(kind, 'acc', 'elem')}",
         "    }",
-        f"    acc = {_FOLD[kind][2]}(acc);",
+        f"    acc = {_row(kind).warp}(acc);",
         "    if (lane == 0) {",
-        indent(_finish_block(kind, "acc", size, finish), 2),
+        indent(_finish_block(kind, "acc", size, finish, ctype), 2),
         "    }",
         "}",
     )
@@ -144,19 +147,19 @@ def warp_per_row(kind: str, rows: int, size: int, element: Element, finish: Fini
 
 
 def block_per_row(kind: str, rows: int, size: int, element: Element, finish: Finish, *, threads: int = 256,
-                  item: str = "item") -> ReduceCode:
+                 item: str = "item", ctype: str = "float") -> ReduceCode:
     """One block per row, threads stride over r, a block reduction; a work item is one row."""
     _check(kind, rows, size, threads)
     body = block(
         f"const int row = {item};",
-        f"float acc = {_FOLD[kind][0]};",
+        f"{ctype} acc = {_identity(kind, ctype)};",
         f"for (int r = threadIdx.x; r < {size}; r += {threads}) {{",
-        f"    const float elem = {element('row', 'r')};",
+        f"    const {ctype} elem = {element('row', 'r')};",
         f"    {_fold(kind, 'acc', 'elem')}",
         "}",
-        f"acc = {_FOLD[kind][3]}(acc);  // every thread gets the row's result",
+        f"acc = {_row(kind).block}(acc);  // every thread gets the row's result",
         "if (threadIdx.x == 0) {",
-        indent(_finish_block(kind, "acc", size, finish)),
+        indent(_finish_block(kind, "acc", size, finish, ctype)),
         "}",
     )
     code = _wrap(f"{kind} over {size} elements of each of {rows} rows: one block per row", body)
@@ -183,7 +186,7 @@ def partial_reduce(kind: str, rows: int, size: int, chunks: int, element: Elemen
     if not 1 <= chunks <= size:
         raise ValueError(f"chunks must be in [1, size], got {chunks}")
     length = _ceil(size, chunks)
-    init = _FOLD[kind][0]
+    init = _identity(kind, "float")
     if not rows_contiguous:
         body = block(
             f"const int row = {item} / {chunks}, chunk = {item} % {chunks};",
@@ -193,7 +196,7 @@ def partial_reduce(kind: str, rows: int, size: int, chunks: int, element: Elemen
             f"    const float elem = {element('row', 'r')};",
             f"    {_fold(kind, 'acc', 'elem')}",
             "}",
-            f"acc = {_FOLD[kind][3]}(acc);",
+            f"acc = {_row(kind).block}(acc);",
             f"if (threadIdx.x == 0) {scratch}[row * {chunks} + chunk] = acc;",
         )
         code = _wrap(f"{kind}, phase 1 of 2: {length} elements of one of {rows} rows -> scratch", body)
@@ -220,7 +223,7 @@ def partial_reduce(kind: str, rows: int, size: int, chunks: int, element: Elemen
         f"    acc = {init};",
         f"    for (int w = 0; w < {warps}; ++w) {{",
         "        const float elem = part[w * 32 + lane];",
-        f"        {_fold('sum' if kind == 'mean' else kind, 'acc', 'elem')}",
+        f"        {_fold(_row(kind).partial_kind, 'acc', 'elem')}",
         "    }",
         f"    {scratch}[row * {chunks} + chunk] = acc;",
         "}",
@@ -237,17 +240,17 @@ def final_reduce(kind: str, rows: int, size: int, chunks: int, finish: Finish, *
     """Phase two (after a barrier): one warp per row folds its ``chunks`` partials in order."""
     _check(kind, rows, size, threads)
     warps = threads // 32
-    partial_kind = "sum" if kind == "mean" else kind
+    partial_kind = _row(kind).partial_kind
     body = block(
         "const int lane = threadIdx.x % 32;",
         f"const int row = {item} * {warps} + threadIdx.x / 32;",
         f"if (row < {rows}) {{  // the whole warp takes the same branch",
-        f"    float acc = {_FOLD[kind][0]};",
+        f"    float acc = {_identity(kind, 'float')};",
         f"    for (int chunk = lane; chunk < {chunks}; chunk += 32) {{",
         f"        const float elem = {scratch}[row * {chunks} + chunk];",
         f"        {_fold(partial_kind, 'acc', 'elem')}",
         "    }",
-        f"    acc = {_FOLD[kind][2]}(acc);",
+        f"    acc = {_row(kind).warp}(acc);",
         "    if (lane == 0) {",
         indent(_finish_block(kind, "acc", size, finish), 2),
         "    }",
@@ -281,10 +284,10 @@ def choose_strategy(rows: int, size: int, *, rows_contiguous: bool = False, thre
 
 
 def emit_reduction(strategy: str, kind: str, rows: int, size: int, element: Element, finish: Finish, *,
-                   threads: int = 256, item: str = "item") -> ReduceCode:
+                   threads: int = 256, item: str = "item", ctype: str = "float") -> ReduceCode:
     """Dispatch to a one-phase strategy (``thread``, ``warp`` or ``block``)."""
     emitters = {"thread": thread_per_row, "warp": warp_per_row, "block": block_per_row}
     if strategy not in emitters:
         raise ValueError(f"one-phase strategies are {sorted(emitters)}; use partial_reduce/final_reduce "
                          f"for a two-phase reduction, got {strategy!r}")
-    return emitters[strategy](kind, rows, size, element, finish, threads=threads, item=item)
+    return emitters[strategy](kind, rows, size, element, finish, threads=threads, item=item, ctype=ctype)

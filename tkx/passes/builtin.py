@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from .. import ops
 from ..ir import POINTWISE, Op, Operand, Program, TensorSpec
 from ..reference import TORCH, evaluate
 from .registry import register_pass
@@ -46,7 +47,7 @@ def dce(program: Program) -> Program:
 #: Ops whose two operands may be swapped without changing a single bit of the result
 #: (IEEE addition and multiplication are commutative; comparisons with eq/ne are symmetric).
 #: Only applied when both operands are tensors of one dtype, so promotion is not involved.
-COMMUTATIVE = frozenset({"add", "mul", "eq", "ne", "logical_and", "logical_or"})
+COMMUTATIVE = ops.COMMUTATIVE  # the op table's commutative flag
 
 
 def freeze(v: Any) -> Any:

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ..errors import TkxError
+from ..errors import KernelError, TkxError  # noqa: F401 (KernelError lives in tkx.errors)
 
 WORDS = 8
 SYNC_OFFSET = 0      # words
@@ -37,22 +37,6 @@ def error_names() -> dict[int, str]:
     except ImportError:  # pragma: no cover - the prelude is part of tkx
         pass
     return names
-
-
-class KernelError(TkxError):
-    """The kernel reported an error through its status words.
-
-    ``code`` (see :func:`error_names`), ``stage`` (the stage whose barrier failed, ``-1`` at
-    kernel entry), ``block`` (the block that saw it), ``hazards`` (why that barrier exists).
-    """
-
-    def __init__(self, message: str, *, code: int, stage: int, block: int,
-                 hazards: tuple[str, ...] = ()) -> None:
-        self.code = code
-        self.stage = stage
-        self.block = block
-        self.hazards = hazards
-        super().__init__(message)
 
 
 def new_words(device: torch.device) -> torch.Tensor:

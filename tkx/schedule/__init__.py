@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import TkxError
+from .. import ops
+from ..dtypes import INT_DTYPES
 from ..ir import Op, Program, TensorSpec
 from .model import (
     Barrier,
@@ -151,15 +153,21 @@ def _member_reads(w: _Work, op: Op, members: set[str]) -> list[tuple[str, bool]]
     ``op``, following inlined producers (each evaluated where its reader's view points)."""
     g = w.graph
     found: list[tuple[str, bool]] = []
-    stack = [(x, True) for x in op.tensor_inputs]
+    stack = [(x, _reads_at_point(op)) for x in op.tensor_inputs]
     while stack:
         x, ident = stack.pop()
         here = ident and is_identity(x, _root(g, x))
         if x.buffer in members:
             found.append((x.buffer, here))
         elif x.buffer in w.inlined:
-            stack.extend((y, here) for y in g.ops[x.buffer].tensor_inputs)
+            inner = g.ops[x.buffer]
+            stack.extend((y, here and _reads_at_point(inner)) for y in inner.tensor_inputs)
     return found
+
+
+def _reads_at_point(op: Op) -> bool:
+    """Does ``op`` read its operands at the point it computes? (Not an index op: the op table says.)"""
+    return ops.row(op.kind).reads_at_point
 
 
 def _can_join(w: _Work, anchor: str, op: Op) -> str | None:
@@ -247,7 +255,7 @@ def _decide_inlining(w: _Work) -> None:
     """Step 2: inline each remaining pointwise/generator op into all consumers, or not."""
     g = w.graph
     for op in g.program.ops:
-        if op.id in w.domain_of or op.family not in ("pointwise", "generator"):
+        if op.id in w.domain_of or op.family not in ("pointwise", "generator", "index"):
             continue
         w.cost[op.id] = _inline_cost(w, op)
         consumers = g.users.get(op.id, [])
@@ -276,16 +284,17 @@ def _fix_register_reads(w: _Work) -> bool:
         mset = set(members)
         at_point = members[1:] if g.ops[anchor].family != "pointwise" else members
         for m in at_point:
-            stack = [(x, True) for x in g.ops[m].tensor_inputs]
+            stack = [(x, _reads_at_point(g.ops[m])) for x in g.ops[m].tensor_inputs]
             while stack:
                 x, ident = stack.pop()
                 here = ident and is_identity(x, _root(g, x))
                 if x.buffer in w.inlined:
                     producer = g.ops[x.buffer]
+                    inner_here = here and _reads_at_point(producer)
                     for y in producer.tensor_inputs:
-                        if y.buffer in mset and not (here and is_identity(y, _root(g, y))):
+                        if y.buffer in mset and not (inner_here and is_identity(y, _root(g, y))):
                             bad.add(producer.id)
-                        stack.append((y, here))
+                        stack.append((y, inner_here))
     for b in sorted(bad):
         w.inlined.discard(b)
         w.record("inline", b, "-", "legality",
@@ -370,6 +379,8 @@ def _reduction_params(op: Op, threads: int) -> dict[str, Any]:
     contiguous = rows_contiguous(x, dims)
     strategy, why = choose_strategy(rows, max(size, 1), rows_contiguous=contiguous, threads=threads,
                                     blocks=SM_COUNT)
+    if strategy == "partial" and op.out.dtype in INT_DTYPES:  # partials are floats: keep integers exact
+        strategy, why = ("block", f"{why}; an integer reduction stays in one phase (exact long long accumulators)")
     params: dict[str, Any] = {"strategy": strategy, "why": why, "rows": rows, "size": size,
                               "rows_contiguous": contiguous}
     if strategy == "partial":

@@ -17,10 +17,12 @@ from typing import Any
 
 import torch
 
+from .. import ops as optable
 from ..arena import ArenaPlan
 from ..errors import TkxError
 from ..ir import Op, TensorSpec
-from ..reference import TORCH, Execution, evaluate, flatten_inputs, in_captured_layout
+from ..dtypes import TORCH
+from ..reference import Execution, evaluate, flatten_inputs, in_captured_layout
 from .model import FusedSchedule, Group, Home
 
 
@@ -127,15 +129,12 @@ class _Machine:
             red = ops[0]
             rows, parts = grp.params["rows"], grp.params["parts"]
             partial = self.arena_view(grp.params["partials"], "float32", rows * parts).reshape(rows, parts)
-            kind = red.kind
-            if kind == "amax":
-                total = partial.amax(dim=1)
-            elif kind == "amin":
-                total = partial.amin(dim=1)
-            else:
-                total = partial.sum(dim=1)
-                if kind == "mean":
-                    total = total / grp.params["size"]
+            fold = optable.row(red.kind).reduction
+            if fold is None:
+                raise ScheduleError(f"group {grp.id}: {red.kind} has no reduction row to fold partials with")
+            total = fold.combine(partial, 1)
+            if fold.divide:
+                total = total / grp.params["size"]
             regs[red.id] = total.to(TORCH[red.out.dtype]).reshape(red.out.shape).contiguous()
             start = 1
         for op in ops[start:]:
@@ -151,6 +150,9 @@ class _Machine:
         rows = 1
         for d in kept:
             rows *= x.shape[d]
+        fold = optable.row(red.kind).reduction
+        if fold is None:
+            raise ScheduleError(f"{red.id}: {red.kind} has no reduction row (a partial reduction of it is a bug)")
         flat = x.permute(*kept, *dims).reshape(rows, -1).float()
         size = flat.shape[1]
         chunk = -(-size // parts)
@@ -158,14 +160,9 @@ class _Machine:
         for p in range(parts):
             piece = flat[:, p * chunk: min((p + 1) * chunk, size)]
             if piece.shape[1] == 0:
-                fill = {"amax": float("-inf"), "amin": float("inf")}.get(red.kind, 0.0)
-                out.append(torch.full((rows,), fill, device=x.device))
-            elif red.kind == "amax":
-                out.append(piece.amax(dim=1))
-            elif red.kind == "amin":
-                out.append(piece.amin(dim=1))
+                out.append(torch.full((rows,), fold.empty, device=x.device))
             else:
-                out.append(piece.sum(dim=1))
+                out.append(fold.combine(piece, 1))
         return torch.stack(out, dim=1)
 
 

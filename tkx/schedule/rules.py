@@ -24,10 +24,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .. import ops
 from ..errors import TkxError
 from ..ir import Op, Program, TensorSpec
 
-TRANSCENDENTAL = frozenset({"exp", "log", "tanh", "sigmoid", "erf", "pow", "sqrt", "rsqrt"})
+#: Kinds the op table marks as transcendental (their cost class): recomputed only when needed.
+TRANSCENDENTAL = ops.TRANSCENDENTAL
 CANDIDATE_KINDS = ("inline", "epilogue", "loop")
 
 
