@@ -470,7 +470,7 @@ ROWS: tuple[OpDef, ...] = (
           _int_or_float("0.0f", "({1} != {1} ? 1.0f : 0.0f)"), boolean=True, int_exact=True, dtype="bool"),
     OpDef(Kind.ISINF, "pointwise", 1, "x is +-infinity", ("isinf.default",), torch.isinf,
           _int_or_float("0.0f", "(fabsf({0}) == TKX_INF ? 1.0f : 0.0f)"), boolean=True, int_exact=True, dtype="bool"),
-    OpDef(Kind.LOGICAL_NOT, "pointwise", 1, "x == 0", ("logical_not.default", "bitwise_not.default"),
+    OpDef(Kind.LOGICAL_NOT, "pointwise", 1, "x == 0", ("logical_not.default",),
           torch.logical_not, lambda a, e: f"({paren(a)} == {e.lit(0)} ? 1.0f : 0.0f)", boolean=True, int_exact=True,
           dtype="bool"),
     OpDef(Kind.CAST, "pointwise", 1, "convert to the output dtype (a plain copy when dtypes agree)", (),
@@ -485,20 +485,20 @@ ROWS: tuple[OpDef, ...] = (
     OpDef(Kind.ADD, "pointwise", 2, "x + y", (), torch.add, _binary("+", "__fadd_rn"), commutative=True,
           int_exact=True),
     OpDef(Kind.SUB, "pointwise", 2, "x - y", (), torch.sub, _binary("-", "__fsub_rn"), int_exact=True),
-    OpDef(Kind.MUL, "pointwise", 2, "x * y", ("mul.Tensor",), torch.mul, _binary("*", "__fmul_rn"),
+    OpDef(Kind.MUL, "pointwise", 2, "x * y", ("mul",), torch.mul, _binary("*", "__fmul_rn"),
           commutative=True, int_exact=True),
     OpDef(Kind.DIV, "pointwise", 2, "x / y (true division)", (), torch.div, _binary("/", "__fdiv_rn"),
           dtype="float"),
     OpDef(Kind.FLOOR_DIVIDE, "pointwise", 2, "floor(x / y) (Python's //)", ("floor_divide.default",),
           torch.floor_divide, _int_or_float("tkx_ifloordiv({0}, {1})", "floorf({2} / {3})"), int_exact=True),
     OpDef(Kind.REMAINDER, "pointwise", 2, "x - floor(x / y) * y (Python's %, the sign of y)",
-          ("remainder.Tensor", "remainder.Scalar"), torch.remainder,
+          ("remainder",), torch.remainder,
           _int_or_float("tkx_iremainder({0}, {1})", "tkx_remainder({0}, {1})"), int_exact=True),
-    OpDef(Kind.FMOD, "pointwise", 2, "C's fmod: the sign of x", ("fmod.Tensor", "fmod.Scalar"), torch.fmod,
+    OpDef(Kind.FMOD, "pointwise", 2, "C's fmod: the sign of x", ("fmod",), torch.fmod,
           _int_or_float("{2} % {3}", "fmodf({0}, {1})"), int_exact=True),
     OpDef(Kind.POW, "pointwise", 2, "x ** y (either may be a tensor)", (), torch.pow, _pow, cost=_F),
     OpDef(Kind.XLOGY, "pointwise", 2, "x * log(y), 0 where x == 0 (NaN where y is NaN)",
-          ("xlogy.Tensor",), _binary_ref(_xlogy), lambda a, b, e: f"tkx_xlogy({a}, {b})", cost=_F,
+          ("xlogy",), _binary_ref(_xlogy), lambda a, b, e: f"tkx_xlogy({a}, {b})", cost=_F,
           ref_takes_op=True),
     OpDef(Kind.MAXIMUM, "pointwise", 2, "elementwise max (NaN-propagating)", ("maximum.default",),
           _binary_ref(torch.maximum, tensors=True), _int_or_float("tkx_imax({0}, {1})", "tkx_max({0}, {1})"),
@@ -506,25 +506,25 @@ ROWS: tuple[OpDef, ...] = (
     OpDef(Kind.MINIMUM, "pointwise", 2, "elementwise min (NaN-propagating)", ("minimum.default",),
           _binary_ref(torch.minimum, tensors=True), _int_or_float("tkx_imin({0}, {1})", "tkx_min({0}, {1})"),
           commutative=True, int_exact=True, ref_takes_op=True),
-    OpDef(Kind.EQ, "pointwise", 2, "x == y", ("eq.Tensor", "eq.Scalar"), torch.eq, _compare("=="),
+    OpDef(Kind.EQ, "pointwise", 2, "x == y", ("eq",), torch.eq, _compare("=="),
           commutative=True, boolean=True, int_exact=True, dtype="bool"),
-    OpDef(Kind.NE, "pointwise", 2, "x != y", ("ne.Tensor", "ne.Scalar"), torch.ne, _compare("!="),
+    OpDef(Kind.NE, "pointwise", 2, "x != y", ("ne",), torch.ne, _compare("!="),
           commutative=True, boolean=True, int_exact=True, dtype="bool"),
-    OpDef(Kind.LT, "pointwise", 2, "x < y", ("lt.Tensor", "lt.Scalar"), torch.lt, _compare("<"), boolean=True,
+    OpDef(Kind.LT, "pointwise", 2, "x < y", ("lt",), torch.lt, _compare("<"), boolean=True,
           int_exact=True, dtype="bool"),
-    OpDef(Kind.LE, "pointwise", 2, "x <= y", ("le.Tensor", "le.Scalar"), torch.le, _compare("<="), boolean=True,
+    OpDef(Kind.LE, "pointwise", 2, "x <= y", ("le",), torch.le, _compare("<="), boolean=True,
           int_exact=True, dtype="bool"),
-    OpDef(Kind.GT, "pointwise", 2, "x > y", ("gt.Tensor", "gt.Scalar"), torch.gt, _compare(">"), boolean=True,
+    OpDef(Kind.GT, "pointwise", 2, "x > y", ("gt",), torch.gt, _compare(">"), boolean=True,
           int_exact=True, dtype="bool"),
-    OpDef(Kind.GE, "pointwise", 2, "x >= y", ("ge.Tensor", "ge.Scalar"), torch.ge, _compare(">="), boolean=True,
+    OpDef(Kind.GE, "pointwise", 2, "x >= y", ("ge",), torch.ge, _compare(">="), boolean=True,
           int_exact=True, dtype="bool"),
-    OpDef(Kind.LOGICAL_AND, "pointwise", 2, "x and y", ("logical_and.default", "bitwise_and.Tensor"),
+    OpDef(Kind.LOGICAL_AND, "pointwise", 2, "x and y", ("logical_and.default",),
           _binary_ref(torch.logical_and, tensors=True), _logical("&&"), commutative=True, boolean=True,
           int_exact=True, dtype="bool", ref_takes_op=True),
-    OpDef(Kind.LOGICAL_OR, "pointwise", 2, "x or y", ("logical_or.default", "bitwise_or.Tensor"),
+    OpDef(Kind.LOGICAL_OR, "pointwise", 2, "x or y", ("logical_or.default",),
           _binary_ref(torch.logical_or, tensors=True), _logical("||"), commutative=True, boolean=True,
           int_exact=True, dtype="bool", ref_takes_op=True),
-    OpDef(Kind.LOGICAL_XOR, "pointwise", 2, "x xor y", ("logical_xor.default", "bitwise_xor.Tensor"),
+    OpDef(Kind.LOGICAL_XOR, "pointwise", 2, "x xor y", ("logical_xor.default",),
           _binary_ref(torch.logical_xor, tensors=True), _logical("!="), commutative=True, boolean=True,
           int_exact=True, dtype="bool", ref_takes_op=True),
     # ternary
@@ -620,9 +620,12 @@ def evaluate(op: Any, args: list[Any], device: torch.device) -> torch.Tensor:
 
 
 def lowerings() -> dict[str, str]:
-    """aten overload name (``"exp.default"``) -> kind, for every 1:1 lowering in the table."""
+    """aten overload name (``"exp.default"``) -> kind, for every pointwise 1:1 lowering in the table
+    (matmul rows name their overloads for the docs; lowering handles their operands itself)."""
     out: dict[str, str] = {}
     for r in ROWS:
+        if r.family != "pointwise":
+            continue
         for name in r.aten:
             out[name] = r.kind.value
     return out

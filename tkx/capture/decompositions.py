@@ -1,15 +1,29 @@
 """The curated decomposition table used by :func:`tkx.capture`.
 
 Most entries come straight from :mod:`torch._decomp`; they rewrite composite losses,
-activations and normalisations (and their backward formulas) into the small primitive set
-of :mod:`tkx.ir`. Two entries are tkx's own: ``nll_loss_forward``/``nll_loss_backward``
-are expressed with a one-hot mask (``iota == target``) instead of ``gather``/``scatter``,
-so class-index targets need no indexed memory access in the generated kernel.
+activations, normalisations, norms, splits and the backward of slicing into the primitive
+set of the op table (:mod:`tkx.ops`). tkx's own entries:
+
+* ``nll_loss_forward``/``nll_loss_backward`` with a one-hot mask (``iota == target``), the
+  target checked first (``tkx::check_index``: a class outside ``[0, C)`` that is not
+  ``ignore_index`` raises, as eager does); with every target ignored the gradient is zero
+  (eager's behaviour), not NaN;
+* ``max.dim``/``min.dim``/``argmax``/``argmin`` as two reductions (the extreme value, then
+  the first index holding it; NaN counts as the maximum, as in torch);
+* ``var``/``var_mean``/``std`` with ``correction``, ``_foreach_norm``, ``any``/``all``,
+  ``pow.Scalar`` with a positive constant base;
+* ``F.one_hot`` (a composite op that torch decomposes before any table sees it) is replaced
+  at the ``__torch_function__`` level (:data:`FUNCTION_OVERRIDES`) by a version that checks
+  its labels.
+
+Add your own with :func:`register_decomposition` (a notebook cell can), e.g. for an op that
+lowering rejects.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch._decomp import get_decompositions
@@ -36,9 +50,52 @@ TORCH_DECOMPOSED = [
     aten.huber_loss, aten.huber_loss_backward,
     aten.binary_cross_entropy_with_logits,
     aten.logsumexp,
+    # splitting, stacking and the backward of views
+    aten.stack, aten.split.Tensor, aten.split_with_sizes, aten.unbind.int,
+    aten.slice_backward, aten.select_backward, aten.diagonal_backward, aten.select_scatter,
+    # norms, masks, losses, products
+    aten.linalg_vector_norm, aten.norm.ScalarOpt_dim, aten.tril, aten.triu,
+    aten.binary_cross_entropy, aten.binary_cross_entropy_backward,
+    aten.embedding, aten.embedding_dense_backward, aten.index_select, aten._unsafe_index,
+    aten.dot, aten.mv, aten.addmv, aten.baddbmm, aten.nan_to_num, aten.logit, aten.frac,
+    aten.rad2deg, aten.deg2rad, aten.logaddexp, aten.hypot, aten.clamp.Tensor, aten.aminmax,
+    aten.hardswish, aten.hardswish_backward, aten.mish, aten.log_sigmoid_forward,
+    aten.log_sigmoid_backward, aten.index_add,
 ]
 
 _REDUCTION_NONE, _REDUCTION_MEAN, _REDUCTION_SUM = 0, 1, 2
+
+
+@torch.library.custom_op("tkx::check_index", mutates_args=())
+def check_index(x: torch.Tensor, lo: int, hi: int, ignore: int | None, what: str) -> torch.Tensor:
+    """``x`` itself after checking ``lo <= x < hi`` (or ``x == ignore``) for every element.
+
+    Lowered to the IR op ``index_check``: the kernel sets its error word, both interpreters
+    raise :class:`tkx.errors.KernelError`. In eager it raises ``IndexError``.
+    """
+    bad = (x < lo) | (x >= hi)
+    if ignore is not None:
+        bad &= x != ignore
+    if bool(bad.any()):
+        raise IndexError(f"{what}: index {int(x[bad].reshape(-1)[0])} is out of range [{lo}, {hi})")
+    return x.clone()
+
+
+@check_index.register_fake
+def _check_index_fake(x, lo, hi, ignore, what):
+    return torch.empty_like(x)
+
+
+def checked_one_hot(labels: torch.Tensor, num_classes: int = -1) -> torch.Tensor:
+    """``F.one_hot`` whose labels are checked against ``[0, num_classes)`` first."""
+    if num_classes < 0:
+        raise NotImplementedError("one_hot without num_classes (the class count would depend on the data)")
+    labels = torch.ops.tkx.check_index(labels, 0, num_classes, None, "one_hot")
+    return (labels.unsqueeze(-1) == torch.arange(num_classes, device=labels.device)).to(torch.int64)
+
+
+#: torch functions replaced while tracing (composite ops torch decomposes before any table sees them).
+FUNCTION_OVERRIDES: dict[Callable, Callable] = {torch.nn.functional.one_hot: checked_one_hot}
 
 
 def _one_hot_mask(target: torch.Tensor, classes: int, ignore_index: int, logp: torch.Tensor):
@@ -56,6 +113,7 @@ def _nll_loss_forward(self, target, weight, reduction, ignore_index):
         self, target = self.unsqueeze(0), target.unsqueeze(0)
     if self.dim() != 2:
         raise NotImplementedError("nll_loss on inputs of rank > 2")
+    target = torch.ops.tkx.check_index(target, 0, self.shape[1], ignore_index, "nll_loss (cross_entropy) target")
     mask = _one_hot_mask(target, self.shape[1], ignore_index, self)
     losses = -(self * mask).sum(dim=1)
     count = (target != ignore_index).to(self.dtype).sum()
@@ -76,7 +134,8 @@ def _nll_loss_backward(grad_output, self, target, weight, reduction, ignore_inde
     if reduction == _REDUCTION_NONE:
         scale = grad_output.reshape(-1, 1)
     elif reduction == _REDUCTION_MEAN:
-        scale = grad_output / total_weight
+        # every target ignored: total_weight is 0 and eager's gradient is 0, not 0/0
+        scale = grad_output / torch.where(total_weight == 0, torch.ones_like(total_weight), total_weight)
     else:
         scale = grad_output
     grad = -mask * scale
@@ -100,6 +159,59 @@ def _var(x, dim=None, *, correction=None, keepdim=False):
     return _var_mean(x, dim, correction=correction, keepdim=keepdim)[0]
 
 
+def _std(x, dim=None, *, correction=None, keepdim=False):
+    return torch.sqrt(_var(x, dim, correction=correction, keepdim=keepdim))
+
+
+def _extreme_and_index(x, dim, keepdim, largest: bool):
+    """(values, first index holding them) along ``dim``; NaN is the maximum (and the minimum), as in torch."""
+    if dim is None:
+        flat = x.reshape(-1)
+        v, i = _extreme_and_index(flat, 0, False, largest)
+        return v, i
+    d = dim % max(x.dim(), 1)
+    v = torch.amax(x, d, keepdim=True) if largest else torch.amin(x, d, keepdim=True)
+    n = x.shape[d]
+    shape = [1] * x.dim()
+    shape[d] = n
+    pos = torch.arange(n, device=x.device).reshape(shape)
+    hit = (x == v) | (x != x)
+    idx = torch.amin(torch.where(hit, pos, n), d, keepdim=True)
+    if not keepdim:
+        v, idx = v.squeeze(d), idx.squeeze(d)
+    return v, idx
+
+
+def _max_dim(x, dim, keepdim=False):
+    return _extreme_and_index(x, dim, keepdim, True)
+
+
+def _min_dim(x, dim, keepdim=False):
+    return _extreme_and_index(x, dim, keepdim, False)
+
+
+def _argmax(x, dim=None, keepdim=False):
+    return _extreme_and_index(x, dim, keepdim, True)[1]
+
+
+def _argmin(x, dim=None, keepdim=False):
+    return _extreme_and_index(x, dim, keepdim, False)[1]
+
+
+def _any(x, dim=None, keepdim=False):
+    dims = list(range(x.dim())) if dim is None else ([dim] if isinstance(dim, int) else list(dim))
+    return torch.amax((x != 0).to(torch.int32), dims, keepdim=keepdim).to(torch.bool) if dims else x != 0
+
+
+def _all(x, dim=None, keepdim=False):
+    dims = list(range(x.dim())) if dim is None else ([dim] if isinstance(dim, int) else list(dim))
+    return torch.amin((x != 0).to(torch.int32), dims, keepdim=keepdim).to(torch.bool) if dims else x != 0
+
+
+def _foreach_norm(tensors, ord=2, dtype=None):
+    return [torch.linalg.vector_norm(t, ord) for t in tensors]
+
+
 def decomposition_table() -> dict[torch._ops.OpOverload, Callable]:
     """The table passed to ``make_fx``: torch's rules plus tkx's one-hot NLL loss."""
     table = dict(get_decompositions(TORCH_DECOMPOSED))
@@ -107,4 +219,43 @@ def decomposition_table() -> dict[torch._ops.OpOverload, Callable]:
     table[aten.nll_loss_backward.default] = _nll_loss_backward
     table[aten.var_mean.correction] = _var_mean
     table[aten.var.correction] = _var
+    table[aten.std.correction] = _std
+    for op, fn in ((aten.max.dim, _max_dim), (aten.min.dim, _min_dim), (aten.argmax.default, _argmax),
+                   (aten.argmin.default, _argmin), (aten.any.default, _any), (aten.any.dim, _any),
+                   (aten.any.dims, _any), (aten.all.default, _all), (aten.all.dim, _all), (aten.all.dims, _all),
+                   (aten._foreach_norm.Scalar, _foreach_norm)):
+        table[op] = fn
+    table.update(USER_DECOMPOSITIONS)
     return table
+
+
+#: Decompositions registered with :func:`register_decomposition` (they win over the built-in ones).
+USER_DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {}
+
+
+def register_decomposition(*ops: torch._ops.OpOverload | torch._ops.OpOverloadPacket) -> Callable:
+    """Decorator: trace ``ops`` through ``fn`` (written with torch ops tkx supports) from now on.
+
+    ``@tkx.register_decomposition(torch.ops.aten.hardsigmoid.default)`` then
+    ``def hardsigmoid(x): return torch.clamp(x / 6 + 0.5, 0, 1)``. A packet registers every
+    overload. Later captures use it; :func:`unregister_decomposition` removes it.
+    """
+    def wrap(fn: Callable) -> Callable:
+        for op in ops:
+            for o in _overloads(op):
+                USER_DECOMPOSITIONS[o] = fn
+        return fn
+    return wrap
+
+
+def unregister_decomposition(*ops: torch._ops.OpOverload | torch._ops.OpOverloadPacket) -> None:
+    """Remove decompositions added with :func:`register_decomposition` (missing ones are ignored)."""
+    for op in ops:
+        for o in _overloads(op):
+            USER_DECOMPOSITIONS.pop(o, None)
+
+
+def _overloads(op: Any) -> list[torch._ops.OpOverload]:
+    if isinstance(op, torch._ops.OpOverloadPacket):
+        return [getattr(op, name) for name in op.overloads()]
+    return [op]

@@ -22,6 +22,8 @@ from typing import Any
 import torch
 
 from ..errors import SourceLine, UnsupportedError
+from .. import ops
+from ..dtypes import INT_DTYPES
 from ..ir import (
     DTYPE_BYTES,
     InputSpec,
@@ -33,6 +35,7 @@ from ..ir import (
     TensorSpec,
     contiguous_strides,
 )
+from . import lowerings
 from .trace import node_tag
 
 aten = torch.ops.aten
@@ -54,19 +57,19 @@ RANDOM_OPS = {"rand", "randn", "randint", "rand_like", "randn_like", "randint_li
               "normal", "uniform", "native_dropout", "dropout", "multinomial", "randperm",
               "exponential", "geometric", "cauchy", "log_normal", "poisson", "rrelu_with_noise"}
 
-UNARY = {
-    aten.neg.default: "neg", aten.exp.default: "exp", aten.log.default: "log",
-    aten.tanh.default: "tanh", aten.sigmoid.default: "sigmoid", aten.sqrt.default: "sqrt",
-    aten.rsqrt.default: "rsqrt", aten.abs.default: "abs", aten.sign.default: "sign",
-    aten.erf.default: "erf", aten.reciprocal.default: "reciprocal",
-    aten.logical_not.default: "logical_not", aten.bitwise_not.default: "logical_not",
-}
-BINARY = {
-    "mul": "mul", "div": "div", "maximum": "maximum", "minimum": "minimum",
-    "eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge",
-    "logical_and": "logical_and", "logical_or": "logical_or",
-    "bitwise_and": "logical_and", "bitwise_or": "logical_or",
-}
+#: aten overload ("exp.default") or packet ("mul": every overload) name -> IR kind, from the op
+#: table's ``aten`` column.
+ONE_TO_ONE = ops.lowerings()
+
+
+def _overload_name(target: Any) -> str:
+    """``aten.exp.default`` -> ``"exp.default"`` (``""`` for a non-aten target)."""
+    packet = getattr(target, "_overloadpacket", None)
+    if packet is None:
+        return ""
+    return f"{packet.__name__}.{getattr(target, '_overloadname', 'default')}"
+
+
 FILL_LIKE = {aten.zeros_like.default: 0, aten.ones_like.default: 1, aten.zeros.default: 0,
              aten.ones.default: 1, aten.new_zeros.default: 0, aten.new_ones.default: 1}
 REDUCTIONS = {
@@ -140,6 +143,10 @@ class Lowering:
     def emit(self, kind: str, inputs: tuple[Operand, ...], shape: tuple[int, ...], dtype: str,
              attrs: dict[str, Any] | None = None, base: str | None = None) -> TensorSpec:
         assert self.node is not None
+        r = ops.row(kind)
+        if dtype in INT_DTYPES and not r.int_exact:
+            raise self.fail("integer-arithmetic", f"{kind} on {dtype} values",
+                            f"compute it in float32 (e.g. x.float()); {kind} is not exact on integers in tkx")
         op_id = self.fresh_id(base or self.node.name)
         out = TensorSpec.dense(op_id, shape, dtype)
         self.ops.append(Op(op_id, kind, tuple(inputs), out, dict(attrs or {}),
@@ -294,19 +301,21 @@ class Lowering:
                             "generate random tensors outside the step and pass them in as inputs")
         if target in VIEW_OPS:
             return self.lower_view(node)
+        custom = lowerings.find(target)
+        if custom is not None:
+            return custom(self, node)
         args, kwargs = node.args, node.kwargs
-        if target in UNARY:
-            return self.pointwise(UNARY[target], [args[0]])
+        name = _overload_name(target)
+        kind = ONE_TO_ONE.get(name) or ONE_TO_ONE.get(name.split(".")[0])
+        if kind is not None:
+            return self.pointwise(kind, list(args))
+        if short in ("bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not"):
+            if self.meta_dtype(node) != "bool":
+                raise self.fail("unsupported-op", f"{short} on integers (bit operations)",
+                                "tkx has bitwise ops on booleans only (&, |, ^, ~ of masks)")
+            return self.pointwise("logical_" + short.split("_")[1], list(args))
         if short == "relu":
             return self.pointwise("maximum", [args[0], 0.0])
-        if short in ("log1p", "expm1"):
-            x = self.tensor(args[0])
-            shape, dtype = self.meta_shape(node), self.meta_dtype(node)
-            if short == "log1p":
-                one_plus = self.emit("add", (x, 1.0), shape, dtype, base=f"{node.name}_1p")
-                return self.emit("log", (one_plus,), shape, dtype)
-            e = self.emit("exp", (x,), shape, dtype, base=f"{node.name}_exp")
-            return self.emit("sub", (e, 1.0), shape, dtype)
         if short == "masked_fill":
             value = args[2]
             if isinstance(value, torch.fx.Node):
@@ -326,21 +335,21 @@ class Lowering:
                     return self.pointwise(short, [args[0], other])
                 other = other * alpha
             return self.pointwise(short, [args[0], other])
-        if short in BINARY:
-            if short == "div" and kwargs.get("rounding_mode") is not None:
-                raise self.fail("unsupported-op", "division with a rounding mode",
-                                "use true division, or floor on the host")
-            return self.pointwise(BINARY[short], [args[0], args[1]])
         if short == "div":
-            if kwargs.get("rounding_mode") is not None or len(args) > 2:
-                raise self.fail("unsupported-op", "division with a rounding mode",
-                                "use true division, or floor on the host")
+            mode = kwargs.get("rounding_mode", args[2] if len(args) > 2 else None)
+            if mode == "floor":
+                return self.pointwise("floor_divide", [args[0], args[1]])
+            if mode == "trunc":
+                shape, dtype = self.meta_shape(node), self.meta_dtype(node)
+                if dtype in INT_DTYPES:
+                    raise self.fail("unsupported-op", "integer division rounding toward zero",
+                                    "use // (floor division) or true division")
+                q = self.emit("div", tuple(self.broadcast(self.operand(a), shape) for a in args[:2]), shape, dtype,
+                              base=f"{node.name}_q")
+                return self.emit("trunc", (q,), shape, dtype)
             return self.pointwise("div", [args[0], args[1]])
-        if short == "pow":
-            if isinstance(args[0], torch.fx.Node) and not isinstance(args[1], torch.fx.Node):
-                return self.pointwise("pow", [args[0], args[1]])
-            raise self.fail("unsupported-op", "pow with a tensor exponent",
-                            "use a Python number as the exponent, or exp(y * log(x))")
+        if short == "pow":  # tensor ** scalar, scalar ** tensor (Adam's 1 - beta ** t) and tensor ** tensor
+            return self.pointwise("pow", [args[0], args[1]])
         if short == "where":
             return self.pointwise("where", [args[0], args[1], args[2]])
         if short == "clamp":

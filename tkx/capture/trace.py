@@ -22,6 +22,7 @@ import torch.fx.traceback as fx_traceback
 from torch.overrides import TorchFunctionMode
 
 from ..errors import SourceLine
+from .decompositions import FUNCTION_OVERRIDES
 
 _SKIP_DIRS = (os.path.dirname(os.path.realpath(torch.__file__)) + os.sep,) + tuple(
     os.path.realpath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib")
@@ -81,7 +82,7 @@ class SourceTagMode(TorchFunctionMode):
         custom[TAG] = tag
         fx_traceback.current_meta["custom"] = custom
         try:
-            return func(*args, **kwargs)
+            return FUNCTION_OVERRIDES.get(func, func)(*args, **kwargs)
         finally:
             if previous is None:
                 fx_traceback.current_meta.pop("custom", None)
