@@ -14,7 +14,8 @@ in this order:
    count at zero after every use;
 5. ``int* status``: four words, zeroed once by the runtime. The kernel writes them only on
    error: ``status[0]`` an error code (:data:`ERRORS`), ``status[1]`` the stage whose barrier
-   failed, ``status[2]`` the block that saw it. The runtime reads and clears them.
+   failed (for an index out of range: the op's position in ``program.ops``), ``status[2]``
+   the block that saw it. The runtime reads and clears them.
 
 Tensor addresses are arguments, never constants in the source, so one binary serves any
 buffers of the compiled shapes, dtypes and strides (CUDA graphs re-launch it as is).
@@ -35,7 +36,8 @@ C_TYPES = {"float32": "float", "bfloat16": "__nv_bfloat16", "float16": "__half",
            "int64": "long long", "int32": "int", "bool": "bool"}
 
 #: status[0] error codes written by the kernel.
-ERRORS = {1: "grid barrier timed out (spin limit reached)"}
+ERRORS = {1: "grid barrier timed out (spin limit reached)",
+          3: "an index out of range (a label or index outside its table; status[1] holds the op's position)"}
 
 
 @dataclass(frozen=True)

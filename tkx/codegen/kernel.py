@@ -190,7 +190,8 @@ class _Emitter:
         elif op.kind in SPECIAL_POINTWISE:
             text = SPECIAL_POINTWISE[op.kind](self, op, lin, lines, memo, registers, group_inlined, var)
         else:
-            args = [self.element(x, lin, lines, memo, registers, group_inlined) for x in op.inputs]
+            args = [self.element(x, lin, lines, memo, registers, group_inlined) if isinstance(x, TensorSpec)
+                    else x for x in op.inputs]  # scalars are formatted in the op's compute type
             text = cops.value(op, args, exact=self.exact)
         if memo is not None:
             memo[key] = var

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from ..errors import KernelError, TkxError  # noqa: F401 (KernelError lives in tkx.errors)
+from ..ops import ERR_INDEX, index_error
 
 WORDS = 8
 SYNC_OFFSET = 0      # words
@@ -65,6 +66,8 @@ def describe_status(code: int, stage: int, block: int, schedule: Any = None, lau
     (from ``schedule.barriers``); ``launch`` describes the launch (grid, block) for context.
     """
     meaning = error_names().get(code, f"unknown error code {code}")
+    if code == ERR_INDEX:
+        return _index_error(stage, block, schedule, launch)
     where = "at kernel entry" if stage < 0 else f"at the barrier before stage {stage}"
     lines = [f"the tkx kernel reported error {code}: {meaning}, {where} (seen by block {block})"]
     hazards = barrier_hazards(schedule, stage) if stage >= 0 else ()
@@ -80,6 +83,21 @@ def describe_status(code: int, stage: int, block: int, schedule: Any = None, lau
                      "blocks, another kernel occupied the GPU, or a stage before it hung; raise "
                      "Options.spin_limit for very long stages or try Options(mode='block') to isolate it")
     return KernelError("\n  ".join(lines), code=code, stage=stage, block=block, hazards=hazards)
+
+
+def _index_error(op_number: int, block: int, schedule: Any, launch: str) -> KernelError:
+    """An out-of-range index: status[1] holds the position of the op in the program."""
+    program = getattr(schedule, "program", None)
+    op = program.ops[op_number] if program is not None and 0 <= op_number < len(program.ops) else None
+    if op is None:
+        return KernelError(f"the tkx kernel reported error {ERR_INDEX}: an index out of range (op #{op_number})",
+                           code=ERR_INDEX, stage=-1, block=block)
+    err = index_error(op, "an index read or written by this op is outside its dimension")
+    lines = [str(err), f"seen by block {block}"]
+    if launch:
+        lines.append(f"launch: {launch}")
+    lines.append("eager PyTorch raises here too: check the labels/indices you pass against the table sizes")
+    return KernelError("\n  ".join(lines), code=ERR_INDEX, stage=-1, block=block, op=op.id, source=op.source)
 
 
 def read_and_clear(words: torch.Tensor, schedule: Any = None, launch: str = "", *,
