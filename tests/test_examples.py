@@ -27,8 +27,12 @@ NAMES = [
     "digits_mlp",
     "layernorm_gelu_adamw",
     "mixed_precision",
+    "char_lm",
+    "q_learning",
+    "glu_mlp",
+    "poly_clip_adamw",
 ]
-IN_PLACE = {"digits_mlp", "layernorm_gelu_adamw"}
+IN_PLACE = {"digits_mlp", "layernorm_gelu_adamw", "char_lm", "q_learning"}
 FUNCTIONAL = [n for n in NAMES if n not in IN_PLACE]
 
 
@@ -212,7 +216,8 @@ def test_functional_steps_mutate_nothing(name):
     ex = E.get(name)
     args = ex.make_inputs(0)
     saved = clone_tree(args)
-    loss, new_params = ex.step_fn(*args)
+    out = ex.step_fn(*args)
+    loss, new_params = out[0], out[1]
     assert trees_equal(args, saved)
     assert list(new_params) == list(args[0])
     for k, p in args[0].items():
@@ -364,3 +369,27 @@ def test_digits_training_reaches_useful_test_accuracy():
     after = E.accuracy(params, x_test, y_test)
     assert before < 0.3
     assert after > 0.8, after
+
+
+def test_everyday_adam_matches_torch_optim_adam():
+    """char_lm's hand-written Adam (0-d tensor step count) is torch.optim.Adam."""
+    ex = E.get("char_lm")
+    params, m, v, t, tokens, targets = ex.make_inputs(0)
+    torch_params = {k: p.clone().requires_grad_(True) for k, p in params.items()}
+    opt = torch.optim.Adam(list(torch_params.values()), lr=E.everyday.ADAM_LR, eps=E.everyday.ADAM_EPS)
+    for _ in range(3):
+        loss = ex.step_fn(params, m, v, t, tokens, targets)
+        opt.zero_grad()
+        ref = E.everyday.char_lm_loss(torch_params, tokens, targets)
+        ref.backward()
+        opt.step()
+        torch.testing.assert_close(loss, ref.detach())
+    assert t.item() == 3.0
+    for k in params:
+        torch.testing.assert_close(params[k], torch_params[k].detach(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["char_lm", "q_learning", "glu_mlp", "poly_clip_adamw"])
+def test_everyday_steps_learn(name):
+    losses = E.eager_losses(E.get(name), steps=30)
+    assert losses[-1] < losses[0], losses

@@ -56,7 +56,7 @@ TORCH_DECOMPOSED = [
     # norms, masks, losses, products
     aten.linalg_vector_norm, aten.norm.ScalarOpt_dim, aten.tril, aten.triu,
     aten.binary_cross_entropy, aten.binary_cross_entropy_backward,
-    aten.embedding, aten.embedding_dense_backward, aten.index_select, aten._unsafe_index,
+    aten._unsafe_index,
     aten.dot, aten.mv, aten.addmv, aten.baddbmm, aten.nan_to_num, aten.logit, aten.frac,
     aten.rad2deg, aten.deg2rad, aten.logaddexp, aten.hypot, aten.clamp.Tensor, aten.aminmax,
     aten.hardswish, aten.hardswish_backward, aten.mish, aten.log_sigmoid_forward,
@@ -208,6 +208,18 @@ def _all(x, dim=None, keepdim=False):
     return torch.amin((x != 0).to(torch.int32), dims, keepdim=keepdim).to(torch.bool) if dims else x != 0
 
 
+def _embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
+    """The gradient of an embedding table: a deterministic scatter-add of the rows' gradients."""
+    if scale_grad_by_freq:
+        raise NotImplementedError("embedding(scale_grad_by_freq=True)")
+    d = grad_output.shape[-1]
+    g = grad_output.reshape(-1, d)
+    idx = indices.reshape(-1)
+    if padding_idx is not None and padding_idx >= 0:
+        g = g * (idx != padding_idx).unsqueeze(1).to(g.dtype)
+    return g.new_zeros(num_weights, d).index_put((idx,), g, accumulate=True)
+
+
 def _foreach_norm(tensors, ord=2, dtype=None):
     return [torch.linalg.vector_norm(t, ord) for t in tensors]
 
@@ -223,7 +235,8 @@ def decomposition_table() -> dict[torch._ops.OpOverload, Callable]:
     for op, fn in ((aten.max.dim, _max_dim), (aten.min.dim, _min_dim), (aten.argmax.default, _argmax),
                    (aten.argmin.default, _argmin), (aten.any.default, _any), (aten.any.dim, _any),
                    (aten.any.dims, _any), (aten.all.default, _all), (aten.all.dim, _all), (aten.all.dims, _all),
-                   (aten._foreach_norm.Scalar, _foreach_norm)):
+                   (aten._foreach_norm.Scalar, _foreach_norm),
+                   (aten.embedding_dense_backward.default, _embedding_dense_backward)):
         table[op] = fn
     table.update(USER_DECOMPOSITIONS)
     return table

@@ -15,6 +15,14 @@ digits_mlp             step(params, momentum_buf, x, y) -> loss    64, 64, 128, 
 layernorm_gelu_adamw   step(params, m, v, beta1_power,             16, 64, 128, 64               fp32
                        beta2_power, x, y) -> loss
 mixed_precision        step(params, x, y) -> (loss, new_params)    32, 128, 256, 32              fp32+bf16
+char_lm                step(params, m, v, t, tokens, targets)      32x8 tokens, 16, 128, 31      fp32/int64
+                       -> loss
+q_learning             step(params, m, v, t, target_params, obs,   32, 6, 64, 3                  fp32/int64
+                       actions, rewards, next_obs, dones) -> loss
+glu_mlp                step(params, velocity, x, y)                64, 16, 2x32, 4               fp32
+                       -> (loss, new_params, new_velocity)
+poly_clip_adamw        step(params, m, v, t, x, y)                 64, 8x3, 32, 1                fp32
+                       -> (loss, new_params, new_m, new_v, t)
 =====================  ==========================================  ============================  ==========
 
 Functional steps (``-> (loss, new_params)``) mutate nothing; in-place steps (``-> loss``) update their
@@ -26,7 +34,7 @@ from __future__ import annotations
 
 from torch.utils._pytree import tree_leaves
 
-from . import digits, layernorm_adamw, linear, mixed_precision, mlp
+from . import digits, everyday, layernorm_adamw, linear, mixed_precision, mlp
 from ._base import Example
 from .digits import accuracy, digits_batches, digits_dataset, digits_logits, digits_source
 
@@ -51,6 +59,7 @@ _REGISTRY: dict[str, Example] = {
         digits.EXAMPLE,
         layernorm_adamw.EXAMPLE,
         mixed_precision.EXAMPLE,
+        *everyday.EXAMPLES,
     ]
 }
 
@@ -76,8 +85,9 @@ def all_examples() -> list[Example]:
 def eager_losses(example: Example, steps: int = 5, seed: int = 0, device="cpu") -> list[float]:
     """Run ``steps`` eager training steps from ``make_inputs(seed, device)`` and return the losses.
 
-    A functional step's ``new_params`` (the second element of its output) replaces the first argument
-    for the next step; an in-place step updates its own arguments, which are simply passed again.
+    A functional step returns ``(loss, *new_state)``: its new state replaces the first ``len(new_state)``
+    arguments for the next step (``(loss, new_params)`` replaces the parameters); an in-place step
+    updates its own arguments, which are simply passed again.
     """
     args = example.make_inputs(seed, device)
     losses = []
@@ -85,5 +95,5 @@ def eager_losses(example: Example, steps: int = 5, seed: int = 0, device="cpu") 
         out = example.step_fn(*args)
         losses.append(float(tree_leaves(out)[example.loss_output]))
         if isinstance(out, tuple):
-            args = (out[1], *args[1:])
+            args = (*out[1:], *args[len(out) - 1:])
     return losses
