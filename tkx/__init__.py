@@ -7,10 +7,12 @@ passes -> schedule -> arena -> CUDA source -> compiled runner -> benchmark.
 
 from __future__ import annotations
 
-from . import bench, examples, ir, reference, runtime
+from . import bench, examples, ir, ops, reference, runtime
 from .arena import ArenaPlan
 from .capture import CapturedGraph, capture
-from .errors import SourceLine, TkxError, UnsupportedError
+from .capture.decompositions import register_decomposition, unregister_decomposition
+from .capture.lowerings import register_lowering, unregister_lowering
+from .errors import KernelError, SourceLine, TkxError, UnsupportedError
 from .explore import Exploration, explore
 from .ir import Op, Program, TensorSpec, validate
 from .options import Options, OptionsError
@@ -24,7 +26,8 @@ __all__ = [
     "capture", "CapturedGraph", "Program", "Op", "TensorSpec", "validate", "explore", "Exploration",
     "Options", "OptionsError", "register_pass", "run_passes", "PassTrace", "FusedSchedule",
     "fusion_rule", "fuse", "keep", "ArenaPlan", "report",
-    "TkxError", "UnsupportedError", "SourceLine", "ir", "reference", "examples", "runtime", "bench", "__version__",
+    "register_lowering", "unregister_lowering", "register_decomposition", "unregister_decomposition",
+    "TkxError", "UnsupportedError", "KernelError", "SourceLine", "ir", "ops", "reference", "examples", "runtime", "bench", "__version__",
 ]
 
 # The widgets need ipywidgets and anywidget: imported on first use, so `import tkx` works without them.

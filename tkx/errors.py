@@ -57,7 +57,8 @@ class UnsupportedError(TkxError):
     kind: short machine-readable category (``"unsupported-op"``, ``"dynamic-shape"``,
         ``"data-dependent-control-flow"``, ``"closed-over-tensor"``, ``"random-op"``,
         ``"unsupported-dtype"``, ``"bad-input"``, ``"bad-call"`` (``step_fn(*example_inputs)``
-        does not match ``step_fn``'s parameters), ``"device-mismatch"``).
+        does not match ``step_fn``'s parameters), ``"device-mismatch"``, ``"integer-arithmetic"``
+        (an op that is not exact on integers), ``"unsupported-transform"`` (forward-mode AD)).
     op: the PyTorch operation involved (e.g. ``aten.nonzero.default``) or ``None``.
     node: the FX node name, or ``None`` when the error precedes tracing.
     source: the user's :class:`SourceLine`, or ``None`` when unknown.

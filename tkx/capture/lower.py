@@ -16,6 +16,7 @@ Rules:
 from __future__ import annotations
 
 import operator
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -56,6 +57,15 @@ VIEW_OPS = {
 RANDOM_OPS = {"rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "bernoulli",
               "normal", "uniform", "native_dropout", "dropout", "multinomial", "randperm",
               "exponential", "geometric", "cauchy", "log_normal", "poisson", "rrelu_with_noise"}
+
+#: torch functions whose internals fail lowering, with what to tell the user instead.
+FAMILY_MESSAGES = {
+    "batch_norm": ("BatchNorm in training mode (aten.native_batch_norm: batch statistics and running-stat "
+                   "updates) is not supported yet",
+                   "use F.layer_norm or F.group_norm, or normalise with x.mean/x.var over the batch yourself"),
+    "instance_norm": ("instance_norm (aten.native_batch_norm) is not supported yet",
+                      "normalise with x.mean/x.var over the spatial dims yourself"),
+}
 
 #: aten overload ("exp.default") or packet ("mul": every overload) name -> IR kind, from the op
 #: table's ``aten`` column.
@@ -114,6 +124,32 @@ class Lowering:
         return UnsupportedError(kind, what, op=str(node.target) if node is not None else None,
                                 node=node.name if node is not None else None,
                                 source=self.source, hint=hint)
+
+    def explain(self, e: UnsupportedError) -> UnsupportedError:
+        """``e`` said in terms of what the user wrote: the torch function or transform behind an
+        internal op (BatchNorm's buffers, forward-mode AD, vmap's batching rules)."""
+        tag = node_tag(self.node) if self.node is not None else {}
+        fn = tag.get("torch_fn", "")
+        code = self.source.code if self.source is not None else ""
+        family = FAMILY_MESSAGES.get(fn)
+        if family is not None:
+            what, hint = family
+            return UnsupportedError("unsupported-op", what, op=e.op, node=e.node, source=e.source, hint=hint)
+        transform = re.search(r"\b(jvp|jacfwd|hessian|jacrev|vmap|linearize)\s*\(", code)
+        if transform is not None and transform.group(1) in ("jvp", "jacfwd", "hessian", "linearize"):
+            name = transform.group(1)
+            return UnsupportedError(
+                "unsupported-transform", f"forward-mode differentiation (torch.func.{name}) is not supported; "
+                f"it made the internal op {e.op}", op=e.op, node=e.node, source=e.source,
+                hint="tkx compiles reverse-mode steps: use torch.func.grad / grad_and_value / vjp (a Hessian-vector "
+                     "product is grad of (grad(f)(w) * v).sum())")
+        if transform is not None and transform.group(1) in ("vmap", "jacrev"):
+            name = transform.group(1)
+            return UnsupportedError(
+                e.kind, f"{e.what} (made by torch.func.{name}'s batching rule for an op on this line, "
+                "not written by you)", op=e.op, node=e.node, source=e.source,
+                hint=f"{e.hint}; or compute the batch without {name} (most per-example steps have a batched form)")
+        return e
 
     def fresh_id(self, base: str) -> str:
         candidate, i = base, 1
@@ -266,7 +302,10 @@ class Lowering:
                     inputs[i] = InputSpec(inputs[i].name, target, mutated=True)
                     self.values[node] = target
                     continue
-                self.values[node] = self.lower_call(node)
+                try:
+                    self.values[node] = self.lower_call(node)
+                except UnsupportedError as e:
+                    raise self.explain(e) from None
             elif node.op == "output":
                 flat = node.args[0]
                 flat = list(flat) if isinstance(flat, (list, tuple)) else [flat]

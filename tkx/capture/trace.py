@@ -68,7 +68,39 @@ def user_frame_of_traceback(tb: TracebackType | None) -> SourceLine | None:
 
 
 class SourceTagMode(TorchFunctionMode):
-    """Tag FX nodes with the user's line and the autograd backward flag."""
+    """Tag FX nodes with the user's line and the autograd backward flag.
+
+    Backward ops get the line of the forward op they differentiate: every forward result's
+    ``grad_fn`` is remembered with its line, and while ``torch.autograd.grad`` runs, a pre-hook
+    on each of those autograd nodes switches the tag to that line before the node's backward
+    formula is traced (ops autograd adds on its own keep the ``grad(...)`` line).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.grad_fn_sources: dict[Any, tuple[SourceLine | None, str]] = {}
+
+    def _remember(self, result: Any, src: SourceLine | None, name: str) -> None:
+        for t in result if isinstance(result, (tuple, list)) else (result,):
+            fn = getattr(t, "grad_fn", None) if isinstance(t, torch.Tensor) else None
+            if fn is not None and fn not in self.grad_fn_sources:
+                self.grad_fn_sources[fn] = (src, name)
+
+    def _hooks(self) -> list[Any]:
+        handles = []
+        for fn, (src, name) in list(self.grad_fn_sources.items()):
+            def hook(grad_outputs: Any, src: SourceLine | None = src, name: str = name) -> None:
+                custom = dict(fx_traceback.current_meta.get("custom") or {})
+                tag = dict(custom.get(TAG, {}))
+                if src is not None:
+                    tag.update(source=src, backward=True, differentiates=name)
+                custom[TAG] = tag
+                fx_traceback.current_meta["custom"] = custom
+            try:
+                handles.append(fn.register_prehook(hook))
+            except (AttributeError, RuntimeError):  # a node type without hooks keeps the grad(...) line
+                pass
+        return handles
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: D105
         kwargs = kwargs or {}
@@ -76,14 +108,21 @@ class SourceTagMode(TorchFunctionMode):
         prev_tag = (previous or {}).get(TAG, {})
         in_backward = prev_tag.get("backward", False) or func is torch.autograd.grad
         src = user_frame(sys._getframe(1))
+        name = getattr(func, "__name__", str(func))
         tag = {"backward": in_backward, "source": src if src is not None else prev_tag.get("source"),
-               "torch_fn": getattr(func, "__name__", str(func))}
+               "torch_fn": name}
         custom = dict(previous or {})
         custom[TAG] = tag
         fx_traceback.current_meta["custom"] = custom
+        handles = self._hooks() if func is torch.autograd.grad else []
         try:
-            return FUNCTION_OVERRIDES.get(func, func)(*args, **kwargs)
+            result = FUNCTION_OVERRIDES.get(func, func)(*args, **kwargs)
+            if not in_backward:
+                self._remember(result, tag["source"], name)
+            return result
         finally:
+            for h in handles:
+                h.remove()
             if previous is None:
                 fx_traceback.current_meta.pop("custom", None)
             else:

@@ -1,0 +1,168 @@
+"""Lowering: backward lines, messages per family, user lowerings/decompositions, index errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.func import grad_and_value, jvp, vmap
+
+import tkx
+from tkx.schedule.interpreter import run as run_schedule
+
+from pipeline import check_step
+
+
+def test_backward_ops_carry_the_line_of_the_forward_op_they_differentiate():
+    def step(w, x, y):
+        def loss_fn(w):
+            h = torch.tanh(x @ w)  # LINE-TANH
+            return ((h - y) ** 2).mean()  # LINE-LOSS
+        g, loss = grad_and_value(loss_fn)(w)
+        return loss, w - 0.1 * g
+
+    program = tkx.explore(step, (torch.randn(4, 2), torch.randn(8, 4), torch.randn(8, 2))).program
+    backward = [op for op in program.ops if op.region == "backward"]
+    codes = {op.source.code for op in backward}
+    assert any("LINE-TANH" in c for c in codes) and any("LINE-LOSS" in c for c in codes)
+    mm_grad = next(op for op in backward if op.kind == "mm")
+    assert "LINE-TANH" in mm_grad.source.code  # the weight gradient belongs to x @ w
+
+
+def test_slice_backward_points_at_the_slice():
+    def step(w, x):
+        def loss_fn(w):
+            h = x @ w
+            a = h[:, :2]  # THE-SLICE
+            return (a * a).sum()
+        g, loss = grad_and_value(loss_fn)(w)
+        return loss, w - 0.1 * g
+
+    exp = check_step(step, (torch.randn(3, 5), torch.randn(4, 3)))
+    scatter = next(op for op in exp.program.ops if op.kind == "slice_scatter")
+    assert "THE-SLICE" in scatter.source.code
+
+
+def test_batch_norm_names_native_batch_norm():
+    def step(w, x):
+        def loss_fn(w):
+            return F.batch_norm(x @ w, None, None, training=True).pow(2).mean()
+        g, loss = grad_and_value(loss_fn)(w)
+        return loss, w - 0.1 * g
+
+    with pytest.raises(tkx.UnsupportedError, match="native_batch_norm") as info:
+        tkx.explore(step, (torch.randn(4, 3), torch.randn(8, 4))).program
+    assert "uint8" not in str(info.value) and "layer_norm" in info.value.hint
+
+
+def test_forward_mode_names_the_transform():
+    def step(w, x):
+        out, tangent = jvp(lambda w: (x @ w).sum(), (w,), (torch.ones_like(w),))
+        return out, tangent
+
+    with pytest.raises(tkx.UnsupportedError) as info:
+        tkx.explore(step, (torch.randn(4, 3), torch.randn(8, 4))).program
+    assert info.value.kind == "unsupported-transform" and "torch.func.jvp" in str(info.value)
+    assert "grad_and_value" in info.value.hint
+
+
+def test_vmap_cross_entropy_now_compiles():
+    def step(w, x, y):
+        def one_loss(w, xi, yi):
+            return F.cross_entropy((xi @ w).unsqueeze(0), yi.unsqueeze(0))
+        per_example = vmap(torch.func.grad(one_loss), in_dims=(None, 0, 0))(w, x, y)
+        return w - 0.1 * per_example.mean(0)
+
+    check_step(step, (torch.randn(8, 4), torch.randn(16, 8), torch.randint(0, 4, (16,))))
+
+
+def test_user_lowering_and_decomposition_from_a_notebook_cell():
+    aten = torch.ops.aten
+
+    def step(x):
+        return F.hardsigmoid(x) * 2
+
+    with pytest.raises(tkx.UnsupportedError, match="hardsigmoid"):
+        tkx.explore(step, (torch.randn(5),)).program
+
+    @tkx.register_decomposition(aten.hardsigmoid)
+    def hardsigmoid(x):
+        return torch.clamp(x / 6 + 0.5, 0.0, 1.0)
+
+    try:
+        check_step(step, (torch.randn(5) * 4,))
+    finally:
+        tkx.unregister_decomposition(aten.hardsigmoid)
+
+    @tkx.register_lowering(aten.hardsigmoid.default)
+    def lower_hardsigmoid(L, node):
+        x = L.tensor(node.args[0])
+        y = L.emit("div", (x, 6.0), x.shape, x.dtype, base=f"{node.name}_d")
+        z = L.emit("add", (y, 0.5), x.shape, x.dtype, base=f"{node.name}_a")
+        return L.emit("clamp", (z,), x.shape, x.dtype, {"min": 0.0, "max": 1.0})
+
+    try:
+        exp = check_step(step, (torch.randn(5) * 4,))
+        assert any(op.kind == "clamp" for op in exp.program.ops)
+    finally:
+        tkx.unregister_lowering(aten.hardsigmoid.default)
+
+
+# -- out-of-range indices and labels: both interpreters raise what eager raises ---------------------
+
+def _ce(w, x, y):
+    return F.cross_entropy(x @ w, y)
+
+
+def _one_hot(w, x, y):
+    return (F.one_hot(y, 4).float() * (x @ w)).sum()
+
+
+def _gather(w, x, y):
+    return (x @ w).gather(1, y.unsqueeze(1)).sum()
+
+
+def _embedding(w, x, y):
+    return F.embedding(y, w.t()).sum()
+
+
+def _index(w, x, y):
+    return (x @ w)[torch.arange(8), y].sum()
+
+
+@pytest.mark.parametrize("step", [_ce, _one_hot, _gather, _embedding, _index], ids=lambda f: f.__name__[1:])
+@pytest.mark.parametrize("bad", [4, -5])
+def test_out_of_range_labels_raise_in_both_interpreters(step, bad):
+    w, x = torch.randn(3, 4), torch.randn(8, 3)
+    good = torch.randint(0, 4, (8,))
+    exp = tkx.explore(step, (w, x, good))
+    y = good.clone()
+    y[3] = bad
+    with pytest.raises((IndexError, RuntimeError)):
+        step(w, x, y)  # eager refuses it too
+    for run in (lambda: tkx.reference.run(exp.optimized, (w, x, y)),
+                lambda: run_schedule(exp.schedule, exp.arena, (w, x, y))):
+        with pytest.raises(tkx.KernelError) as info:
+            run()
+        assert info.value.code == 3 and info.value.op is not None
+        assert "test_lowering.py" in str(info.value)  # the user's line
+    check_step(step, (w, x, good))  # in range: matches eager
+
+
+def test_ignore_index_is_not_an_error_and_all_ignored_gives_zero_gradients():
+    def step(w, x, y):
+        g, loss = grad_and_value(_ce)(w, x, y)
+        return loss, w - 0.1 * g
+
+    w, x = torch.randn(3, 4), torch.randn(8, 3)
+    y = torch.randint(0, 4, (8,))
+    y[2] = -100
+    check_step(step, (w, x, y))
+    exp = tkx.explore(step, (w, x, y))
+    out = tkx.reference.run(exp.optimized, (w, x, torch.full((8,), -100))).outputs
+    assert torch.isnan(out[0]) and torch.equal(out[1], w)  # eager: NaN loss, weights unchanged
+
+
+def test_kernel_error_word_is_in_the_generated_code():
+    exp = tkx.explore(_ce, (torch.randn(3, 4), torch.randn(8, 3), torch.randint(0, 4, (8,))))
+    assert "TKX_ERR_INDEX" in exp.cuda.text
