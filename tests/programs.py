@@ -9,12 +9,20 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
+from tkx import ops
 from tkx.ir import InputSpec, Op, OutputSpec, Program, StateUpdate, TensorSpec, validate
 
 M, K, N = 4, 6, 5
 SHAPES = [(M, K), (K, N), (M, N), (N,), (M,)]
-UNARY = ["neg", "exp", "tanh", "abs", "sigmoid"]
-BINARY = ["add", "sub", "mul", "maximum"]
+#: Ops that need a restricted domain (positive operands, nonzero divisors) or attributes: left out of
+#: random programs, which feed any float to any op.
+_DOMAIN = {"log", "log2", "log1p", "sqrt", "rsqrt", "reciprocal", "cast", "clamp", "index_check", "div", "pow",
+           "floor_divide", "remainder", "fmod", "xlogy", "exp2", "expm1"}
+#: Drawn from the op table: float-valued pointwise rows with a C expression.
+UNARY = sorted(k for k, r in ops.OPS.items() if r.family == "pointwise" and r.arity == 1 and r.c is not None
+               and not r.boolean and k not in _DOMAIN)
+BINARY = sorted(k for k, r in ops.OPS.items() if r.family == "pointwise" and r.arity == 2 and r.c is not None
+                and not r.boolean and k not in _DOMAIN)
 
 
 def _bcast(x: TensorSpec, shape: tuple[int, ...]) -> TensorSpec:

@@ -49,6 +49,7 @@ PROBES = {
     "log1p": (torch.log1p, lambda: (pos(5, 3) * 1e-3,)),
     "sin": (torch.sin, lambda: (f(5, 3) * 3,)),
     "cos": (torch.cos, lambda: (f(5, 3) * 3,)),
+    "atan": (torch.atan, lambda: (f(5, 3) * 3,)),
     "tanh": (torch.tanh, lambda: (f(5, 3),)),
     "sigmoid": (torch.sigmoid, lambda: (f(5, 3),)),
     "sqrt": (torch.sqrt, lambda: (pos(5, 3),)),

@@ -60,6 +60,7 @@ class Kind(str, enum.Enum):
     LOG1P = "log1p"
     SIN = "sin"
     COS = "cos"
+    ATAN = "atan"
     TANH = "tanh"
     SIGMOID = "sigmoid"
     SQRT = "sqrt"
@@ -443,6 +444,7 @@ ROWS: tuple[OpDef, ...] = (
           lambda a, e: f"log1pf({a})", cost=_F),
     OpDef(Kind.SIN, "pointwise", 1, "sine", ("sin.default",), torch.sin, lambda a, e: f"sinf({a})", cost=_F),
     OpDef(Kind.COS, "pointwise", 1, "cosine", ("cos.default",), torch.cos, lambda a, e: f"cosf({a})", cost=_F),
+    OpDef(Kind.ATAN, "pointwise", 1, "arctangent", ("atan.default",), torch.atan, lambda a, e: f"atanf({a})", cost=_F),
     OpDef(Kind.TANH, "pointwise", 1, "hyperbolic tangent", ("tanh.default",), torch.tanh,
           lambda a, e: f"tanhf({a})", cost=_F),
     OpDef(Kind.SIGMOID, "pointwise", 1, "1 / (1 + exp(-x))", ("sigmoid.default",), torch.sigmoid,
