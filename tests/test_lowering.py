@@ -166,3 +166,19 @@ def test_ignore_index_is_not_an_error_and_all_ignored_gives_zero_gradients():
 def test_kernel_error_word_is_in_the_generated_code():
     exp = tkx.explore(_ce, (torch.randn(3, 4), torch.randn(8, 3), torch.randint(0, 4, (8,))))
     assert "TKX_ERR_INDEX" in exp.cuda.text
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("step", [_ce, _one_hot, _gather, _embedding, _index], ids=lambda f: f.__name__[1:])
+def test_out_of_range_labels_raise_kernel_error_on_the_gpu(step):
+    """The kernel sets its error word; the runtime names the op and the user's line; the next call works."""
+    w, x = torch.randn(3, 4, device="cuda"), torch.randn(8, 3, device="cuda")
+    good = torch.randint(0, 4, (8,), device="cuda")
+    runner = tkx.runtime.build(step, (w, x, good))
+    bad = good.clone()
+    bad[5] = 7
+    with pytest.raises(tkx.KernelError) as info:
+        runner(w, x, bad)
+    assert info.value.code == 3 and "test_lowering.py" in str(info.value)
+    torch.testing.assert_close(runner(w, x, good), step(w, x, good), rtol=1e-5, atol=1e-5)
