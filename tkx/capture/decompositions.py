@@ -130,6 +130,8 @@ def _nll_loss_backward(grad_output, self, target, weight, reduction, ignore_inde
     squeeze = self.dim() == 1
     logp = self.unsqueeze(0) if squeeze else self
     tgt = target.unsqueeze(0) if squeeze else target
+    # the same check as the forward's, so cse merges the two masks
+    tgt = torch.ops.tkx.check_index(tgt, 0, logp.shape[1], ignore_index, "nll_loss (cross_entropy) target")
     mask = _one_hot_mask(tgt, logp.shape[1], ignore_index, logp)
     if reduction == _REDUCTION_NONE:
         scale = grad_output.reshape(-1, 1)
