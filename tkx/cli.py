@@ -6,6 +6,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from .bench.suite import SUITES
+
 
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
@@ -33,7 +35,7 @@ def _parser() -> argparse.ArgumentParser:
         help="also write every stage to PATH as one self-contained HTML file (open it in any browser)")
     bench = commands.add_parser(
         "bench", help="time the megakernel against eager, CUDA graphs and torch.compile (needs a GPU)")
-    bench.add_argument("suite", nargs="?", default="mlp", choices=["mlp"])
+    bench.add_argument("suite", nargs="?", default="mlp", choices=sorted(SUITES))
     bench.add_argument("--out", metavar="FILE", help="write the results as JSON to FILE")
     bench.add_argument("--repeats", type=int, default=9, help="timed samples per candidate (>= 7)")
     bench.add_argument("--baselines", default="eager,eager+cudagraph,inductor,inductor-max-autotune")

@@ -1,4 +1,5 @@
-"""Benchmark suites: the four MLP workloads of DESIGN.md's measured anchors, one JSON file.
+"""Benchmark suites: the four MLP workloads of DESIGN.md's measured anchors (``mlp``) and the
+everyday steps of the zoo (``everyday``), one JSON file each.
 
 ``bench_suite("mlp", out_json="bench.json")`` runs :func:`~tkx.bench.compare` on
 ``tiny_online``, ``online``, ``small`` and ``medium`` (from :mod:`tkx.examples`) and returns
@@ -22,7 +23,11 @@ from typing import Any
 
 from .report import BASELINES, BenchmarkReport
 
-SUITES = {"mlp": ("tiny_online", "online", "small", "medium")}
+SUITES = {
+    "mlp": ("tiny_online", "online", "small", "medium"),
+    # training steps written the way people write them (embedding, gather, chunk, cat, clipping, Adam)
+    "everyday": ("char_lm", "q_learning", "glu_mlp", "poly_clip_adamw"),
+}
 
 
 def _stderr(msg: str) -> None:
