@@ -187,3 +187,9 @@ def test_probe_kernel_matches_eager_on_the_gpu(kind):
     result = runner.verify(make_inputs=lambda seed, device="cuda": tree_map(lambda t: t.to(device), inputs),
                            strict=True)
     assert result.ok
+
+
+def test_rows_emitted_as_statements_have_an_emitter():
+    from tkx.codegen.kernel import SPECIAL_POINTWISE
+    assert {k for k, r in ops.OPS.items() if r.statements} == set(SPECIAL_POINTWISE)
+    assert cops.missing_kinds() == []

@@ -187,7 +187,8 @@ class OpDef:
     integer result is refused at lowering); ``dtype``: ``"promote"`` (torch's promotion,
     taken from the FX node), ``"bool"``, ``"float"`` (true division); ``reduction``: the
     :class:`Reduction` of a reduction row; ``ref_takes_op``: ``ref`` is called as
-    ``ref(op, args, device)`` (it needs attrs or the output dtype).
+    ``ref(op, args, device)`` (it needs attrs or the output dtype); ``statements``: the code
+    generator emits the op as C statements of its own (index ops, ``index_check``), not from ``c``.
     """
 
     kind: Kind
@@ -204,6 +205,7 @@ class OpDef:
     dtype: str = "promote"
     reduction: Reduction | None = None
     ref_takes_op: bool = False
+    statements: bool = False
 
     @property
     def name(self) -> str:
@@ -482,7 +484,7 @@ ROWS: tuple[OpDef, ...] = (
     OpDef(Kind.INDEX_CHECK, "pointwise", 1,
           "x, after checking attrs['lo'] <= x < attrs['hi'] (or x == attrs['ignore']); an index out of range sets "
           "the kernel's error word and the interpreters raise KernelError", (),
-          _index_check_ref, None, int_exact=True, ref_takes_op=True),
+          _index_check_ref, None, int_exact=True, ref_takes_op=True, statements=True),
     # binary pointwise
     OpDef(Kind.ADD, "pointwise", 2, "x + y", (), torch.add, _binary("+", "__fadd_rn"), commutative=True,
           int_exact=True),
@@ -557,12 +559,12 @@ ROWS: tuple[OpDef, ...] = (
     OpDef(Kind.GATHER, "index", 2,
           "out[c] = src[c with c[dim] = index[c]] (torch.gather on broadcast views; attrs 'dim', 'wrap' for "
           "negative indices counted from the end); an index out of range raises KernelError",
-          (), _gather_ref, int_exact=True, ref_takes_op=True),
+          (), _gather_ref, int_exact=True, ref_takes_op=True, statements=True),
     OpDef(Kind.CAT, "index", None, "the operands concatenated along attrs['dim']", (), _cat_ref, int_exact=True,
-          ref_takes_op=True),
+          ref_takes_op=True, statements=True),
     OpDef(Kind.SLICE_SCATTER, "index", 2,
           "base with src written into base[..., start:end:step, ...] along attrs['dim'] (the backward of slicing "
-          "and selecting)", (), _slice_scatter_ref, int_exact=True, ref_takes_op=True),
+          "and selecting)", (), _slice_scatter_ref, int_exact=True, ref_takes_op=True, statements=True),
 )
 
 #: kind -> row.

@@ -93,5 +93,4 @@ def c_type(dtype: str) -> str:
 def missing_kinds() -> list[str]:
     """Pointwise kinds of the op table with no C expression, except those the kernel generator
     emits itself (empty when the table is complete)."""
-    from .kernel import SPECIAL_POINTWISE
-    return sorted(k for k in table.POINTWISE if table.OPS[k].c is None and k not in SPECIAL_POINTWISE)
+    return sorted(k for k in table.POINTWISE if table.OPS[k].c is None and not table.OPS[k].statements)
