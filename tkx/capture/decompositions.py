@@ -61,6 +61,8 @@ TORCH_DECOMPOSED = [
     aten.rad2deg, aten.deg2rad, aten.logaddexp, aten.hypot, aten.clamp.Tensor, aten.aminmax,
     aten.hardswish, aten.hardswish_backward, aten.mish, aten.log_sigmoid_forward,
     aten.log_sigmoid_backward, aten.index_add,
+    # layout shuffles
+    aten.roll, aten.repeat, aten.constant_pad_nd, aten.narrow_copy,
 ]
 
 _REDUCTION_NONE, _REDUCTION_MEAN, _REDUCTION_SUM = 0, 1, 2

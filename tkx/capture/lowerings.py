@@ -373,6 +373,38 @@ def slice_scatter(L: Any, node: torch.fx.Node) -> TensorSpec:
                   {"dim": dim, "start": start, "end": max(end, start), "step": int(step)})
 
 
+@builtin(aten.flip.default)
+def flip(L: Any, node: torch.fx.Node) -> TensorSpec:
+    """``x.flip(dims)``: a gather at ``n - 1 - i`` along each flipped dim (a negative stride is no view)."""
+    x = L.tensor(node.args[0])
+    for d in sorted({_dim(d, x.ndim) for d in node.args[1]}):
+        n = x.shape[d]
+        rev = L.emit("iota", (), x.shape, "int64", {"start": n - 1, "step": -1, "dim": d}, base=f"{node.name}_rev")
+        x = L.emit("gather", (x, rev), x.shape, x.dtype, {"dim": d, "wrap": False, "what": "flip"})
+    return x
+
+
+#: Ops with no tkx primitive yet, with what to say instead of "not supported".
+_NO_PRIMITIVE = {
+    "cumsum": "a running sum (cumsum) needs a scan, which tkx has no primitive for yet",
+    "cumprod": "a running product (cumprod) needs a scan, which tkx has no primitive for yet",
+    "topk": "topk selects data-dependent elements, which tkx has no primitive for yet",
+    "sort": "sorting has no tkx primitive yet",
+    "argsort": "sorting has no tkx primitive yet",
+}
+
+
+def _no_primitive(L: Any, node: torch.fx.Node) -> TensorSpec:
+    short = node.target._overloadpacket.__name__
+    raise L.fail("unsupported-op", _NO_PRIMITIVE[short],
+                 "compute it outside the step and pass it in, or use amax/amin/where for a single extreme value")
+
+
+for _name in _NO_PRIMITIVE:
+    if hasattr(aten, _name):
+        LOWERINGS[getattr(aten, _name)] = _no_primitive
+
+
 @builtin(torch.ops.tkx.check_index.default)
 def check_index(L: Any, node: torch.fx.Node) -> TensorSpec:
     x = L.tensor(node.args[0])

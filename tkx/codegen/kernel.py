@@ -254,8 +254,10 @@ class _Emitter:
             return None
         raise TkxError(f"codegen: no emitter for index op {op.kind} ({op.id})")
 
-    def index_check_code(self, op: Op, lin: str, lines: list[str], var: str) -> str | None:
-        x = self.element(op.inputs[0], lin, lines, {}, {}, None)
+    def index_check_code(self, op: Op, lin: str, lines: list[str], memo: dict | None, registers: dict[str, str],
+                         group_inlined: set[str] | None, var: str) -> str | None:
+        """``index_check`` is a pointwise op: its operand is read at the point (a register when it is one)."""
+        x = self.element(op.inputs[0], lin, lines, memo, registers, group_inlined)
         lo, hi, ignore = op.attr("lo"), op.attr("hi"), op.attr("ignore")
         bad = f"{var} < {lo}LL || {var} >= {hi}LL"
         if ignore is not None:
@@ -454,7 +456,8 @@ SPECIAL_POINTWISE = {
     "gather": lambda em, op, lin, lines, memo, regs, inl, var: em.index_code(op, lin, lines, var),
     "cat": lambda em, op, lin, lines, memo, regs, inl, var: em.index_code(op, lin, lines, var),
     "slice_scatter": lambda em, op, lin, lines, memo, regs, inl, var: em.index_code(op, lin, lines, var),
-    "index_check": lambda em, op, lin, lines, memo, regs, inl, var: em.index_check_code(op, lin, lines, var),
+    "index_check": lambda em, op, lin, lines, memo, regs, inl, var: em.index_check_code(op, lin, lines, memo, regs,
+                                                                                        inl, var),
 }
 
 
