@@ -7,12 +7,13 @@ expression the code generator emits, the flags the passes and fusion rules read
 (commutative, cost class, boolean result, exact on integers), how its output dtype is
 chosen, and for reductions the identity, the fold and the combine of partial results.
 
-Adding a pointwise op is one row here::
+Adding a pointwise op is one row here (``atan`` was added so)::
 
-    Row(Kind.SIN, "pointwise", 1, "sin(x)", aten=("sin.default",), ref=torch.sin,
-        c=lambda a, e: f"sinf({a})", cost="transcendental")
+    OpDef(Kind.ATAN, "pointwise", 1, "arctangent", ("atan.default",), torch.atan,
+          lambda a, e: f"atanf({a})", cost=_F),
 
-(and one member of :class:`Kind`, so that a typo in a kind fails at import). Every consumer
+plus its member of :class:`Kind` (``ATAN = "atan"``), so that a typo in a kind fails at import;
+``tests/test_op_table.py`` then asks for a probe step using it. Every consumer
 looks rows up with :func:`row`, which raises :class:`UnknownKindError` for a kind the table
 does not have; nothing falls back to a default.
 
