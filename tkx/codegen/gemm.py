@@ -45,7 +45,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..ir import TensorSpec
+from ..target import SKINNY_MAX, GemmProblem, choose_gemm
 from .text import block, indent
 
 LoadA = Callable[[str, str, str], str]  # (batch, row, k) -> float C expression
@@ -56,46 +56,6 @@ VARIANTS = ("simt", "wmma_bf16", "wmma_f16", "wmma_tf32", "gemv")
 
 #: Alignment of each array carved from the shared workspace (WMMA needs 32 bytes).
 SMEM_ALIGN = 128
-
-
-@dataclass(frozen=True)
-class GemmProblem:
-    """``C[batch, m, n] = A[batch, m, k] @ B[batch, k, n]`` and the operands' memory order.
-
-    ``dtype`` is the operands' dtype (``torch.mm`` needs both the same). ``a_k_contiguous``
-    says consecutive k of a row of A are adjacent in memory (A row-major), otherwise
-    consecutive rows are (A is a transposed view); ``b_n_contiguous`` likewise for B.
-    """
-
-    m: int
-    n: int
-    k: int
-    batch: int = 1
-    dtype: str = "float32"
-    a_k_contiguous: bool = True
-    b_n_contiguous: bool = True
-
-    @staticmethod
-    def from_views(a: TensorSpec, b: TensorSpec) -> GemmProblem:
-        """The problem of ``a @ b`` for 2-D (mm) or 3-D (bmm) views, memory order read from strides."""
-        if a.ndim != b.ndim or a.ndim not in (2, 3):
-            raise ValueError(f"mm/bmm operands must both be 2-D or 3-D, got {a.shape} and {b.shape}")
-        batch = a.shape[0] if a.ndim == 3 else 1
-        m, k = a.shape[-2:]
-        n = b.shape[-1]
-        a_k = _last_index_fast(a.shape[-2:], a.strides[-2:])
-        b_n = _last_index_fast(b.shape[-2:], b.strides[-2:])
-        return GemmProblem(m, n, k, batch, a.dtype, bool(a_k), bool(b_n))
-
-
-def _last_index_fast(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
-    """Whether the last index of a 2-D view is the one to walk with consecutive threads."""
-    rows, cols = shape
-    if rows == 1:
-        return True
-    if cols == 1:
-        return False
-    return strides[1] <= strides[0]
 
 
 @dataclass(frozen=True)
@@ -509,7 +469,6 @@ def wmma_gemm(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue, 
 # --------------------------------------------------------------------------------------
 # (d) GEMV / skinny
 # --------------------------------------------------------------------------------------
-SKINNY_MAX = 4
 
 
 def gemv(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue, *, threads: int = 256,
@@ -630,19 +589,15 @@ def gemv(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue, *, th
 # --------------------------------------------------------------------------------------
 # Choosing
 # --------------------------------------------------------------------------------------
-def choose_variant(p: GemmProblem, *, fp32_math: str = "simt", tensor_cores: bool = True) -> tuple[str, str]:
-    """The variant for ``p`` and a sentence saying why (for the schedule's decision log)."""
-    if min(p.m, p.n) <= SKINNY_MAX:
-        side = "M" if p.m <= p.n else "N"
-        return "gemv", f"{side} = {min(p.m, p.n)} <= {SKINNY_MAX}: skinny, tiles would be mostly empty"
-    if p.dtype in ("bfloat16", "float16"):
-        name = "wmma_bf16" if p.dtype == "bfloat16" else "wmma_f16"
-        if tensor_cores:
-            return name, f"{p.dtype} operands: tensor cores with fp32 accumulation"
+def choose_variant(p: GemmProblem, *, fp32_math: str = "simt", tensor_cores: bool = True,
+                   arch: str = "sm_80") -> tuple[str, str]:
+    """The variant for ``p`` and a sentence saying why (:func:`tkx.target.choose_gemm`)."""
+    from ..options import Options
+
+    if not tensor_cores and min(p.m, p.n) > SKINNY_MAX:
         return "simt", f"{p.dtype} operands but tensor cores are off: fp32 SIMT on widened values"
-    if p.dtype == "float32" and fp32_math == "tf32" and tensor_cores:
-        return "wmma_tf32", "fp32 operands with fp32_math='tf32': tensor cores on tf32-rounded inputs"
-    return "simt", f"{p.dtype} operands with fp32_math='{fp32_math}': exact fp32 SIMT tiles"
+    plan = choose_gemm(p, Options(fp32_math=fp32_math), arch)
+    return plan.impl, plan.why
 
 
 def emit_gemm(variant: str, p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue, *,
