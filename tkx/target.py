@@ -379,28 +379,35 @@ class _Wgmma(GemmEmitter):
             return f"{self.name} takes {self.dtype} operands, not {p.dtype}"
         if self.dtype == "float32" and options.fp32_math != "tf32":
             return f"{self.name} needs fp32_math='tf32' (fp32_math='{options.fp32_math}')"
-        if options.threads_per_block % 128:
-            return f"{self.name} needs whole warpgroups (threads_per_block a multiple of 128)"
+        if options.threads_per_block % 128 or options.threads_per_block > 512:
+            return f"{self.name} needs 1 to 4 whole warpgroups (threads_per_block 128, 256 or 512)"
         if p.m < 32 or p.n < 32:
             return f"{self.name} tiles are 64 rows by at least 32 columns; {p.m}x{p.n} would be mostly empty"
         return None
 
     def _tiles(self, p, options, threads):
-        notes: list[str] = []
         groups = threads // 128
-        tm = 64 * groups
-        # One tile row of warpgroups; a column count from 32 to 128 that covers N with few tiles.
-        tn = min(128, _pow2_at_least(p.n, 32))
-        # K steps: 64 elements of bf16/fp16 (one 128-byte swizzle row), 32 of tf32.
-        tk = 128 // (4 if self.dtype == "float32" else 2)
+        tk = 128 // (4 if self.dtype == "float32" else 2)  # one 128-byte swizzle row of K
         budget = register_budget(threads, options.blocks_per_sm)
-        while self._regs(tm, tn, tk, threads) > budget and tn > 32:
-            tn //= 2
-        if (tm, tn, tk) != (options.tile_m, options.tile_n, options.tile_k):
-            notes.append(f"tile {tm}x{tn}x{tk} for {self.name} ({groups} warpgroup(s) of 64 rows, "
-                         f"K steps of one 128-byte swizzle row) instead of the options' "
-                         f"{options.tile_m}x{options.tile_n}x{options.tile_k}")
-        return tm, tn, tk, notes
+        best = None
+        for wgm in (d for d in range(1, groups + 1) if groups % d == 0):
+            wgn = groups // wgm
+            for wn in (32, 64, 128):
+                tm, tn = 64 * wgm, wgn * wn
+                if self._regs(tm, tn, tk, threads) > budget or (tm * tk) % threads or (tk * tn) % threads:
+                    continue
+                tiles = p.batch * _ceil(p.m, tm) * _ceil(p.n, tn)
+                waves = _ceil(tiles, SM_COUNT)
+                # a wave's time: the tile's MMAs plus its operand traffic (per K step, in MMA units)
+                t = waves * (tm * tn + 48 * (tm + tn))
+                if best is None or t < best[0] or (t == best[0] and tm * tn > best[1] * best[2]):
+                    best = (t, tm, tn, wgm, wgn, tiles)
+        if best is None:
+            raise AssertionError("supports() admitted a wgmma problem with no tile that fits")
+        _, tm, tn, wgm, wgn, tiles = best
+        note = (f"tile {tm}x{tn}x{tk} for {self.name}: {wgm}x{wgn} warpgroup(s) of 64x{tn // wgn}, {tiles} tiles "
+                f"on {SM_COUNT} SMs, K in steps of one 128-byte swizzle row")
+        return tm, tn, tk, [note]
 
     def _regs(self, tm, tn, tk, threads):
         return tm * tn // threads + 2 * (tm * tk + tk * tn) // threads + 40
@@ -480,20 +487,29 @@ def choose_gemm(p: GemmProblem, options: Any, arch: str = "sm_80") -> GemmPlan:
         reason = e.supports(p, options, arch)
         if reason is None:
             why = _reason_chosen(e, p, options)
-            relevant = [r for r in declined if p.dtype in r or "sm_90a" in r and p.dtype != "float32"
-                        or "warpgroup" in r]
-            if relevant and e.name != "gemv":
-                why += " (" + "; ".join(dict.fromkeys(relevant)) + ")"
+            if declined and e.name != "gemv":
+                why += " (" + "; ".join(dict.fromkeys(declined)) + ")"
             return e.plan(p, options, why)
-        if not reason.startswith("gemv"):
+        # say why a tensor-core emitter for these operands declined (not the other dtypes' ones)
+        if getattr(e, "dtype", None) == p.dtype and not (p.dtype == "float32" and options.fp32_math != "tf32") \
+                and arch in e.capabilities.arches:
             declined.append(reason)
     raise AssertionError("the SIMT emitter supports every GEMM")  # pragma: no cover
+
+
+#: Emitters whose code generation implements split-K (partial tiles reduced in a fixed order).
+SPLIT_K_EMITTERS: frozenset[str] = frozenset()
 
 
 def _plan_split_k(plan: GemmPlan, options: Any, e: GemmEmitter) -> GemmPlan:
     """Split-K: ``options.split_k`` as an integer forces it (cut to what K allows), ``"auto"``
     splits when the output tiles cannot fill the grid and K is long, ``"off"`` never."""
     sk = options.split_k
+    if e.name not in SPLIT_K_EMITTERS:
+        if isinstance(sk, int) and sk > 1:
+            note = f"split_k={sk} not applied: {e.name} computes each tile's whole K"
+            return dataclasses.replace(plan, adjusted="; ".join(x for x in (plan.adjusted, note) if x))
+        return plan
     tiles = e.items(plan)
     steps = _ceil(plan.k, plan.tile_k)
     if sk == "off":

@@ -52,7 +52,7 @@ LoadA = Callable[[str, str, str], str]  # (batch, row, k) -> float C expression
 LoadB = Callable[[str, str, str], str]  # (batch, k, col) -> float C expression
 Epilogue = Callable[[str, str, str, str], str]  # (batch, row, col, acc) -> C statements
 
-VARIANTS = ("simt", "wmma_bf16", "wmma_f16", "wmma_tf32", "gemv")
+VARIANTS = ("simt", "wmma_bf16", "wmma_f16", "wmma_tf32", "wgmma_bf16", "wgmma_f16", "wgmma_tf32", "gemv")
 
 #: Alignment of each array carved from the shared workspace (WMMA needs 32 bytes).
 SMEM_ALIGN = 128
@@ -467,6 +467,190 @@ def wmma_gemm(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue, 
 
 
 # --------------------------------------------------------------------------------------
+# (e) Hopper warpgroup MMA (wgmma, sm_90a)
+# --------------------------------------------------------------------------------------
+_WGMMA = {
+    # variant: (element type, k per instruction, PTX type, float -> element, element bytes)
+    "wgmma_bf16": ("__nv_bfloat16", 16, "bf16", "__float2bfloat16_rn({})", 2),
+    "wgmma_f16": ("__half", 16, "f16", "__float2half_rn({})", 2),
+    "wgmma_tf32": ("float", 8, "tf32", "nvcuda::wmma::__float_to_tf32({})", 4),
+}
+
+#: Bytes of one swizzled row of an operand tile (the 128-byte swizzle mode's span).
+SWIZZLE_ROW = 128
+
+
+def _wgmma_asm(n: int, ptx_type: str, fk: int, acc: str) -> str:
+    """One ``wgmma.mma_async`` of shape m64 x ``n`` x ``fk``: D[64 x n] += A[64 x fk] B[fk x n],
+    both operands read from shared memory through descriptors ``da`` and ``db``."""
+    regs = n // 2
+    d = ", ".join(f"%{i}" for i in range(regs))
+    trans = ", 0, 0" if ptx_type != "tf32" else ""
+    outs = ", ".join(f'"+f"({acc}[{i}])' for i in range(regs))
+    return (f'asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 2}, 0;\\n'
+            f'wgmma.mma_async.sync.aligned.m64n{n}k{fk}.f32.{ptx_type}.{ptx_type} '
+            f'{{{d}}}, %{regs}, %{regs + 1}, p, 1, 1{trans};\\n}}\\n"\n'
+            f'    : {outs}\n'
+            f'    : "l"(da), "l"(db), "r"(1));')
+
+
+def wgmma_gemm(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue, *, variant: str = "wgmma_bf16",
+               tile_m: int = 128, tile_n: int = 128, tile_k: int = 64, threads: int = 256, item: str = "item",
+               smem: str = "tkx_smem") -> GemmCode:
+    """(e) Hopper warpgroup MMA (``wgmma.mma_async``, sm_90a only), fp32 accumulators in registers.
+
+    The block's ``threads / 128`` warpgroups are arranged WGM x WGN over the ``tile_m x tile_n``
+    tile; each owns a 64 x (tile_n / WGN) block of C and issues one m64nNk16 (bf16/fp16) or
+    m64nNk8 (tf32) instruction per K step. Operand tiles are fetched from global memory into
+    registers through the load callbacks (any view, transposed or computed on the fly), converted,
+    and stored K-major into shared memory in the 128-byte swizzle layout that the tensor cores read
+    through matrix descriptors: row r (an M index of A, an N index of B) is 128 bytes of K, and
+    16-byte chunk c of row r sits at chunk ``c ^ (r % 8)``. ``tile_k`` is one swizzle row (64 bf16
+    or 32 tf32). Two shared stages: the next K tile's global loads and its store into the other
+    stage overlap the asynchronous MMAs of this one. After the K loop every warpgroup writes its
+    accumulators to a padded fp32 tile in shared memory (reusing the operand bytes) and the whole
+    block runs the epilogue per element, consecutive threads on consecutive columns.
+    """
+    if variant not in _WGMMA:
+        raise ValueError(f"unknown wgmma variant {variant!r}; one of {sorted(_WGMMA)}")
+    elem, fk, ptx_type, conv, ebytes = _WGMMA[variant]
+    tm, tn, tk = tile_m, tile_n, tile_k
+    if threads % 128:
+        raise ValueError(f"{variant} needs whole warpgroups (threads a multiple of 128), got {threads}")
+    if tk * ebytes != SWIZZLE_ROW:
+        raise ValueError(f"{variant} stages K in rows of {SWIZZLE_ROW} bytes: tile_k must be "
+                         f"{SWIZZLE_ROW // ebytes}, got {tk}")
+    groups = threads // 128
+    if tm % 64 or (tm // 64) > groups or groups % (tm // 64):
+        raise ValueError(f"{variant}: tile_m={tm} must be 64 x a divisor of the {groups} warpgroup(s)")
+    wgm = tm // 64
+    wgn = groups // wgm
+    wn = tn // wgn
+    if tn % wgn or wn % 8 or not 8 <= wn <= 256:
+        raise ValueError(f"{variant}: tile_n={tn} over {wgn} warpgroup column(s) must give 8 to 256 "
+                         "columns each, a multiple of 8")
+    sa = _Stage("a", tm, tk, "col" if p.a_k_contiguous else "row", threads)
+    sb = _Stage("b", tk, tn, "col" if p.b_n_contiguous else "row", threads)
+    for s in (sa, sb):
+        _check_staging(s)
+    row_elems = SWIZZLE_ROW // ebytes  # elements of one swizzled row (= tk)
+    chunk_elems = 16 // ebytes
+    a_bytes = tm * SWIZZLE_ROW
+    b_bytes = tn * SWIZZLE_ROW
+    stage_bytes = a_bytes + b_bytes
+    ldc = tn + 4  # fp32 staging rows, padded against bank conflicts
+    c_bytes = tm * ldc * 4
+    shared = max(2 * stage_bytes, c_bytes) + 1024  # + the shift that 1024-aligns the swizzle atoms
+
+    def slot(base: str, row: str, k: str) -> str:
+        # element (row, k) of a K-major tile in the 128-byte swizzle: row * 128 B, chunk ^ (row % 8)
+        return (f"{base}[({row}) * {row_elems} + ((((k_) / {chunk_elems}) ^ (({row}) & 7)) * {chunk_elems}) "
+                f"+ ((k_) % {chunk_elems})]").replace("k_", k)
+
+    a_slot = slot("As", "r", "c")   # A tile element (r = m, c = k)
+    b_slot = slot("Bs", "c", "r")   # B tile element (r = k, c = n), stored as row n
+    m_guard, n_guard, k_guard = p.m % tm != 0, p.n % tn != 0, p.k % tk != 0
+    ksteps = tk // fk
+    acc_regs = wn // 2
+    mma = _wgmma_asm(wn, ptx_type, fk, "d")
+    # descriptor: start address >> 4 (bits 0-13), leading byte offset 16 >> 4 (bits 16-29, unused in
+    # swizzled K-major), stride byte offset 1024 >> 4 between 8-row groups (bits 32-45), 128-byte swizzle
+    # (mode 1, bits 62-63)
+    desc_fn = block(
+        "auto desc = [](const void* p) -> unsigned long long {  // wgmma shared-memory matrix descriptor",
+        "    const unsigned long long a = (unsigned long long)__cvta_generic_to_shared(p);",
+        "    return ((a & 0x3FFFFULL) >> 4) | (1ULL << 16) | ((1024ULL >> 4) << 32) | (1ULL << 62);",
+        "};",
+    )
+    compute = block(
+        f"{elem}* As = stage_base + buf * {stage_bytes // ebytes};",
+        f"{elem}* Bs = As + {a_bytes // ebytes};",
+        'asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory");',
+        "#pragma unroll",
+        f"for (int ks = 0; ks < {ksteps}; ++ks) {{  // {ksteps} MMAs of k{fk}: advance 32 bytes in the swizzled row",
+        f"    const unsigned long long da = desc(As + wr * {64 * row_elems} + ks * {fk});",
+        f"    const unsigned long long db = desc(Bs + wc * {wn * row_elems} + ks * {fk});",
+        indent(mma),
+        "}",
+        'asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory");',
+    )
+    fence_acc = block("#pragma unroll  // the accumulators are final only after the wait",
+                      f'for (int i = 0; i < {acc_regs}; ++i) asm volatile("" : "+f"(d[i]) :: "memory");')
+    k_loop = block(
+        "int buf = 0;",
+        "fetch(0);",
+        "stash_to(0);",
+        'asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");  // generic stores -> tensor-core reads',
+        "__syncthreads();",
+        "for (int k0 = 0; k0 < K; k0 += TK) {",
+        "    const bool more = k0 + TK < K;",
+        "    if (more) fetch(k0 + TK);  // the next tile's global loads are in flight during the MMAs",
+        indent(compute),
+        "    if (more) stash_to(buf ^ 1);  // the other stage was last read by the MMAs waited for below",
+        '    asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory");',
+        indent(fence_acc),
+        '    asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");',
+        "    __syncthreads();",
+        "    buf ^= 1;",
+        "}",
+    )
+    # accumulator fragment of m64nN: register j of lane l in warp w (of the warpgroup) is
+    # row 16 w + l / 4 + 8 ((j / 2) % 2), column 8 (j / 4) + 2 (l % 4) + j % 2
+    epi = block(
+        "float* Cs = reinterpret_cast<float*>(stage_base);  // the C tile, fp32, rows padded",
+        "#pragma unroll",
+        f"for (int j = 0; j < {acc_regs}; ++j) {{",
+        "    const int r = wr * 64 + (warp % 4) * 16 + lane / 4 + 8 * ((j / 2) % 2);",
+        f"    const int c = wc * {wn} + 8 * (j / 4) + 2 * (lane % 4) + (j % 2);",
+        f"    Cs[r * {ldc} + c] = d[j];",
+        "}",
+        "__syncthreads();",
+        "#pragma unroll 1  // kept rolled: the epilogue's code appears once",
+        f"for (int e = threadIdx.x; e < {tm * tn}; e += {threads}) {{",
+        f"    const int row = row0 + e / {tn}, col = col0 + e % {tn};",
+        indent(_epilogue_block(epilogue, f"Cs[(e / {tn}) * {ldc} + e % {tn}]", m_guard, n_guard)),
+        "}",
+        "__syncthreads();  // Cs is read before the next work item reuses the workspace",
+    )
+    stash_fn = block(
+        "auto stash_to = [&](int b) {  // registers -> stage b, K-major, 128-byte swizzle",
+        f"    {elem}* As = stage_base + b * {stage_bytes // ebytes};",
+        f"    {elem}* Bs = As + {a_bytes // ebytes};",
+        "    stash_into(As, Bs);",
+        "};",
+    )
+    fetch_lines = _fetch_and_stash(p, sa, sb, load_a, load_b, a_slot, b_slot, conv.format, m_guard, n_guard,
+                                   k_guard)
+    # make the shared stash take the stage's pointers
+    fetch_lines[-1] = fetch_lines[-1].replace("auto stash = [&]() {", f"auto stash_into = [&]({elem}* As, {elem}* Bs) {{")
+    what = {"wgmma_bf16": "bf16", "wgmma_f16": "fp16", "wgmma_tf32": "tf32"}[variant]
+    body = block(
+        _tile_header(p, tm, tn, item, f"tensor-core GEMM ({what} wgmma m64n{wn}k{fk}, fp32 accumulate), one "
+                     f"{tm}x{tn} tile of C; {wgm}x{wgn} warpgroups of 64x{wn}"),
+        f"constexpr int TM = {tm}, TN = {tn}, TK = {tk};",
+        f"unsigned char* ws = {smem} + ((1024u - ((unsigned)__cvta_generic_to_shared({smem}) & 1023u)) & 1023u);"
+        "  // swizzle atoms start on 1024 bytes",
+        f"{elem}* stage_base = reinterpret_cast<{elem}*>(ws);  // stage s: A tile then B tile, "
+        f"{stage_bytes} bytes",
+        "const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;",
+        f"const int wr = (warp / 4) / {wgn}, wc = (warp / 4) % {wgn};  // this warpgroup's block of C",
+        desc_fn,
+        f"float d[{acc_regs}];  // accumulators of this thread (m64n{wn} fragment)",
+        "#pragma unroll",
+        f"for (int j = 0; j < {acc_regs}; ++j) d[j] = 0.0f;",
+        fetch_lines,
+        stash_fn,
+        k_loop,
+        "// epilogue: accumulators -> shared C tile -> per element",
+        epi,
+    )
+    items = p.batch * _ceil(p.m, tm) * _ceil(p.n, tn)
+    params = {"tile": (tm, tn, tk), "warpgroups": (wgm, wgn), "instruction": f"m64n{wn}k{fk}",
+              "swizzle": "128B", "stages": 2}
+    return GemmCode(variant, "{\n" + indent(body) + "\n}", items, shared, threads, True, params)
+
+
+# --------------------------------------------------------------------------------------
 # (d) GEMV / skinny
 # --------------------------------------------------------------------------------------
 
@@ -607,6 +791,9 @@ def emit_gemm(variant: str, p: GemmProblem, load_a: LoadA, load_b: LoadB, epilog
     if variant == "simt":
         return simt_gemm(p, load_a, load_b, epilogue, tile_m=tile_m, tile_n=tile_n, tile_k=tile_k,
                          threads=threads, item=item, smem=smem)
+    if variant in _WGMMA:
+        return wgmma_gemm(p, load_a, load_b, epilogue, variant=variant, tile_m=tile_m, tile_n=tile_n,
+                          tile_k=tile_k, threads=threads, item=item, smem=smem)
     if variant in _WMMA:
         return wmma_gemm(p, load_a, load_b, epilogue, variant=variant, tile_m=tile_m, tile_n=tile_n,
                          tile_k=tile_k, threads=threads, item=item, smem=smem)
