@@ -100,11 +100,29 @@ def resolve_arch(arch: str, device_arch: str | None = None) -> str:
     return "sm_90a" if device_arch in ("sm_90", "sm_90a") else device_arch
 
 
+#: Fewest registers per thread a kernel is given: below this the megakernel's code spills, so a
+#: ``blocks_per_sm`` that would leave less is not honoured in full (fewer blocks become resident).
+MIN_REGISTERS = 64
+
+
 def register_budget(threads: int, blocks_per_sm: int = 1, gpu: GpuFacts = GPU) -> int:
-    """Registers per thread that let ``blocks_per_sm`` blocks of ``threads`` share an SM
-    (capped at 255, in the allocator's units of 8)."""
-    return max(32, min(gpu.max_registers_per_thread,
-                       gpu.registers_per_sm // (threads * max(blocks_per_sm, 1))) // 8 * 8)
+    """Registers per thread that let ``blocks_per_sm`` blocks of ``threads`` share an SM, in the
+    allocator's units of 8, between :data:`MIN_REGISTERS` (or what one block of ``threads``
+    allows, if less) and the ISA's 255."""
+    one_block = gpu.registers_per_sm // threads // 8 * 8
+    want = gpu.registers_per_sm // (threads * max(blocks_per_sm, 1)) // 8 * 8
+    return max(min(MIN_REGISTERS, one_block), min(gpu.max_registers_per_thread, want))
+
+
+def register_note(threads: int, blocks_per_sm: int, gpu: GpuFacts = GPU) -> str:
+    """Why the register budget exceeds what ``blocks_per_sm`` asks for ("" when it does not)."""
+    want = gpu.registers_per_sm // (threads * max(blocks_per_sm, 1)) // 8 * 8
+    got = register_budget(threads, blocks_per_sm, gpu)
+    if got <= want:
+        return ""
+    fit = gpu.registers_per_sm // (got * threads)
+    return (f"blocks_per_sm={blocks_per_sm} with {threads} threads would leave {want} registers per thread and "
+            f"the kernel would spill: it gets {got}, so at most {fit} block(s) per SM are resident")
 
 
 # --------------------------------------------------------------------------------------
@@ -300,6 +318,10 @@ class GemmEmitter:
         return acc + staged + 48
 
 
+#: Most operand elements one thread stages in registers per K step (beyond it ptxas spills in big kernels).
+MAX_STAGED_PER_THREAD = 32
+
+
 def _fit_tiles(p: GemmProblem, options: Any, threads: int, *, multiple: tuple[int, int, int],
                name: str, regs: Any) -> tuple[int, int, int, list[str]]:
     """Tile sizes from the options, shrunk to the problem, grown until every thread has work and
@@ -324,10 +346,26 @@ def _fit_tiles(p: GemmProblem, options: Any, threads: int, *, multiple: tuple[in
                      f"{threads} threads")
         tk *= 2
     budget = register_budget(threads, options.blocks_per_sm)
-    while regs(tm, tn, tk) > budget and tk > mk and ((tm * tk // 2) % threads == 0 and (tk // 2 * tn) % threads == 0):
-        notes.append(f"tile_k={tk} lowered to {tk // 2}: {tm}x{tn}x{tk} tiles need about {regs(tm, tn, tk)} "
-                     f"registers per thread, over the budget of {budget} for blocks_per_sm={options.blocks_per_sm}")
+
+    def staged(tk: int) -> int:
+        return (tm * tk + tk * tn) // threads
+
+    while (regs(tm, tn, tk) > budget or staged(tk) > MAX_STAGED_PER_THREAD) and tk > mk \
+            and (tm * tk // 2) % threads == 0 and (tk // 2 * tn) % threads == 0:
+        notes.append(f"tile_k={tk} lowered to {tk // 2}: {tm}x{tn}x{tk} tiles stage {staged(tk)} operand elements "
+                     f"and need about {regs(tm, tn, tk)} registers per thread (budget {budget} for "
+                     f"blocks_per_sm={options.blocks_per_sm}, at most {MAX_STAGED_PER_THREAD} staged)")
         tk //= 2
+    while regs(tm, tn, tk) > budget and tm * tn // 2 >= need:
+        if tn >= tm and tn // 2 >= max(16, mn) and (tk * tn // 2) % threads == 0:
+            new = (tm, tn // 2)
+        elif tm // 2 >= max(16, mm) and (tm // 2 * tk) % threads == 0:
+            new = (tm // 2, tn)
+        else:
+            break
+        notes.append(f"tile {tm}x{tn} lowered to {new[0]}x{new[1]}: about {regs(tm, tn, tk)} registers per thread, "
+                     f"over the budget of {budget} for blocks_per_sm={options.blocks_per_sm}")
+        tm, tn = new
     return tm, tn, tk, notes
 
 
@@ -338,7 +376,7 @@ class _Simt(GemmEmitter):
 
     def _tiles(self, p, options, threads):
         def regs(tm, tn, tk):
-            return tm * tn // threads + (tm * tk + tk * tn) // threads + 48
+            return tm * tn // threads + 2 * (tm * tk + tk * tn) // threads + 48
         return _fit_tiles(p, options, threads, multiple=(1, 1, 1), name=self.name, regs=regs)
 
 
@@ -360,8 +398,8 @@ class _Wmma(GemmEmitter):
 
     def _tiles(self, p, options, threads):
         def regs(tm, tn, tk):
-            # fragments: 8 fp32 per 16x16 accumulator per warp lane, plus staged operands
-            return tm * tn // threads + (tm * tk + tk * tn) // threads + 64
+            # accumulator fragments, operand fragments, the staged operands (and their conversions)
+            return 2 * tm * tn // threads + 2 * (tm * tk + tk * tn) // threads + 64
         return _fit_tiles(p, options, threads, multiple=(16, 16, self.fk), name=self.name, regs=regs)
 
 
@@ -392,7 +430,9 @@ class _Wgmma(GemmEmitter):
         best = None
         for wgm in (d for d in range(1, groups + 1) if groups % d == 0):
             wgn = groups // wgm
-            for wn in (32, 64, 128):
+            # a row-major B (N-major tiles) is staged in whole 64-column swizzle atoms
+            widths = (64, 128) if p.b_n_contiguous and self.dtype != "float32" and p.n >= 64 else (32, 64, 128)
+            for wn in widths:
                 tm, tn = 64 * wgm, wgn * wn
                 if self._regs(tm, tn, tk, threads) > budget or (tm * tk) % threads or (tk * tn) % threads:
                     continue
