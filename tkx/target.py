@@ -234,7 +234,10 @@ class GemmPlan(Plan):
     why the ones before it were not); ``m, n, k, batch`` the sizes; ``tile_m x tile_n`` the
     output tile of one work item, ``tile_k`` the depth staged per step; ``split_k``: how
     many slices of K are computed by separate work items (1: none); ``adjusted``: what the
-    planner changed from the options and why (empty when nothing).
+    planner changed from the options and why (empty when nothing); ``partials``: with split-K,
+    the fp32 scratch buffer ``[split_k, batch, m, n]`` the slices are written to (the
+    ``gemm_partial`` group) and then added in slice order (the ``gemm`` group, which also runs
+    the epilogue).
     """
 
     impl: str
@@ -252,6 +255,7 @@ class GemmPlan(Plan):
     threads: int = 256
     split_k: int = 1
     adjusted: str = ""
+    partials: str | None = None
 
     @property
     def problem(self) -> GemmProblem:
@@ -303,11 +307,16 @@ class GemmEmitter:
     def items(self, plan: GemmPlan) -> int:
         return plan.batch * _ceil(plan.m, plan.tile_m) * _ceil(plan.n, plan.tile_n) * plan.split_k
 
-    def cost(self, plan: GemmPlan) -> Cost:
+    def cost(self, plan: GemmPlan, phase: str = "one") -> Cost:
+        """Cost of the GEMM (``phase="one"``), of its split-K slices (``"partial"``) or of adding
+        the slices and the epilogue (``"final"``)."""
+        if phase == "final":
+            outs = plan.m * plan.n * plan.batch
+            return Cost(_ceil(outs, plan.threads), outs * plan.split_k, outs * plan.split_k * 4)
         flops = 2 * plan.m * plan.n * plan.k * plan.batch
         nbytes = (plan.m * plan.k + plan.k * plan.n) * plan.batch * 4
         if plan.split_k > 1:
-            nbytes += 2 * plan.m * plan.n * plan.batch * plan.split_k * 4  # fp32 partials, written and read
+            nbytes += plan.m * plan.n * plan.batch * plan.split_k * 4  # fp32 partials written
         tc = self.capabilities.tensor_cores
         return Cost(self.items(plan), flops // TENSOR_SPEEDUP[tc] if tc else flops, nbytes)
 
@@ -350,22 +359,32 @@ def _fit_tiles(p: GemmProblem, options: Any, threads: int, *, multiple: tuple[in
     def staged(tk: int) -> int:
         return (tm * tk + tk * tn) // threads
 
+    def shrink(why: str) -> bool:
+        nonlocal tm, tn
+        if tm * tn // 2 < need:
+            return False
+        if tn >= tm and tn // 2 >= max(16, mn) and (tk * tn // 2) % threads == 0:
+            new = (tm, tn // 2)
+        elif tm // 2 >= max(16, mm) and (tm // 2 * tk) % threads == 0:
+            new = (tm // 2, tn)
+        else:
+            return False
+        notes.append(f"tile {tm}x{tn} lowered to {new[0]}x{new[1]}: {why} (budget {budget} registers per thread "
+                     f"for {threads} threads, blocks_per_sm={options.blocks_per_sm})")
+        tm, tn = new
+        return True
+
+    # accumulators first: at most half of what the budget leaves beside the kernel's other registers
+    while tm * tn // threads > (budget - 64) // 2 and shrink(f"{tm * tn // threads} accumulators per thread"):
+        pass
     while (regs(tm, tn, tk) > budget or staged(tk) > MAX_STAGED_PER_THREAD) and tk > mk \
             and (tm * tk // 2) % threads == 0 and (tk // 2 * tn) % threads == 0:
         notes.append(f"tile_k={tk} lowered to {tk // 2}: {tm}x{tn}x{tk} tiles stage {staged(tk)} operand elements "
                      f"and need about {regs(tm, tn, tk)} registers per thread (budget {budget} for "
                      f"blocks_per_sm={options.blocks_per_sm}, at most {MAX_STAGED_PER_THREAD} staged)")
         tk //= 2
-    while regs(tm, tn, tk) > budget and tm * tn // 2 >= need:
-        if tn >= tm and tn // 2 >= max(16, mn) and (tk * tn // 2) % threads == 0:
-            new = (tm, tn // 2)
-        elif tm // 2 >= max(16, mm) and (tm // 2 * tk) % threads == 0:
-            new = (tm // 2, tn)
-        else:
-            break
-        notes.append(f"tile {tm}x{tn} lowered to {new[0]}x{new[1]}: about {regs(tm, tn, tk)} registers per thread, "
-                     f"over the budget of {budget} for blocks_per_sm={options.blocks_per_sm}")
-        tm, tn = new
+    while regs(tm, tn, tk) > budget and shrink(f"about {regs(tm, tn, tk)} registers per thread"):
+        pass
     return tm, tn, tk, notes
 
 
@@ -376,7 +395,7 @@ class _Simt(GemmEmitter):
 
     def _tiles(self, p, options, threads):
         def regs(tm, tn, tk):
-            return tm * tn // threads + 2 * (tm * tk + tk * tn) // threads + 48
+            return tm * tn // threads + 2 * (tm * tk + tk * tn) // threads + 72
         return _fit_tiles(p, options, threads, multiple=(1, 1, 1), name=self.name, regs=regs)
 
 
@@ -538,7 +557,7 @@ def choose_gemm(p: GemmProblem, options: Any, arch: str = "sm_80") -> GemmPlan:
 
 
 #: Emitters whose code generation implements split-K (partial tiles reduced in a fixed order).
-SPLIT_K_EMITTERS: frozenset[str] = frozenset()
+SPLIT_K_EMITTERS: frozenset[str] = frozenset({"wgmma_bf16", "wgmma_f16", "wgmma_tf32"})
 
 
 def _plan_split_k(plan: GemmPlan, options: Any, e: GemmEmitter) -> GemmPlan:

@@ -101,16 +101,28 @@ def work_loop(body: str, work_items: int, *, item: str = "item", note: str = "")
     return f"{head}\n{indent(body)}\n}}"
 
 
-def _tile_header(p: GemmProblem, tm: int, tn: int, item: str, what: str) -> list[str]:
+def _tile_header(p: GemmProblem, tm: int, tn: int, item: str, what: str, split: int = 1,
+                 tk: int = 1, k_range: bool = False) -> list[str]:
+    """Which tile (and, with ``split > 1``, which slice of K) work item ``item`` computes: defines
+    ``bat row0 col0`` and ``ks_split k_beg k_end`` (the item's K range, whole ``tk`` steps)."""
     tiles_n = _ceil(p.n, tn)
     per_batch = _ceil(p.m, tm) * tiles_n
     lines = [f"// {what}",
              f"constexpr int M = {p.m}, N = {p.n}, K = {p.k};  // C[M x N] = A[M x K] @ B[K x N]"]
+    it = item
+    if split > 1:
+        ks = _ceil(_ceil(p.k, tk), split) * tk
+        lines += [f"const int ks_split = {item} / {p.batch * per_batch};  // split-K: this item's slice of K "
+                  f"(of {split})",
+                  f"const int k_beg = ks_split * {ks}, k_end = min(K, k_beg + {ks});"]
+        it = f"({item} % {p.batch * per_batch})"
+    elif k_range:
+        lines += ["constexpr int ks_split = 0, k_beg = 0, k_end = K;  // the whole of K"]
     if p.batch > 1:
-        lines += [f"const int bat = {item} / {per_batch};  // which matrix of the batch of {p.batch}",
-                  f"const int tile = {item} % {per_batch};"]
+        lines += [f"const int bat = {it} / {per_batch};  // which matrix of the batch of {p.batch}",
+                  f"const int tile = {it} % {per_batch};"]
     else:
-        lines += ["const int bat = 0;", f"const int tile = {item};"]
+        lines += ["const int bat = 0;", f"const int tile = {it};"]
     lines += [f"const int row0 = (tile / {tiles_n}) * {tm};  // this tile's first row of C",
               f"const int col0 = (tile % {tiles_n}) * {tn};  // and first column"]
     return lines
@@ -584,7 +596,7 @@ WGMMA_STAGES = 4
 
 def _wgmma_pipelined(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue, *, variant: str,
                      tm: int, tn: int, tk: int, threads: int, item: str, smem: str, ptr_a: PtrA | None,
-                     ptr_b: PtrB | None) -> GemmCode | None:
+                     ptr_b: PtrB | None, split: int = 1) -> GemmCode | None:
     """The wgmma GEMM with operands copied global -> shared by ``cp.async`` (16 bytes at a time, no
     registers), ``WGMMA_STAGES`` stages deep; ``None`` when it does not apply (see :func:`wgmma_gemm`).
 
@@ -681,15 +693,15 @@ def _wgmma_pipelined(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epi
     k_loop = block(
         "#pragma unroll 1",
         f"for (int s = 0; s < {stages - 1}; ++s) {{  // prologue: the first {stages - 1} k-tiles in flight",
-        "    if (s * TK < K) issue(s, s * TK);",
+        "    if (k_beg + s * TK < k_end) issue(s, k_beg + s * TK);",
         '    asm volatile("cp.async.commit_group;\\n" ::: "memory");',
         "}",
         "#pragma unroll 1",
-        "for (int kt = 0, k0 = 0; k0 < K; ++kt, k0 += TK) {",
+        "for (int kt = 0, k0 = k_beg; k0 < k_end; ++kt, k0 += TK) {",
         f'    asm volatile("cp.async.wait_group {stages - 2};\\n" ::: "memory");  // k-tile kt has landed',
         '    asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");  // generic/copy writes -> MMA reads',
         "    __syncthreads();  // ... for every thread; and every warpgroup is done with k-tile kt - 1",
-        f"    if (k0 + {stages - 1} * TK < K) issue((kt + {stages - 1}) % {stages}, k0 + {stages - 1} * TK);"
+        f"    if (k0 + {stages - 1} * TK < k_end) issue((kt + {stages - 1}) % {stages}, k0 + {stages - 1} * TK);"
         "  // into the stage k-tile kt - 1 used",
         '    asm volatile("cp.async.commit_group;\\n" ::: "memory");',
         f"    const unsigned st = stage0 + (kt % {stages}) * {stage_bytes};",
@@ -729,7 +741,7 @@ def _wgmma_pipelined(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epi
     body = block(
         _tile_header(p, tm, tn, item, f"tensor-core GEMM ({what} wgmma m64n{wn}k{fk}, fp32 accumulate), one "
                      f"{tm}x{tn} tile of C; {wgm}x{wgn} warpgroups of 64x{wn}; cp.async, {stages} stages, "
-                     f"{layouts}"),
+                     f"{layouts}", split, tk, True),
         f"constexpr int TM = {tm}, TN = {tn}, TK = {tk};",
         f"unsigned char* ws = {smem} + ((1024u - ((unsigned)__cvta_generic_to_shared({smem}) & 1023u)) & 1023u);"
         "  // swizzle atoms start on 1024 bytes",
@@ -753,15 +765,16 @@ def _wgmma_pipelined(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epi
         "// epilogue: accumulators -> shared C tile -> per element",
         epi,
     )
-    items = p.batch * _ceil(p.m, tm) * _ceil(p.n, tn)
+    items = p.batch * _ceil(p.m, tm) * _ceil(p.n, tn) * split
     params = {"tile": (tm, tn, tk), "warpgroups": (wgm, wgn), "instruction": f"m64n{wn}k{fk}",
-              "swizzle": "128B", "stages": stages, "copies": "cp.async", "layouts": layouts}
+              "swizzle": "128B", "stages": stages, "copies": "cp.async", "layouts": layouts, "split_k": split}
     return GemmCode(variant, "{\n" + indent(body) + "\n}", items, shared, threads, True, params)
 
 
 def wgmma_gemm(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue, *, variant: str = "wgmma_bf16",
                tile_m: int = 128, tile_n: int = 128, tile_k: int = 64, threads: int = 256, item: str = "item",
-               smem: str = "tkx_smem", ptr_a: PtrA | None = None, ptr_b: PtrB | None = None) -> GemmCode:
+               smem: str = "tkx_smem", ptr_a: PtrA | None = None, ptr_b: PtrB | None = None,
+               split: int = 1) -> GemmCode:
     """(e) Hopper warpgroup MMA (``wgmma.mma_async``, sm_90a only), fp32 accumulators in registers.
 
     The block's ``threads / 128`` warpgroups are arranged WGM x WGN over the ``tile_m x tile_n``
@@ -795,7 +808,7 @@ def wgmma_gemm(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue,
         raise ValueError(f"{variant}: tile_n={tn} over {wgn} warpgroup column(s) must give 8 to 256 "
                          "columns each, a multiple of 8")
     piped = _wgmma_pipelined(p, load_a, load_b, epilogue, variant=variant, tm=tm, tn=tn, tk=tk, threads=threads,
-                             item=item, smem=smem, ptr_a=ptr_a, ptr_b=ptr_b)
+                             item=item, smem=smem, ptr_a=ptr_a, ptr_b=ptr_b, split=split)
     if piped is not None:
         return piped
     sa = _Stage("a", tm, tk, "col" if p.a_k_contiguous else "row", threads)
@@ -847,12 +860,12 @@ def wgmma_gemm(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue,
                       f'for (int i = 0; i < {acc_regs}; ++i) asm volatile("" : "+f"(d[i]) :: "memory");')
     k_loop = block(
         "int buf = 0;",
-        "fetch(0);",
+        "fetch(k_beg);",
         "stash_to(0);",
         'asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");  // generic stores -> tensor-core reads',
         "__syncthreads();",
-        "for (int k0 = 0; k0 < K; k0 += TK) {",
-        "    const bool more = k0 + TK < K;",
+        "for (int k0 = k_beg; k0 < k_end; k0 += TK) {",
+        "    const bool more = k0 + TK < k_end;",
         "    if (more) fetch(k0 + TK);  // the next tile's global loads are in flight during the MMAs",
         indent(compute),
         "    if (more) stash_to(buf ^ 1);  // the other stage was last read by the MMAs waited for below",
@@ -899,7 +912,7 @@ def wgmma_gemm(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue,
     what = {"wgmma_bf16": "bf16", "wgmma_f16": "fp16", "wgmma_tf32": "tf32"}[variant]
     body = block(
         _tile_header(p, tm, tn, item, f"tensor-core GEMM ({what} wgmma m64n{wn}k{fk}, fp32 accumulate), one "
-                     f"{tm}x{tn} tile of C; {wgm}x{wgn} warpgroups of 64x{wn}"),
+                     f"{tm}x{tn} tile of C; {wgm}x{wgn} warpgroups of 64x{wn}", split, tk, True),
         f"constexpr int TM = {tm}, TN = {tn}, TK = {tk};",
         f"unsigned char* ws = {smem} + ((1024u - ((unsigned)__cvta_generic_to_shared({smem}) & 1023u)) & 1023u);"
         "  // swizzle atoms start on 1024 bytes",
@@ -917,9 +930,9 @@ def wgmma_gemm(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue,
         "// epilogue: accumulators -> shared C tile -> per element",
         epi,
     )
-    items = p.batch * _ceil(p.m, tm) * _ceil(p.n, tn)
+    items = p.batch * _ceil(p.m, tm) * _ceil(p.n, tn) * split
     params = {"tile": (tm, tn, tk), "warpgroups": (wgm, wgn), "instruction": f"m64n{wn}k{fk}",
-              "swizzle": "128B", "stages": 2, "vector_loads": vec is not None}
+              "swizzle": "128B", "stages": 2, "vector_loads": vec is not None, "split_k": split}
     return GemmCode(variant, "{\n" + indent(body) + "\n}", items, shared, threads, True, params)
 
 
@@ -1060,15 +1073,20 @@ def choose_variant(p: GemmProblem, *, fp32_math: str = "simt", tensor_cores: boo
 def emit_gemm(variant: str, p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue, *,
               tile_m: int = 64, tile_n: int = 64, tile_k: int = 32, threads: int = 256,
               item: str = "item", smem: str = "tkx_smem", ptr_a: PtrA | None = None,
-              ptr_b: PtrB | None = None) -> GemmCode:
+              ptr_b: PtrB | None = None, split: int = 1) -> GemmCode:
     """Dispatch to the emitter of ``variant`` (one of :data:`VARIANTS`); ``ptr_a``/``ptr_b``
-    (pointers to operand elements in memory, for 16-byte staging) are used by the wgmma variants."""
+    (pointers to operand elements in memory, for 16-byte staging) are used by the wgmma variants;
+    ``split > 1`` (wgmma only) makes work item ``s * tiles + t`` compute tile ``t`` over the s-th slice
+    of K, and its epilogue sees the C variable ``ks_split`` (the slice)."""
+    if split > 1 and variant not in _WGMMA:
+        raise ValueError(f"split-K is implemented by the wgmma variants, not {variant}")
     if variant == "simt":
         return simt_gemm(p, load_a, load_b, epilogue, tile_m=tile_m, tile_n=tile_n, tile_k=tile_k,
                          threads=threads, item=item, smem=smem)
     if variant in _WGMMA:
         return wgmma_gemm(p, load_a, load_b, epilogue, variant=variant, tile_m=tile_m, tile_n=tile_n,
-                          tile_k=tile_k, threads=threads, item=item, smem=smem, ptr_a=ptr_a, ptr_b=ptr_b)
+                          tile_k=tile_k, threads=threads, item=item, smem=smem, ptr_a=ptr_a, ptr_b=ptr_b,
+                          split=split)
     if variant in _WMMA:
         return wmma_gemm(p, load_a, load_b, epilogue, variant=variant, tile_m=tile_m, tile_n=tile_n,
                          tile_k=tile_k, threads=threads, item=item, smem=smem)

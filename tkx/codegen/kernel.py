@@ -296,7 +296,7 @@ class _Emitter:
             body = block(f"const long long i = (long long)item * {t} + threadIdx.x;",
                          f"if (i < {n}LL) {{", indent(self.point(g, "i", {}, 0)), "}")
             return "{\n" + indent(body) + "\n}", max(1, -(-n // t)), 0
-        if g.kind == "gemm":
+        if g.kind in ("gemm", "gemm_partial"):
             return self.gemm_code(g)
         return self.reduction_code(g)
 
@@ -365,10 +365,39 @@ class _Emitter:
             lines.append(self.point(g, "tkx_e", {op.id: f"v_{op.id}"}, 1))
             return block(lines)
 
-        code = emit_gemm(variant, prob, operand(a), operand(b), epilogue, tile_m=params["tile_m"],
+        split = int(params.get("split_k", 1))
+        if split > 1 and g.kind == "gemm":
+            # split-K, phase 2: add the slices in order (a fixed order: the same bits every run), then
+            # the epilogue, one output element per thread
+            scratch, _ = self.pointer(params["partials"])
+            total, t = prob.batch * m * n, self.threads
+            body = block(
+                f"const long long e = (long long)item * {t} + threadIdx.x;",
+                f"if (e < {total}LL) {{",
+                f"    const int bat = (int)(e / {m * n}), row = (int)((e / {n}) % {m}), col = (int)(e % {n});",
+                "    float acc = 0.0f;",
+                "    #pragma unroll",
+                f"    for (int s = 0; s < {split}; ++s) acc += {scratch}[s * {total}LL + e];  // slice order",
+                indent(epilogue("bat", "row", "col", "acc")),
+                "}")
+            self.plan.notes[g.id] = {"variant": f"{variant} split-K final", "split_k": split}
+            return (f"{{  // {g.id}: add the {split} split-K slices of {op.id}, then its epilogue\n"
+                    + indent(body) + "\n}"), max(1, -(-total // t)), 0
+        if split > 1:
+            # split-K, phase 1: each work item writes one tile's sum over one slice of K to scratch
+            scratch, _ = self.pointer(params["partials"])
+            total = prob.batch * m * n
+
+            def partial_store(bat: str, row: str, col: str, acc: str) -> str:
+                lin = f"(((long long){bat} * {m} + {row}) * {n} + {col})"
+                return f"{scratch}[(long long)ks_split * {total}LL + {lin}] = {acc};  // {op.id}: split-K slice"
+            final = partial_store
+        else:
+            final = epilogue
+        code = emit_gemm(variant, prob, operand(a), operand(b), final, tile_m=params["tile_m"],
                          tile_n=params["tile_n"], tile_k=params["tile_k"], threads=self.threads,
                          ptr_a=pointer_to(a, 1 if prob.a_k_contiguous else 0),
-                         ptr_b=pointer_to(b, 1 if prob.b_n_contiguous else 0))
+                         ptr_b=pointer_to(b, 1 if prob.b_n_contiguous else 0), split=split)
         self.plan.tensor_cores |= code.tensor_cores
         self.plan.notes[g.id] = {"variant": code.variant, **code.params}
         return code.code, code.work_items, code.shared_bytes

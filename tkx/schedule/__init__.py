@@ -374,8 +374,9 @@ def _group_cost(group: Group, program_ops: dict[str, Op], threads: int) -> Cost:
     p = group.plan
     store_bytes = sum(program_ops[s].out.nbytes for s in group.stores if s in program_ops)
     if isinstance(p, GemmPlan):
-        c = gemm_emitter(p.impl).cost(p)
-        return Cost(c.items, c.flops, c.bytes + store_bytes)
+        phase = "partial" if group.kind == "gemm_partial" else "final" if p.partials else "one"
+        c = gemm_emitter(p.impl).cost(p, phase)
+        return Cost(c.items, c.flops, c.bytes + (store_bytes if phase != "partial" else 0))
     if isinstance(p, ReductionPlan):
         phase = "partial" if group.kind == "reduction_partial" else "one"
         c = reduction_emitter(p.strategy).cost(p, threads, phase)
@@ -483,6 +484,20 @@ def schedule(program: Program, options: Any = None, *, rules: tuple[FusionRule, 
                                 in_inl, plan=rplan.replace(partials=name))
             groups[gid] = Group(gid, "reduction", grp.anchor, grp.ops, grp.stores, epi_reads + (name,),
                                 epi_inl, plan=rplan.replace(partials=name))
+
+    # Split-K GEMMs become a partial group (each work item one tile over one slice of K, written to
+    # fp32 scratch) plus the final group (adds the slices in order, then the epilogue).
+    for gid in list(groups):
+        grp = groups[gid]
+        gplan = grp.plan
+        if grp.kind == "gemm" and isinstance(gplan, GemmPlan) and gplan.split_k > 1:
+            name = f"{grp.anchor}_splitk"
+            scratch[name] = gplan.split_k * gplan.batch * gplan.m * gplan.n * 4
+            in_reads, in_inl = _group_reads(w, list(grp.ops), [grp.anchor])
+            groups[f"{gid}k"] = Group(f"{gid}k", "gemm_partial", grp.anchor, (grp.anchor,), (name,), in_reads, in_inl,
+                                      plan=gplan.replace(partials=name))
+            groups[gid] = Group(gid, "gemm", grp.anchor, grp.ops, grp.stores, grp.reads + (name,), grp.inlined,
+                                plan=gplan.replace(partials=name))
 
     # Step 4: stages from read-after-write dependencies.
     producer_group: dict[str, str] = {}

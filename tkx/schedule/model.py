@@ -27,7 +27,7 @@ from ..errors import UnknownOpError
 from ..ir import OPS, Op, Program, TensorSpec
 
 #: Group kinds.
-GROUP_KINDS = ("gemm", "reduction", "reduction_partial", "pointwise", "copy")
+GROUP_KINDS = ("gemm", "gemm_partial", "reduction", "reduction_partial", "pointwise", "copy")
 
 
 @dataclass(frozen=True)
