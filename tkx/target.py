@@ -85,6 +85,25 @@ TENSOR_SPEEDUP = {"wmma": 8, "wgmma": 24}
 ARCHES = ("sm_80", "sm_90", "sm_90a")
 
 
+def speed_of_light_us(flops: float, nbytes: float, gpu: GpuFacts = GPU) -> float:
+    """The least time (µs) a workload of ``flops`` floating-point operations moving ``nbytes``
+    bytes can take on ``gpu``: ``max(flops / peak bf16 FLOP/s, bytes / peak bandwidth)``."""
+    return max(flops / (gpu.peak_bf16_tflops * 1e12), nbytes / gpu.peak_bytes_per_s) * 1e6
+
+
+def program_work(program: Any) -> tuple[int, int]:
+    """``(FLOPs, bytes)`` a step must at least do: 2 m n k per matrix product, and its inputs read
+    plus its outputs and in-place updates written once (the speed-of-light workload)."""
+    flops = 0
+    for op in program.ops:
+        if op.family == "matmul":
+            a, b = (op.inputs[1], op.inputs[2]) if op.kind == "addmm" else (op.inputs[0], op.inputs[1])
+            flops += GemmProblem.from_views(a, b).flops
+    nbytes = sum(i.value.nbytes for i in program.inputs) + sum(o.value.nbytes for o in program.outputs)
+    nbytes += sum(program.inputs[u.input_index].value.nbytes for u in program.updates)
+    return flops, nbytes
+
+
 def resolve_arch(arch: str, device_arch: str | None = None) -> str:
     """The architecture to generate code for.
 
