@@ -5,8 +5,9 @@ everyday steps of the zoo (``everyday``), one JSON file each.
 ``tiny_online``, ``online``, ``small`` and ``medium`` (from :mod:`tkx.examples`) and returns
 (and writes) a dict keyed by workload name. Each entry has ``us_per_step`` (the megakernel,
 µs), ``best_baseline`` and ``best_baseline_us``, ``ratio_to_best`` (below 1: tkx is faster),
-``speed_of_light_us`` (max(FLOPs / 790 TFLOP/s, bytes / 4.8 TB/s) of the step), ``sol_ratio`` (that
-divided by tkx's time; 1 = at the limit) and ``sol_ratios`` (every candidate's), ``baselines`` (candidate -> median µs, ``None`` if it failed) and ``baseline_notes``,
+``speed_of_light_us`` (max(FLOPs / 790 TFLOP/s, bytes / 4.8 TB/s) of the step), ``sol_ratio``
+(that divided by tkx's time; 1 = at the limit) and ``sol_ratios`` (every candidate's),
+``baselines`` (candidate -> median µs, ``None`` if it failed) and ``baseline_notes``,
 ``samples_us``, the kernel's ``registers``/``spill_bytes``/``local_bytes``/``shared_bytes``/
 ``occupancy``/``grid``/``block``/``mode``, the schedule's ``barriers`` and ``stages``,
 ``cold_compile_s``/``cached_compile_s`` (NVRTC), ``verified``, ``worst_output``/``worst_error``,

@@ -638,10 +638,11 @@ def _wgmma_pipelined(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epi
             offset = "r * 128 + ((((c >> 3) ^ (r & 7))) << 4)"
             elems = [elem_of(f"({origin} + r)", f"(k0 + c + {j})") for j in range(per)]
         else:
-            coords = f"const int e = threadIdx.x + l * {threads}, c = e / {rows // per}, r = (e % {rows // per}) * {per};"
+            coords = (f"const int e = threadIdx.x + l * {threads}, c = e / {rows // per}, "
+                      f"r = (e % {rows // per}) * {per};")
             offset = (f"(r >> 6) * {atom_stride} + (c >> 3) * 1024 + (c & 7) * 128 + "
                       "((((r >> 3) & 7) ^ (c & 7)) << 4)")
-            elems = [elem_of(f"({origin} + r + {j})", f"(k0 + c)") for j in range(per)]
+            elems = [elem_of(f"({origin} + r + {j})", "(k0 + c)") for j in range(per)]
         cond = _guard((f"{origin} + r < {bound}", guard_r), ("k0 + c < K", k_guard)) or "true"
         packed = [f"{bits}({conv.format(x)})" for x in elems]
         words = ", ".join(f"(unsigned){packed[2 * w]} | ((unsigned){packed[2 * w + 1]} << 16)" for w in range(4))
@@ -904,7 +905,8 @@ def wgmma_gemm(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue,
     fetch_lines = _fetch_and_stash(p, sa, sb, load_a, load_b, a_slot, b_slot, conv.format, m_guard, n_guard,
                                    k_guard)
     # make the shared stash take the stage's pointers
-    fetch_lines[-1] = fetch_lines[-1].replace("auto stash = [&]() {", f"auto stash_into = [&]({elem}* As, {elem}* Bs) {{")
+    fetch_lines[-1] = fetch_lines[-1].replace("auto stash = [&]() {",
+                                              f"auto stash_into = [&]({elem}* As, {elem}* Bs) {{")
     vec = _wgmma_vector_staging(p, tm, tn, tk, threads, ebytes, ptr_a, ptr_b, load_a, load_b, conv,
                                 m_guard, n_guard, k_guard)
     if vec is not None:

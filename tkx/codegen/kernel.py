@@ -21,10 +21,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..arena import ArenaPlan
-from ..errors import TkxError
 from .. import ops as optable
+from ..arena import ArenaPlan
 from ..dtypes import FLOAT_DTYPES, INT_DTYPES
+from ..errors import TkxError
 from ..ir import Op, TensorSpec, contiguous_strides
 from ..schedule.model import FusedSchedule, Group, Home
 from ..target import register_budget, register_note

@@ -23,7 +23,7 @@ import torch
 
 from ..errors import TkxError
 from . import cache as _cache
-from .device import arch_of, cuda_core, kernel_arch, make_current, require_cuda, sm_count
+from .device import cuda_core, kernel_arch, make_current, require_cuda, sm_count
 
 #: Dynamic shared memory a kernel may use without opting in (bytes).
 DEFAULT_DYNAMIC_SHARED_LIMIT = 48 * 1024

@@ -22,9 +22,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import TkxError
 from .. import ops
 from ..dtypes import INT_DTYPES
+from ..errors import TkxError
 from ..ir import Op, Program, TensorSpec
 from ..target import (
     BLOCK_BARRIER_US,

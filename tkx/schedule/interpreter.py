@@ -168,7 +168,8 @@ class _Machine:
         a = self.operand(a_spec, regs, grp, memo).float()
         b = self.operand(b_spec, regs, grp, memo).float()
         k, tk, split = plan["k"], plan["tile_k"], plan["split_k"]
-        per = -(-(-(-k // tk)) // split) * tk
+        steps = -(-k // tk)
+        per = -(-steps // split) * tk
         out = []
         for s in range(split):
             lo, hi = s * per, min(k, (s + 1) * per)
