@@ -728,3 +728,21 @@ def test_runner_raises_the_kernel_error_and_clears_the_words(cpu_runner):
     runner(*ex.make_inputs(0), check=False)  # deferred: the error waits for check_status
     with pytest.raises(S.KernelError):
         runner.check_status()
+
+
+def test_speed_of_light_ratios_beside_the_baselines():
+    from tkx.target import program_work, speed_of_light_us
+
+    rows = (Row.measured("inductor", [20.0, 21.0, 19.0], 10), Row.measured("tkx", [40.0, 41.0, 39.0], 10))
+    report = BenchmarkReport("w", rows, schedule={"speed_of_light_us": 10.0})
+    assert report.sol_ratios == {"inductor": 0.5, "tkx": 0.25}
+    assert "speed of light" in str(report) and "0.250" in str(report)
+    entry = workload_entry(report)
+    assert entry["sol_ratio"] == 0.25 and entry["speed_of_light_us"] == 10.0
+    line = summary_lines({"w": entry})[1]
+    assert "0.250" in line and "0.500" in line
+    assert speed_of_light_us(790e12, 0) == pytest.approx(1e6) and speed_of_light_us(0, 4.8e6) == pytest.approx(1.0)
+    ex = tkx.examples.get("medium")
+    flops, nbytes = program_work(tkx.capture(ex.step_fn, ex.example_inputs).lower())
+    assert flops == 5 * 2 * 256 * 1024 * 4096  # two forward and three backward GEMMs
+    assert nbytes > 2 * (1024 * 4096 + 4096 * 1024) * 2  # the weights read and written, bf16

@@ -33,7 +33,7 @@ STAGE_OF_OPTION = {
     "fuse_pointwise": "schedule", "fuse_epilogues": "schedule", "fuse_reductions": "schedule",
     "tile_m": "schedule", "tile_n": "schedule", "tile_k": "schedule",
     "threads_per_block": "schedule", "blocks_per_sm": "schedule", "max_blocks": "schedule",
-    "split_k": "schedule", "mode": "schedule", "fp32_math": "schedule",
+    "split_k": "schedule", "mode": "schedule", "fp32_math": "schedule", "arch": "schedule",
     # Code generation and the runtime read the options from the schedule, which is cheap to
     # recompute: these re-run it too, so every later stage sees the new value.
     "spin_limit": "schedule", "exact": "schedule", "backend": "schedule",

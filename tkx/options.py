@@ -77,6 +77,9 @@ class Options:
                      "auto: chosen by cost", choices=("auto", "block", "grid"))
     fp32_math: str = _opt("simt", "simt: exact fp32 FMA on CUDA cores; tf32: tensor cores (10-bit mantissa)",
                           choices=("simt", "tf32"))
+    arch: str = _opt("auto", "GPU architecture to generate code for: auto (the device's own at run time, "
+                     "sm_90a on Hopper; portable sm_80 code without a GPU), sm_80, sm_90, or sm_90a (wgmma)",
+                     choices=("auto", "sm_80", "sm_90", "sm_90a"))
     exact: bool = _opt(False, "no fused multiply-add contraction (compile with fmad off)", choices=_BOOL)
     passes: tuple[str, ...] | None = _opt(None, "pass pipeline by name (None: the default pipeline)")
     rules: tuple[str, ...] | None = _opt(None, "user fusion rules by name (None: every registered one)")

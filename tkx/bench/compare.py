@@ -198,6 +198,10 @@ def compare(step_fn: Callable[..., Any], example_inputs: Sequence[Any], options:
         "groups": len(getattr(sched, "groups", {}) or {}),
         "blocks_wanted": getattr(sched, "blocks", None), "threads": getattr(sched, "threads", None),
     }
+    from ..target import program_work, speed_of_light_us
+
+    flops, nbytes = program_work(runner.program)
+    schedule_info.update(flops=flops, bytes=nbytes, speed_of_light_us=speed_of_light_us(flops, nbytes))
     props = torch.cuda.get_device_properties(dev)
     meta = {"device": props.name, "sm_count": props.multi_processor_count, "torch": torch.__version__,
             "cuda": torch.version.cuda, "repeats": repeats, "warmup": warmup, "input_sets": len(sets),

@@ -112,6 +112,18 @@ class BenchmarkReport:
         return {r.name: (r.median_us / best if r.median_us is not None and best else None) for r in self.rows}
 
     @property
+    def speed_of_light_us(self) -> float | None:
+        """max(FLOPs / 790 TFLOP/s, bytes / 4.8 TB/s) of the step in µs (``schedule["speed_of_light_us"]``,
+        :func:`tkx.target.speed_of_light_us`), ``None`` when not recorded."""
+        return self.schedule.get("speed_of_light_us")
+
+    @property
+    def sol_ratios(self) -> dict[str, float | None]:
+        """Every candidate's speed-of-light ratio: the speed-of-light time / its median (1 = at the limit)."""
+        sol = self.speed_of_light_us
+        return {r.name: (sol / r.median_us if sol and r.median_us else None) for r in self.rows}
+
+    @property
     def verified(self) -> bool | None:
         return None if self.verification is None else bool(self.verification.get("passed"))
 
@@ -120,7 +132,9 @@ class BenchmarkReport:
         return {
             "name": self.name, "rows": [r.as_dict() for r in self.rows], "best_baseline": self.best_baseline,
             "best_baseline_us": self.best_baseline_us, "us_per_step": self.megakernel_us,
-            "ratio_to_best": self.ratio_to_best, "ratios": self.ratios, "verification": self.verification,
+            "ratio_to_best": self.ratio_to_best, "ratios": self.ratios,
+            "speed_of_light_us": self.speed_of_light_us, "sol_ratios": self.sol_ratios,
+            "verification": self.verification,
             "resources": self.resources, "compile": self.compile, "schedule": self.schedule,
             "meta": self.meta,
         }
@@ -135,17 +149,23 @@ class BenchmarkReport:
 
     def table_rows(self) -> list[tuple[str, str, str, str, str, str]]:
         """Header plus one row per candidate: name, median, min..max, ratio, samples, note."""
-        out = [("candidate", "median µs", "min..max µs", "x best baseline", "steps/sample", "note")]
+        sol = self.sol_ratios
+        head = ("candidate", "median µs", "min..max µs", "x best baseline", "steps/sample", "note")
+        if self.speed_of_light_us:
+            head = head[:4] + ("speed of light",) + head[4:]
+        out = [head]
         ratios = self.ratios
         for r in self.rows:
             if r.median_us is None:
-                out.append((r.name, "-", "-", "-", "-", r.note or "failed"))
+                out.append((r.name, "-", "-", "-") + (("-",) if len(head) == 7 else ()) + ("-", r.note or "failed"))
                 continue
             ratio = ratios.get(r.name)
             mark = " (best)" if r.name == self.best_baseline else ""
-            out.append((r.name, f"{r.median_us:.1f}", f"{r.min_us:.1f}..{r.max_us:.1f}",
-                        (f"{ratio:.2f}" if ratio is not None else "-") + mark, str(r.steps_per_sample),
-                        r.note if not r.ok or r.note else ""))
+            cells = (r.name, f"{r.median_us:.1f}", f"{r.min_us:.1f}..{r.max_us:.1f}",
+                     (f"{ratio:.2f}" if ratio is not None else "-") + mark)
+            if len(head) == 7:
+                cells += (f"{sol[r.name]:.3f}" if sol.get(r.name) is not None else "-",)
+            out.append(cells + (str(r.steps_per_sample), r.note if not r.ok or r.note else ""))
         return out
 
     def headline(self) -> str:

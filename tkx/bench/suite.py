@@ -5,6 +5,8 @@ everyday steps of the zoo (``everyday``), one JSON file each.
 ``tiny_online``, ``online``, ``small`` and ``medium`` (from :mod:`tkx.examples`) and returns
 (and writes) a dict keyed by workload name. Each entry has ``us_per_step`` (the megakernel,
 µs), ``best_baseline`` and ``best_baseline_us``, ``ratio_to_best`` (below 1: tkx is faster),
+``speed_of_light_us`` (max(FLOPs / 790 TFLOP/s, bytes / 4.8 TB/s) of the step), ``sol_ratio``
+(that divided by tkx's time; 1 = at the limit) and ``sol_ratios`` (every candidate's),
 ``baselines`` (candidate -> median µs, ``None`` if it failed) and ``baseline_notes``,
 ``samples_us``, the kernel's ``registers``/``spill_bytes``/``local_bytes``/``shared_bytes``/
 ``occupancy``/``grid``/``block``/``mode``, the schedule's ``barriers`` and ``stages``,
@@ -42,6 +44,9 @@ def workload_entry(report: BenchmarkReport) -> dict[str, Any]:
         "best_baseline": report.best_baseline,
         "best_baseline_us": report.best_baseline_us,
         "ratio_to_best": report.ratio_to_best,
+        "speed_of_light_us": report.speed_of_light_us,
+        "sol_ratio": report.sol_ratios.get("tkx"),
+        "sol_ratios": report.sol_ratios,
         "baselines": {r.name: r.median_us for r in report.baselines},
         "baseline_notes": {r.name: r.note for r in report.baselines if not r.ok},
         "samples_us": {r.name: list(r.samples) for r in report.rows},
@@ -104,8 +109,8 @@ def bench_suite(suite: str = "mlp", out_json: str | None = None, *, options: Any
 
 def summary_lines(results: dict[str, Any]) -> list[str]:
     """A plain-text table of a suite's results (one line per workload)."""
-    lines = [f"{'workload':<12} {'tkx µs':>9} {'best baseline':>24} {'ratio':>6} {'regs':>5} {'grid':>5} "
-             f"{'barriers':>8} {'verified':>8}"]
+    lines = [f"{'workload':<12} {'tkx µs':>9} {'best baseline':>24} {'ratio':>6} {'SOL tkx':>7} {'SOL best':>8} "
+             f"{'regs':>5} {'grid':>5} {'barriers':>8} {'verified':>8}"]
     for name, e in results.items():
         if "error" in e:
             lines.append(f"{name:<12} ERROR {e['error'][:90]}")
@@ -115,7 +120,9 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
             return format(x, fmt) if isinstance(x, (int, float)) else "-"
 
         best = f"{e.get('best_baseline') or '-'} {num(e.get('best_baseline_us'), '.1f')}"
+        sols = e.get("sol_ratios") or {}
         lines.append(f"{name:<12} {num(e.get('us_per_step'), '9.1f')} {best:>24} "
-                     f"{num(e.get('ratio_to_best'), '6.2f')} {num(e.get('registers'), '5d')} "
+                     f"{num(e.get('ratio_to_best'), '6.2f')} {num(e.get('sol_ratio'), '7.3f')} "
+                     f"{num(sols.get(e.get('best_baseline') or ''), '8.3f')} {num(e.get('registers'), '5d')} "
                      f"{num(e.get('grid'), '5d')} {num(e.get('barriers'), '8d')} {str(e.get('verified')):>8}")
     return lines

@@ -45,57 +45,19 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..ir import TensorSpec
+from ..target import SKINNY_MAX, GemmProblem, choose_gemm
 from .text import block, indent
 
 LoadA = Callable[[str, str, str], str]  # (batch, row, k) -> float C expression
+PtrA = Callable[[str, str, str], str]  # (batch, row, k) -> C pointer to that element in memory
+PtrB = Callable[[str, str, str], str]  # (batch, k, col) -> C pointer to that element in memory
 LoadB = Callable[[str, str, str], str]  # (batch, k, col) -> float C expression
 Epilogue = Callable[[str, str, str, str], str]  # (batch, row, col, acc) -> C statements
 
-VARIANTS = ("simt", "wmma_bf16", "wmma_f16", "wmma_tf32", "gemv")
+VARIANTS = ("simt", "wmma_bf16", "wmma_f16", "wmma_tf32", "wgmma_bf16", "wgmma_f16", "wgmma_tf32", "gemv")
 
 #: Alignment of each array carved from the shared workspace (WMMA needs 32 bytes).
 SMEM_ALIGN = 128
-
-
-@dataclass(frozen=True)
-class GemmProblem:
-    """``C[batch, m, n] = A[batch, m, k] @ B[batch, k, n]`` and the operands' memory order.
-
-    ``dtype`` is the operands' dtype (``torch.mm`` needs both the same). ``a_k_contiguous``
-    says consecutive k of a row of A are adjacent in memory (A row-major), otherwise
-    consecutive rows are (A is a transposed view); ``b_n_contiguous`` likewise for B.
-    """
-
-    m: int
-    n: int
-    k: int
-    batch: int = 1
-    dtype: str = "float32"
-    a_k_contiguous: bool = True
-    b_n_contiguous: bool = True
-
-    @staticmethod
-    def from_views(a: TensorSpec, b: TensorSpec) -> GemmProblem:
-        """The problem of ``a @ b`` for 2-D (mm) or 3-D (bmm) views, memory order read from strides."""
-        if a.ndim != b.ndim or a.ndim not in (2, 3):
-            raise ValueError(f"mm/bmm operands must both be 2-D or 3-D, got {a.shape} and {b.shape}")
-        batch = a.shape[0] if a.ndim == 3 else 1
-        m, k = a.shape[-2:]
-        n = b.shape[-1]
-        a_k = _last_index_fast(a.shape[-2:], a.strides[-2:])
-        b_n = _last_index_fast(b.shape[-2:], b.strides[-2:])
-        return GemmProblem(m, n, k, batch, a.dtype, bool(a_k), bool(b_n))
-
-
-def _last_index_fast(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
-    """Whether the last index of a 2-D view is the one to walk with consecutive threads."""
-    rows, cols = shape
-    if rows == 1:
-        return True
-    if cols == 1:
-        return False
-    return strides[1] <= strides[0]
 
 
 @dataclass(frozen=True)
@@ -139,16 +101,28 @@ def work_loop(body: str, work_items: int, *, item: str = "item", note: str = "")
     return f"{head}\n{indent(body)}\n}}"
 
 
-def _tile_header(p: GemmProblem, tm: int, tn: int, item: str, what: str) -> list[str]:
+def _tile_header(p: GemmProblem, tm: int, tn: int, item: str, what: str, split: int = 1,
+                 tk: int = 1, k_range: bool = False) -> list[str]:
+    """Which tile (and, with ``split > 1``, which slice of K) work item ``item`` computes: defines
+    ``bat row0 col0`` and ``ks_split k_beg k_end`` (the item's K range, whole ``tk`` steps)."""
     tiles_n = _ceil(p.n, tn)
     per_batch = _ceil(p.m, tm) * tiles_n
     lines = [f"// {what}",
              f"constexpr int M = {p.m}, N = {p.n}, K = {p.k};  // C[M x N] = A[M x K] @ B[K x N]"]
+    it = item
+    if split > 1:
+        ks = _ceil(_ceil(p.k, tk), split) * tk
+        lines += [f"const int ks_split = {item} / {p.batch * per_batch};  // split-K: this item's slice of K "
+                  f"(of {split})",
+                  f"const int k_beg = ks_split * {ks}, k_end = min(K, k_beg + {ks});"]
+        it = f"({item} % {p.batch * per_batch})"
+    elif k_range:
+        lines += ["constexpr int ks_split = 0, k_beg = 0, k_end = K;  // the whole of K"]
     if p.batch > 1:
-        lines += [f"const int bat = {item} / {per_batch};  // which matrix of the batch of {p.batch}",
-                  f"const int tile = {item} % {per_batch};"]
+        lines += [f"const int bat = {it} / {per_batch};  // which matrix of the batch of {p.batch}",
+                  f"const int tile = {it} % {per_batch};"]
     else:
-        lines += ["const int bat = 0;", f"const int tile = {item};"]
+        lines += ["const int bat = 0;", f"const int tile = {it};"]
     lines += [f"const int row0 = (tile / {tiles_n}) * {tm};  // this tile's first row of C",
               f"const int col0 = (tile % {tiles_n}) * {tn};  // and first column"]
     return lines
@@ -507,9 +481,466 @@ def wmma_gemm(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue, 
 
 
 # --------------------------------------------------------------------------------------
+# (e) Hopper warpgroup MMA (wgmma, sm_90a)
+# --------------------------------------------------------------------------------------
+_WGMMA = {
+    # variant: (element type, k per instruction, PTX type, float -> element, element bytes)
+    "wgmma_bf16": ("__nv_bfloat16", 16, "bf16", "__float2bfloat16_rn({})", 2),
+    "wgmma_f16": ("__half", 16, "f16", "__float2half_rn({})", 2),
+    "wgmma_tf32": ("float", 8, "tf32", "nvcuda::wmma::__float_to_tf32({})", 4),
+}
+
+#: Bytes of one swizzled row of an operand tile (the 128-byte swizzle mode's span).
+SWIZZLE_ROW = 128
+
+
+def _wgmma_asm(n: int, ptx_type: str, fk: int, acc: str) -> str:
+    """One ``wgmma.mma_async`` of shape m64 x ``n`` x ``fk``: D[64 x n] += A[64 x fk] B[fk x n],
+    both operands read from shared memory through descriptors ``da`` and ``db``."""
+    regs = n // 2
+    d = ", ".join(f"%{i}" for i in range(regs))
+    trans = ", 0, 0" if ptx_type != "tf32" else ""
+    outs = ", ".join(f'"+f"({acc}[{i}])' for i in range(regs))
+    return (f'asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 2}, 0;\\n'
+            f'wgmma.mma_async.sync.aligned.m64n{n}k{fk}.f32.{ptx_type}.{ptx_type} '
+            f'{{{d}}}, %{regs}, %{regs + 1}, p, 1, 1{trans};\\n}}\\n"\n'
+            f'    : {outs}\n'
+            f'    : "l"(da), "l"(db), "r"(1));')
+
+
+def _wgmma_vector_staging(p: GemmProblem, tm: int, tn: int, tk: int, threads: int, ebytes: int,
+                          ptr_a: PtrA | None, ptr_b: PtrB | None, load_a: LoadA, load_b: LoadB,
+                          convert: str, m_guard: bool, n_guard: bool, k_guard: bool) -> str | None:
+    """16-byte staging of both operands, or ``None`` when it does not apply.
+
+    Defines ``fetch(k0)``: this thread's 8-element vectors of the k-tile at ``k0`` into ``uint4``
+    registers (one 16-byte load each when ``vec_ok``, both operands' addresses being 16-byte
+    aligned; else element by element through the load callbacks, packed into the same
+    registers), and ``stash_into(As, Bs)``: the vectors into the swizzled stage (one 16-byte store
+    when the vector runs along K, else eight 2-byte stores into consecutive tile rows).
+    """
+    if ptr_a is None or ptr_b is None or ebytes != 2:
+        return None
+    if not p.a_k_contiguous or p.b_n_contiguous:
+        # measured on the H200: a vector along M or N costs eight 2-byte shared stores into eight
+        # swizzled rows, slower than the element path; only K-contiguous operands (one 16-byte
+        # chunk per vector) gain (256x4096x1024 with B^T: 13.9 us against 30.4 us)
+        return None
+    per = 16 // ebytes  # elements per vector
+    bits = f"__{'bfloat16' if p.dtype == 'bfloat16' else 'half'}_as_ushort"
+    # operand: (name, tile rows R, vector along "k" or "r", bound of R, origin, pointer, element)
+    ops = [("a", tm, "k" if p.a_k_contiguous else "r", "M", "row0", lambda r, k: ptr_a("bat", r, k),
+            lambda r, k: load_a("bat", r, k)),
+           ("b", tn, "k" if not p.b_n_contiguous else "r", "N", "col0", lambda r, k: ptr_b("bat", k, r),
+            lambda r, k: load_b("bat", k, r))]
+    fetch, stash, checks, decls = [], [], [], []
+    for name, rows, along, bound, origin, ptr, elem_of in ops:
+        count = rows * tk // per
+        if count % threads:
+            return None
+        if along == "k" and p.k % per or along == "r" and (p.m if name == "a" else p.n) % per:
+            return None
+        n_per = count // threads
+        tile = "As" if name == "a" else "Bs"
+        guard_r = m_guard if name == "a" else n_guard
+        checks.append(f"(((unsigned long long){ptr('0', '0')}) & 15ULL) == 0")
+        decls.append(f"uint4 {name}_vec[{n_per}];")
+        if along == "k":  # 8 consecutive k of one tile row: one 16-byte swizzle chunk
+            vr = tk // per
+            coords = f"const int e = threadIdx.x + l * {threads}, r = e / {vr}, c = (e % {vr}) * {per};"
+            elem_rc = ("r", "c + {j}")
+            store = (f"*reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>({tile}) + r * {SWIZZLE_ROW} + "
+                     f"(((c / {per}) ^ (r & 7)) * 16)) = {name}_vec[l];")
+        else:  # 8 consecutive tile rows at one k: eight 2-byte stores
+            vr = rows // per
+            coords = f"const int e = threadIdx.x + l * {threads}, c = e / {vr}, r = (e % {vr}) * {per};"
+            elem_rc = ("r + {j}", "c")
+            store = block(
+                f"const unsigned w[4] = {{{name}_vec[l].x, {name}_vec[l].y, {name}_vec[l].z, {name}_vec[l].w}};",
+                "#pragma unroll",
+                f"for (int j = 0; j < {per}; ++j)",
+                f"    reinterpret_cast<unsigned short*>({tile})[(r + j) * {SWIZZLE_ROW // ebytes} + "
+                f"(((c / {per}) ^ ((r + j) & 7)) * {per}) + (c % {per})] = "
+                "(unsigned short)(w[j / 2] >> (16 * (j % 2)));")
+        cond = _guard((f"{origin} + r < {bound}", guard_r), ("k0 + c < K", k_guard))
+        load = f"*reinterpret_cast<const uint4*>({ptr(f'({origin} + r)', '(k0 + c)')})"
+        elems = []
+        for j in range(per):
+            er, ec = (x.format(j=j) for x in elem_rc)
+            x = elem_of(f"({origin} + {er})", f"(k0 + {ec})")
+            elems.append(f"{bits}({convert.format(x)})")
+        words = ", ".join(f"(unsigned){elems[2 * w]} | ((unsigned){elems[2 * w + 1]} << 16)" for w in range(4))
+        fetch += ["    #pragma unroll",
+                  f"    for (int l = 0; l < {n_per}; ++l) {{",
+                  f"        {coords}",
+                  f"        if (!({cond or 'true'})) {name}_vec[l] = make_uint4(0u, 0u, 0u, 0u);",
+                  f"        else if (vec_ok) {name}_vec[l] = {load};",
+                  f"        else {name}_vec[l] = make_uint4({words});",
+                  "    }"]
+        stash += ["    #pragma unroll",
+                  f"    for (int l = 0; l < {n_per}; ++l) {{",
+                  f"        {coords}",
+                  indent(store, 2),
+                  "    }"]
+    return block(
+        *decls,
+        f"const bool vec_ok = {' && '.join(checks)};  // both operands 16-byte aligned: 16-byte loads",
+        "auto fetch = [&](int k0) {  // global -> registers, 8 elements per vector", *fetch, "};",
+        "auto stash_into = [&](void* As, void* Bs) {  // registers -> the swizzled stage", *stash, "};",
+    )
+
+
+#: Shared-memory stages of the pipelined wgmma GEMM (copies of the next STAGES - 1 k-tiles in flight).
+WGMMA_STAGES = 4
+
+
+def _wgmma_pipelined(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue, *, variant: str,
+                     tm: int, tn: int, tk: int, threads: int, item: str, smem: str, ptr_a: PtrA | None,
+                     ptr_b: PtrB | None, split: int = 1) -> GemmCode | None:
+    """The wgmma GEMM with operands copied global -> shared by ``cp.async`` (16 bytes at a time, no
+    registers), ``WGMMA_STAGES`` stages deep; ``None`` when it does not apply (see :func:`wgmma_gemm`).
+
+    Each operand tile keeps the memory order of its operand: K-major (A row-major, B given as
+    B^T) or MN-major (A transposed, B row-major; the MMA reads it with its transpose flag), both
+    in the 128-byte swizzle. K-major: tile row r (an M or N index) is 128 bytes of K, 16-byte chunk
+    c at chunk ``c ^ (r % 8)``. MN-major: atoms of 64 M/N indices x 8 k (1024 bytes), k-row kr of
+    an atom is 128 bytes of M/N with chunk c at ``c ^ (kr % 8)``; atoms run along K first.
+    """
+    elem, fk, ptx_type, conv, ebytes = _WGMMA[variant]
+    if ptr_a is None or ptr_b is None or ebytes != 2 or tk * ebytes != SWIZZLE_ROW:
+        return None
+    per = 8
+    groups = threads // 128
+    wgm = tm // 64
+    wgn = groups // wgm
+    wn = tn // wgn
+    a_kmajor, b_kmajor = p.a_k_contiguous, not p.b_n_contiguous
+    if (a_kmajor or b_kmajor) and p.k % per:
+        return None
+    if not a_kmajor and p.m % per or not b_kmajor and (p.n % per or wn % 64):
+        return None
+    if (tm * tk // per) % threads or (tn * tk // per) % threads:
+        return None
+    a_bytes, b_bytes = tm * SWIZZLE_ROW, tn * SWIZZLE_ROW
+    stage_bytes = a_bytes + b_bytes
+    stages = WGMMA_STAGES
+    ldc = tn + 4
+    shared = max(stages * stage_bytes, tm * ldc * 4) + 1024
+    m_guard, n_guard, k_guard = p.m % tm != 0, p.n % tn != 0, p.k % tk != 0
+    bits = f"__{'bfloat16' if p.dtype == 'bfloat16' else 'half'}_as_ushort"
+    atom_stride = (tk // 8) * 1024  # bytes between MN atoms of an MN-major tile
+
+    def operand_issue(name: str, rows: int, kmajor: bool, bound: str, origin: str, guard_r: bool,
+                      ptr: Callable[[str, str], str], elem_of: Callable[[str, str], str], region: int) -> str:
+        n_per = rows * tk // per // threads
+        if kmajor:
+            coords = f"const int e = threadIdx.x + l * {threads}, r = e / {tk // per}, c = (e % {tk // per}) * {per};"
+            offset = "r * 128 + ((((c >> 3) ^ (r & 7))) << 4)"
+            elems = [elem_of(f"({origin} + r)", f"(k0 + c + {j})") for j in range(per)]
+        else:
+            coords = (f"const int e = threadIdx.x + l * {threads}, c = e / {rows // per}, "
+                      f"r = (e % {rows // per}) * {per};")
+            offset = (f"(r >> 6) * {atom_stride} + (c >> 3) * 1024 + (c & 7) * 128 + "
+                      "((((r >> 3) & 7) ^ (c & 7)) << 4)")
+            elems = [elem_of(f"({origin} + r + {j})", "(k0 + c)") for j in range(per)]
+        cond = _guard((f"{origin} + r < {bound}", guard_r), ("k0 + c < K", k_guard)) or "true"
+        packed = [f"{bits}({conv.format(x)})" for x in elems]
+        words = ", ".join(f"(unsigned){packed[2 * w]} | ((unsigned){packed[2 * w + 1]} << 16)" for w in range(4))
+        return block(
+            "#pragma unroll",
+            f"for (int l = 0; l < {n_per}; ++l) {{  // {name.upper()}: {n_per} vector(s) of 8 per thread, "
+            + ("K-major" if kmajor else "MN-major"),
+            f"    {coords}",
+            f"    const bool in = {cond};",
+            f"    const unsigned dst = stage + {region} + {offset};",
+            "    if (vec_ok) {",
+            f"        const void* src = in ? (const void*){ptr(f'({origin} + r)', '(k0 + c)')} : "
+            f"(const void*){ptr('0', '0')};",
+            '        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\\n" :: "r"(dst), "l"(src), '
+            '"r"(in ? 16 : 0) : "memory");',
+            "    } else {",
+            f"        const uint4 v = in ? make_uint4({words}) : make_uint4(0u, 0u, 0u, 0u);",
+            '        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\\n" :: "r"(dst), "r"(v.x), "r"(v.y), '
+            '"r"(v.z), "r"(v.w) : "memory");',
+            "    }",
+            "}",
+        )
+
+    issue_a = operand_issue("a", tm, a_kmajor, "M", "row0", m_guard, lambda r, k: ptr_a("bat", r, k),
+                            lambda r, k: load_a("bat", r, k), 0)
+    issue_b = operand_issue("b", tn, b_kmajor, "N", "col0", n_guard, lambda r, k: ptr_b("bat", k, r),
+                            lambda r, k: load_b("bat", k, r), a_bytes)
+    checks = " && ".join(f"(((unsigned long long){q}) & 15ULL) == 0" for q in (ptr_a("bat", "0", "0"),
+                                                                            ptr_b("bat", "0", "0")))
+
+    def desc_expr(kmajor: bool) -> str:
+        lbo, sbo = (16, 1024) if kmajor else (atom_stride, 1024)
+        return (f"(((unsigned long long)(a) & 0x3FFFFULL) >> 4) | ({lbo >> 4}ULL << 16) | ({sbo >> 4}ULL << 32) "
+                "| (1ULL << 62)")
+
+    a_step, b_step = (32 if a_kmajor else 2048), (32 if b_kmajor else 2048)
+    a_wg = "wr * 64 * 128" if a_kmajor else f"wr * {atom_stride}"
+    b_wg = f"wc * {wn} * 128" if b_kmajor else f"wc * {wn // 64 * atom_stride}"
+    ksteps = tk // fk
+    acc_regs = wn // 2
+    regs = acc_regs
+    dlist = ", ".join(f"%{i}" for i in range(regs))
+    outs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+    mma = (f'asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 2}, 0;\\n'
+           f'wgmma.mma_async.sync.aligned.m64n{wn}k{fk}.f32.{ptx_type}.{ptx_type} '
+           f'{{{dlist}}}, %{regs}, %{regs + 1}, p, 1, 1, {0 if a_kmajor else 1}, {0 if b_kmajor else 1};\\n}}\\n"\n'
+           f'    : {outs}\n'
+           f'    : "l"(da), "l"(db), "r"(1));')
+    k_loop = block(
+        "#pragma unroll 1",
+        f"for (int s = 0; s < {stages - 1}; ++s) {{  // prologue: the first {stages - 1} k-tiles in flight",
+        "    if (k_beg + s * TK < k_end) issue(s, k_beg + s * TK);",
+        '    asm volatile("cp.async.commit_group;\\n" ::: "memory");',
+        "}",
+        "#pragma unroll 1",
+        "for (int kt = 0, k0 = k_beg; k0 < k_end; ++kt, k0 += TK) {",
+        f'    asm volatile("cp.async.wait_group {stages - 2};\\n" ::: "memory");  // k-tile kt has landed',
+        '    asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");  // generic/copy writes -> MMA reads',
+        "    __syncthreads();  // ... for every thread; and every warpgroup is done with k-tile kt - 1",
+        f"    if (k0 + {stages - 1} * TK < k_end) issue((kt + {stages - 1}) % {stages}, k0 + {stages - 1} * TK);"
+        "  // into the stage k-tile kt - 1 used",
+        '    asm volatile("cp.async.commit_group;\\n" ::: "memory");',
+        f"    const unsigned st = stage0 + (kt % {stages}) * {stage_bytes};",
+        '    asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory");',
+        "    #pragma unroll",
+        f"    for (int ks = 0; ks < {ksteps}; ++ks) {{",
+        f"        const unsigned long long da = desc(st + {a_wg} + ks * {a_step}, {int(a_kmajor)});",
+        f"        const unsigned long long db = desc(st + {a_bytes} + {b_wg} + ks * {b_step}, {int(b_kmajor)});",
+        indent(mma, 2),
+        "    }",
+        '    asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory");',
+        '    asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory");',
+        "    #pragma unroll",
+        f'    for (int i = 0; i < {acc_regs}; ++i) asm volatile("" : "+f"(d[i]) :: "memory");',
+        "}",
+        'asm volatile("cp.async.wait_group 0;\\n" ::: "memory");',
+        "__syncthreads();  // every warpgroup's MMAs are done before the C tile reuses the stages",
+    )
+    epi = block(
+        "float* Cs = reinterpret_cast<float*>(ws);  // the C tile, fp32, rows padded",
+        "#pragma unroll",
+        f"for (int j = 0; j < {acc_regs}; ++j) {{",
+        "    const int r = wr * 64 + (warp % 4) * 16 + lane / 4 + 8 * ((j / 2) % 2);",
+        f"    const int c = wc * {wn} + 8 * (j / 4) + 2 * (lane % 4) + (j % 2);",
+        f"    Cs[r * {ldc} + c] = d[j];",
+        "}",
+        "__syncthreads();",
+        "#pragma unroll 1  // kept rolled: the epilogue's code appears once",
+        f"for (int e = threadIdx.x; e < {tm * tn}; e += {threads}) {{",
+        f"    const int row = row0 + e / {tn}, col = col0 + e % {tn};",
+        indent(_epilogue_block(epilogue, f"Cs[(e / {tn}) * {ldc} + e % {tn}]", m_guard, n_guard)),
+        "}",
+        "__syncthreads();  // Cs is read before the next work item reuses the workspace",
+    )
+    what = {"wgmma_bf16": "bf16", "wgmma_f16": "fp16"}[variant]
+    layouts = f"A {'K' if a_kmajor else 'M'}-major, B {'K' if b_kmajor else 'N'}-major"
+    body = block(
+        _tile_header(p, tm, tn, item, f"tensor-core GEMM ({what} wgmma m64n{wn}k{fk}, fp32 accumulate), one "
+                     f"{tm}x{tn} tile of C; {wgm}x{wgn} warpgroups of 64x{wn}; cp.async, {stages} stages, "
+                     f"{layouts}", split, tk, True),
+        f"constexpr int TM = {tm}, TN = {tn}, TK = {tk};",
+        f"unsigned char* ws = {smem} + ((1024u - ((unsigned)__cvta_generic_to_shared({smem}) & 1023u)) & 1023u);"
+        "  // swizzle atoms start on 1024 bytes",
+        "const unsigned stage0 = (unsigned)__cvta_generic_to_shared(ws);  // stage s: A tile then B tile, "
+        f"{stage_bytes} bytes",
+        "const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;",
+        f"const int wr = (warp / 4) / {wgn}, wc = (warp / 4) % {wgn};  // this warpgroup's block of C",
+        f"const bool vec_ok = {checks};  // 16-byte aligned operands: cp.async, else element loads",
+        "auto desc = [](unsigned a, int kmajor) -> unsigned long long {  // wgmma shared-memory descriptor",
+        f"    return kmajor ? ({desc_expr(True)}) : ({desc_expr(False)});",
+        "};",
+        "auto issue = [&](int s, int k0) {  // the k-tile at k0 -> stage s",
+        f"    const unsigned stage = stage0 + s * {stage_bytes};",
+        indent(issue_a),
+        indent(issue_b),
+        "};",
+        f"float d[{acc_regs}];  // accumulators of this thread (m64n{wn} fragment)",
+        "#pragma unroll",
+        f"for (int j = 0; j < {acc_regs}; ++j) d[j] = 0.0f;",
+        k_loop,
+        "// epilogue: accumulators -> shared C tile -> per element",
+        epi,
+    )
+    items = p.batch * _ceil(p.m, tm) * _ceil(p.n, tn) * split
+    params = {"tile": (tm, tn, tk), "warpgroups": (wgm, wgn), "instruction": f"m64n{wn}k{fk}",
+              "swizzle": "128B", "stages": stages, "copies": "cp.async", "layouts": layouts, "split_k": split}
+    return GemmCode(variant, "{\n" + indent(body) + "\n}", items, shared, threads, True, params)
+
+
+def wgmma_gemm(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue, *, variant: str = "wgmma_bf16",
+               tile_m: int = 128, tile_n: int = 128, tile_k: int = 64, threads: int = 256, item: str = "item",
+               smem: str = "tkx_smem", ptr_a: PtrA | None = None, ptr_b: PtrB | None = None,
+               split: int = 1) -> GemmCode:
+    """(e) Hopper warpgroup MMA (``wgmma.mma_async``, sm_90a only), fp32 accumulators in registers.
+
+    The block's ``threads / 128`` warpgroups are arranged WGM x WGN over the ``tile_m x tile_n``
+    tile; each owns a 64 x (tile_n / WGN) block of C and issues one m64nNk16 (bf16/fp16) or
+    m64nNk8 (tf32) instruction per K step. Operand tiles are fetched from global memory into
+    registers through the load callbacks (any view, transposed or computed on the fly), converted,
+    and stored K-major into shared memory in the 128-byte swizzle layout that the tensor cores read
+    through matrix descriptors: row r (an M index of A, an N index of B) is 128 bytes of K, and
+    16-byte chunk c of row r sits at chunk ``c ^ (r % 8)``. ``tile_k`` is one swizzle row (64 bf16
+    or 32 tf32). Two shared stages: the next K tile's global loads and its store into the other
+    stage overlap the asynchronous MMAs of this one. After the K loop every warpgroup writes its
+    accumulators to a padded fp32 tile in shared memory (reusing the operand bytes) and the whole
+    block runs the epilogue per element, consecutive threads on consecutive columns.
+    """
+    if variant not in _WGMMA:
+        raise ValueError(f"unknown wgmma variant {variant!r}; one of {sorted(_WGMMA)}")
+    elem, fk, ptx_type, conv, ebytes = _WGMMA[variant]
+    tm, tn, tk = tile_m, tile_n, tile_k
+    if threads % 128:
+        raise ValueError(f"{variant} needs whole warpgroups (threads a multiple of 128), got {threads}")
+    if tk * ebytes != SWIZZLE_ROW:
+        raise ValueError(f"{variant} stages K in rows of {SWIZZLE_ROW} bytes: tile_k must be "
+                         f"{SWIZZLE_ROW // ebytes}, got {tk}")
+    groups = threads // 128
+    if tm % 64 or (tm // 64) > groups or groups % (tm // 64):
+        raise ValueError(f"{variant}: tile_m={tm} must be 64 x a divisor of the {groups} warpgroup(s)")
+    wgm = tm // 64
+    wgn = groups // wgm
+    wn = tn // wgn
+    if tn % wgn or wn % 8 or not 8 <= wn <= 256:
+        raise ValueError(f"{variant}: tile_n={tn} over {wgn} warpgroup column(s) must give 8 to 256 "
+                         "columns each, a multiple of 8")
+    piped = _wgmma_pipelined(p, load_a, load_b, epilogue, variant=variant, tm=tm, tn=tn, tk=tk, threads=threads,
+                             item=item, smem=smem, ptr_a=ptr_a, ptr_b=ptr_b, split=split)
+    if piped is not None:
+        return piped
+    sa = _Stage("a", tm, tk, "col" if p.a_k_contiguous else "row", threads)
+    sb = _Stage("b", tk, tn, "col" if p.b_n_contiguous else "row", threads)
+    for s in (sa, sb):
+        _check_staging(s)
+    row_elems = SWIZZLE_ROW // ebytes  # elements of one swizzled row (= tk)
+    chunk_elems = 16 // ebytes
+    a_bytes = tm * SWIZZLE_ROW
+    b_bytes = tn * SWIZZLE_ROW
+    stage_bytes = a_bytes + b_bytes
+    ldc = tn + 4  # fp32 staging rows, padded against bank conflicts
+    c_bytes = tm * ldc * 4
+    shared = max(2 * stage_bytes, c_bytes) + 1024  # + the shift that 1024-aligns the swizzle atoms
+
+    def slot(base: str, row: str, k: str) -> str:
+        # element (row, k) of a K-major tile in the 128-byte swizzle: row * 128 B, chunk ^ (row % 8)
+        return (f"{base}[({row}) * {row_elems} + ((((k_) / {chunk_elems}) ^ (({row}) & 7)) * {chunk_elems}) "
+                f"+ ((k_) % {chunk_elems})]").replace("k_", k)
+
+    a_slot = slot("As", "r", "c")   # A tile element (r = m, c = k)
+    b_slot = slot("Bs", "c", "r")   # B tile element (r = k, c = n), stored as row n
+    m_guard, n_guard, k_guard = p.m % tm != 0, p.n % tn != 0, p.k % tk != 0
+    ksteps = tk // fk
+    acc_regs = wn // 2
+    mma = _wgmma_asm(wn, ptx_type, fk, "d")
+    # descriptor: start address >> 4 (bits 0-13), leading byte offset 16 >> 4 (bits 16-29, unused in
+    # swizzled K-major), stride byte offset 1024 >> 4 between 8-row groups (bits 32-45), 128-byte swizzle
+    # (mode 1, bits 62-63)
+    desc_fn = block(
+        "auto desc = [](const void* p) -> unsigned long long {  // wgmma shared-memory matrix descriptor",
+        "    const unsigned long long a = (unsigned long long)__cvta_generic_to_shared(p);",
+        "    return ((a & 0x3FFFFULL) >> 4) | (1ULL << 16) | ((1024ULL >> 4) << 32) | (1ULL << 62);",
+        "};",
+    )
+    compute = block(
+        f"{elem}* As = stage_base + buf * {stage_bytes // ebytes};",
+        f"{elem}* Bs = As + {a_bytes // ebytes};",
+        'asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory");',
+        "#pragma unroll",
+        f"for (int ks = 0; ks < {ksteps}; ++ks) {{  // {ksteps} MMAs of k{fk}: advance 32 bytes in the swizzled row",
+        f"    const unsigned long long da = desc(As + wr * {64 * row_elems} + ks * {fk});",
+        f"    const unsigned long long db = desc(Bs + wc * {wn * row_elems} + ks * {fk});",
+        indent(mma),
+        "}",
+        'asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory");',
+    )
+    fence_acc = block("#pragma unroll  // the accumulators are final only after the wait",
+                      f'for (int i = 0; i < {acc_regs}; ++i) asm volatile("" : "+f"(d[i]) :: "memory");')
+    k_loop = block(
+        "int buf = 0;",
+        "fetch(k_beg);",
+        "stash_to(0);",
+        'asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");  // generic stores -> tensor-core reads',
+        "__syncthreads();",
+        "for (int k0 = k_beg; k0 < k_end; k0 += TK) {",
+        "    const bool more = k0 + TK < k_end;",
+        "    if (more) fetch(k0 + TK);  // the next tile's global loads are in flight during the MMAs",
+        indent(compute),
+        "    if (more) stash_to(buf ^ 1);  // the other stage was last read by the MMAs waited for below",
+        '    asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory");',
+        indent(fence_acc),
+        '    asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");',
+        "    __syncthreads();",
+        "    buf ^= 1;",
+        "}",
+    )
+    # accumulator fragment of m64nN: register j of lane l in warp w (of the warpgroup) is
+    # row 16 w + l / 4 + 8 ((j / 2) % 2), column 8 (j / 4) + 2 (l % 4) + j % 2
+    epi = block(
+        "float* Cs = reinterpret_cast<float*>(stage_base);  // the C tile, fp32, rows padded",
+        "#pragma unroll",
+        f"for (int j = 0; j < {acc_regs}; ++j) {{",
+        "    const int r = wr * 64 + (warp % 4) * 16 + lane / 4 + 8 * ((j / 2) % 2);",
+        f"    const int c = wc * {wn} + 8 * (j / 4) + 2 * (lane % 4) + (j % 2);",
+        f"    Cs[r * {ldc} + c] = d[j];",
+        "}",
+        "__syncthreads();",
+        "#pragma unroll 1  // kept rolled: the epilogue's code appears once",
+        f"for (int e = threadIdx.x; e < {tm * tn}; e += {threads}) {{",
+        f"    const int row = row0 + e / {tn}, col = col0 + e % {tn};",
+        indent(_epilogue_block(epilogue, f"Cs[(e / {tn}) * {ldc} + e % {tn}]", m_guard, n_guard)),
+        "}",
+        "__syncthreads();  // Cs is read before the next work item reuses the workspace",
+    )
+    stash_fn = block(
+        "auto stash_to = [&](int b) {  // registers -> stage b, K-major, 128-byte swizzle",
+        f"    {elem}* As = stage_base + b * {stage_bytes // ebytes};",
+        f"    {elem}* Bs = As + {a_bytes // ebytes};",
+        "    stash_into(As, Bs);",
+        "};",
+    )
+    fetch_lines = _fetch_and_stash(p, sa, sb, load_a, load_b, a_slot, b_slot, conv.format, m_guard, n_guard,
+                                   k_guard)
+    # make the shared stash take the stage's pointers
+    fetch_lines[-1] = fetch_lines[-1].replace("auto stash = [&]() {",
+                                              f"auto stash_into = [&]({elem}* As, {elem}* Bs) {{")
+    vec = _wgmma_vector_staging(p, tm, tn, tk, threads, ebytes, ptr_a, ptr_b, load_a, load_b, conv,
+                                m_guard, n_guard, k_guard)
+    if vec is not None:
+        fetch_lines = [vec]
+    what = {"wgmma_bf16": "bf16", "wgmma_f16": "fp16", "wgmma_tf32": "tf32"}[variant]
+    body = block(
+        _tile_header(p, tm, tn, item, f"tensor-core GEMM ({what} wgmma m64n{wn}k{fk}, fp32 accumulate), one "
+                     f"{tm}x{tn} tile of C; {wgm}x{wgn} warpgroups of 64x{wn}", split, tk, True),
+        f"constexpr int TM = {tm}, TN = {tn}, TK = {tk};",
+        f"unsigned char* ws = {smem} + ((1024u - ((unsigned)__cvta_generic_to_shared({smem}) & 1023u)) & 1023u);"
+        "  // swizzle atoms start on 1024 bytes",
+        f"{elem}* stage_base = reinterpret_cast<{elem}*>(ws);  // stage s: A tile then B tile, "
+        f"{stage_bytes} bytes",
+        "const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;",
+        f"const int wr = (warp / 4) / {wgn}, wc = (warp / 4) % {wgn};  // this warpgroup's block of C",
+        desc_fn,
+        f"float d[{acc_regs}];  // accumulators of this thread (m64n{wn} fragment)",
+        "#pragma unroll",
+        f"for (int j = 0; j < {acc_regs}; ++j) d[j] = 0.0f;",
+        fetch_lines,
+        stash_fn,
+        k_loop,
+        "// epilogue: accumulators -> shared C tile -> per element",
+        epi,
+    )
+    items = p.batch * _ceil(p.m, tm) * _ceil(p.n, tn) * split
+    params = {"tile": (tm, tn, tk), "warpgroups": (wgm, wgn), "instruction": f"m64n{wn}k{fk}",
+              "swizzle": "128B", "stages": 2, "vector_loads": vec is not None, "split_k": split}
+    return GemmCode(variant, "{\n" + indent(body) + "\n}", items, shared, threads, True, params)
+
+
+# --------------------------------------------------------------------------------------
 # (d) GEMV / skinny
 # --------------------------------------------------------------------------------------
-SKINNY_MAX = 4
 
 
 def gemv(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue, *, threads: int = 256,
@@ -547,6 +978,8 @@ def gemv(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue, *, th
         long_load, short_load = a_of, b_of
     out = block(f"const int row = {row}, col = {col};", "const float acc = sum[s];",
                 epilogue("bat", "row", "col", "acc"))
+    out_total = block(f"const int row = {row}, col = {col};", "const float acc = total;",
+                      epilogue("bat", "row", "col", "acc"))
     header = [f"constexpr int M = {p.m}, N = {p.n}, K = {p.k};  // {dims}, S = {s_count} short index(es)"]
     if long_k_contiguous:
         per_item = warps
@@ -608,19 +1041,17 @@ def gemv(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue, *, th
             "#pragma unroll",
             f"for (int s = 0; s < {s_count}; ++s) part[(warp * {s_count} + s) * 32 + lane] = sum[s];",
             "__syncthreads();",
-            f"if (threadIdx.x < {s_count * 32}) {{  // thread (s, lane) adds the warps' partials in order",
-            "    const int s = threadIdx.x / 32;",
-            "    sum[s] = 0.0f;",
+            f"for (int s = threadIdx.x / 32; s < {s_count}; s += {warps}) {{  // warp s, lane: add the warps' "
+            "partials in order",
+            "    float total = 0.0f;",
             "    #pragma unroll",
-            f"    for (int w = 0; w < {warps}; ++w) sum[s] += part[(w * {s_count} + s) * 32 + lane];",
+            f"    for (int w = 0; w < {warps}; ++w) total += part[(w * {s_count} + s) * 32 + lane];",
             f"    if (l < {long_n}) {{",
-            indent(out, 2),
+            indent(out_total, 2),
             "    }",
             "}",
             "__syncthreads();  // part[] is read before the next work item reuses the workspace",
         )
-        if s_count * 32 > threads:
-            raise ValueError("split_l gemv needs at least S * 32 threads")
         shared = _align(warps * s_count * 32 * 4)
     items = p.batch * per_batch
     params = {"mode": mode, "short": "m" if small_m else "n", "short_size": s_count, "per_item": per_item}
@@ -630,28 +1061,34 @@ def gemv(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue, *, th
 # --------------------------------------------------------------------------------------
 # Choosing
 # --------------------------------------------------------------------------------------
-def choose_variant(p: GemmProblem, *, fp32_math: str = "simt", tensor_cores: bool = True) -> tuple[str, str]:
-    """The variant for ``p`` and a sentence saying why (for the schedule's decision log)."""
-    if min(p.m, p.n) <= SKINNY_MAX:
-        side = "M" if p.m <= p.n else "N"
-        return "gemv", f"{side} = {min(p.m, p.n)} <= {SKINNY_MAX}: skinny, tiles would be mostly empty"
-    if p.dtype in ("bfloat16", "float16"):
-        name = "wmma_bf16" if p.dtype == "bfloat16" else "wmma_f16"
-        if tensor_cores:
-            return name, f"{p.dtype} operands: tensor cores with fp32 accumulation"
+def choose_variant(p: GemmProblem, *, fp32_math: str = "simt", tensor_cores: bool = True,
+                   arch: str = "sm_80") -> tuple[str, str]:
+    """The variant for ``p`` and a sentence saying why (:func:`tkx.target.choose_gemm`)."""
+    from ..options import Options
+
+    if not tensor_cores and min(p.m, p.n) > SKINNY_MAX:
         return "simt", f"{p.dtype} operands but tensor cores are off: fp32 SIMT on widened values"
-    if p.dtype == "float32" and fp32_math == "tf32" and tensor_cores:
-        return "wmma_tf32", "fp32 operands with fp32_math='tf32': tensor cores on tf32-rounded inputs"
-    return "simt", f"{p.dtype} operands with fp32_math='{fp32_math}': exact fp32 SIMT tiles"
+    plan = choose_gemm(p, Options(fp32_math=fp32_math), arch)
+    return plan.impl, plan.why
 
 
 def emit_gemm(variant: str, p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue, *,
               tile_m: int = 64, tile_n: int = 64, tile_k: int = 32, threads: int = 256,
-              item: str = "item", smem: str = "tkx_smem") -> GemmCode:
-    """Dispatch to the emitter of ``variant`` (one of :data:`VARIANTS`)."""
+              item: str = "item", smem: str = "tkx_smem", ptr_a: PtrA | None = None,
+              ptr_b: PtrB | None = None, split: int = 1) -> GemmCode:
+    """Dispatch to the emitter of ``variant`` (one of :data:`VARIANTS`); ``ptr_a``/``ptr_b``
+    (pointers to operand elements in memory, for 16-byte staging) are used by the wgmma variants;
+    ``split > 1`` (wgmma only) makes work item ``s * tiles + t`` compute tile ``t`` over the s-th slice
+    of K, and its epilogue sees the C variable ``ks_split`` (the slice)."""
+    if split > 1 and variant not in _WGMMA:
+        raise ValueError(f"split-K is implemented by the wgmma variants, not {variant}")
     if variant == "simt":
         return simt_gemm(p, load_a, load_b, epilogue, tile_m=tile_m, tile_n=tile_n, tile_k=tile_k,
                          threads=threads, item=item, smem=smem)
+    if variant in _WGMMA:
+        return wgmma_gemm(p, load_a, load_b, epilogue, variant=variant, tile_m=tile_m, tile_n=tile_n,
+                          tile_k=tile_k, threads=threads, item=item, smem=smem, ptr_a=ptr_a, ptr_b=ptr_b,
+                          split=split)
     if variant in _WMMA:
         return wmma_gemm(p, load_a, load_b, epilogue, variant=variant, tile_m=tile_m, tile_n=tile_n,
                          tile_k=tile_k, threads=threads, item=item, smem=smem)

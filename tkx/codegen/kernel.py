@@ -21,12 +21,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..arena import ArenaPlan
-from ..errors import TkxError
 from .. import ops as optable
+from ..arena import ArenaPlan
 from ..dtypes import FLOAT_DTYPES, INT_DTYPES
+from ..errors import TkxError
 from ..ir import Op, TensorSpec, contiguous_strides
 from ..schedule.model import FusedSchedule, Group, Home
+from ..target import register_budget, register_note
 from . import abi
 from . import ops as cops
 from .cuda_prelude import C_TYPES, barrier, barrier_setup, load, prelude, round_to, shared_workspace, store
@@ -295,7 +296,7 @@ class _Emitter:
             body = block(f"const long long i = (long long)item * {t} + threadIdx.x;",
                          f"if (i < {n}LL) {{", indent(self.point(g, "i", {}, 0)), "}")
             return "{\n" + indent(body) + "\n}", max(1, -(-n // t)), 0
-        if g.kind == "gemm":
+        if g.kind in ("gemm", "gemm_partial"):
             return self.gemm_code(g)
         return self.reduction_code(g)
 
@@ -334,6 +335,22 @@ class _Emitter:
                 return load(dtype, ptr, idx)
             return load_elem
 
+        def pointer_to(view: TensorSpec, fast_dim: int) -> Any:
+            """(batch, r, c) -> C pointer to the element, when ``view`` is a stored buffer of the
+            problem's 2-byte dtype, contiguous along ``fast_dim`` (0: rows, 1: columns) and every
+            other stride and the offset a multiple of 8 elements (so 16-byte vectors stay aligned)."""
+            if view.buffer in self.s.inlined or view.dtype != prob.dtype or prob.dtype not in ("bfloat16", "float16"):
+                return None
+            strides = view.strides[-2:]
+            other = [st for d, st in enumerate(view.strides) if d != view.ndim - 2 + fast_dim]
+            if strides[fast_dim] != 1 or any(st % 8 for st in other) or view.offset % 8:
+                return None
+            ptr, _ = self.pointer(view.buffer)
+
+            def at(bat: str, r: str, c: str) -> str:
+                return f"({ptr} + {coords(bat, r, c, view)})"
+            return at
+
         def epilogue(bat: str, row: str, col: str, acc: str) -> str:
             lin = f"(((long long){bat} * {m} + {row}) * {n} + {col})" if batched else \
                 f"((long long){row} * {n} + {col})"
@@ -348,8 +365,39 @@ class _Emitter:
             lines.append(self.point(g, "tkx_e", {op.id: f"v_{op.id}"}, 1))
             return block(lines)
 
-        code = emit_gemm(variant, prob, operand(a), operand(b), epilogue, tile_m=params["tile_m"],
-                         tile_n=params["tile_n"], tile_k=params["tile_k"], threads=self.threads)
+        split = int(params.get("split_k", 1))
+        if split > 1 and g.kind == "gemm":
+            # split-K, phase 2: add the slices in order (a fixed order: the same bits every run), then
+            # the epilogue, one output element per thread
+            scratch, _ = self.pointer(params["partials"])
+            total, t = prob.batch * m * n, self.threads
+            body = block(
+                f"const long long e = (long long)item * {t} + threadIdx.x;",
+                f"if (e < {total}LL) {{",
+                f"    const int bat = (int)(e / {m * n}), row = (int)((e / {n}) % {m}), col = (int)(e % {n});",
+                "    float acc = 0.0f;",
+                "    #pragma unroll",
+                f"    for (int s = 0; s < {split}; ++s) acc += {scratch}[s * {total}LL + e];  // slice order",
+                indent(epilogue("bat", "row", "col", "acc")),
+                "}")
+            self.plan.notes[g.id] = {"variant": f"{variant} split-K final", "split_k": split}
+            return (f"{{  // {g.id}: add the {split} split-K slices of {op.id}, then its epilogue\n"
+                    + indent(body) + "\n}"), max(1, -(-total // t)), 0
+        if split > 1:
+            # split-K, phase 1: each work item writes one tile's sum over one slice of K to scratch
+            scratch, _ = self.pointer(params["partials"])
+            total = prob.batch * m * n
+
+            def partial_store(bat: str, row: str, col: str, acc: str) -> str:
+                lin = f"(((long long){bat} * {m} + {row}) * {n} + {col})"
+                return f"{scratch}[(long long)ks_split * {total}LL + {lin}] = {acc};  // {op.id}: split-K slice"
+            final = partial_store
+        else:
+            final = epilogue
+        code = emit_gemm(variant, prob, operand(a), operand(b), final, tile_m=params["tile_m"],
+                         tile_n=params["tile_n"], tile_k=params["tile_k"], threads=self.threads,
+                         ptr_a=pointer_to(a, 1 if prob.a_k_contiguous else 0),
+                         ptr_b=pointer_to(b, 1 if prob.b_n_contiguous else 0), split=split)
         self.plan.tensor_cores |= code.tensor_cores
         self.plan.notes[g.id] = {"variant": code.variant, **code.params}
         return code.code, code.work_items, code.shared_bytes
@@ -463,8 +511,9 @@ SPECIAL_POINTWISE = {
 
 def max_registers(threads: int, blocks_per_sm: int = 1) -> int:
     """Registers per thread that let ``blocks_per_sm`` blocks of ``threads`` share a 64K-register SM
-    (CUDA caps a thread at 255; register allocation is in units of 8)."""
-    return max(32, min(255, 65536 // (threads * max(blocks_per_sm, 1))) // 8 * 8)
+    (CUDA caps a thread at 255; register allocation is in units of 8), but never fewer than
+    :data:`tkx.target.MIN_REGISTERS` (:func:`tkx.target.register_budget`)."""
+    return register_budget(threads, blocks_per_sm)
 
 
 def generate(s: FusedSchedule, arena: ArenaPlan):
@@ -515,6 +564,9 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
     # a 64K-register SM). An explicit cap also keeps ptxas from its small default budget for
     # very large kernels, which made it spill.
     max_regs = max_registers(s.threads, getattr(s.options, "blocks_per_sm", 1))
+    why_regs = register_note(s.threads, getattr(s.options, "blocks_per_sm", 1))
+    if why_regs:
+        em.plan.notes["kernel"] = {"registers": max_regs, "why": why_regs}
     kernel = block(
         f"extern \"C\" __global__ void __maxnreg__({max_regs}) {abi.KERNEL_NAME}(",
         indent(",\n".join(p.declaration() for p in params), 2) + ") {",

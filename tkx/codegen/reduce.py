@@ -262,25 +262,17 @@ def final_reduce(kind: str, rows: int, size: int, chunks: int, finish: Finish, *
 
 def choose_strategy(rows: int, size: int, *, rows_contiguous: bool = False, threads: int = 256,
                     blocks: int = 132) -> tuple[str, str]:
-    """A strategy for a ``rows x size`` reduction and the reason, for the schedule's log.
+    """A strategy for a ``rows x size`` reduction and the reason (:func:`tkx.target.choose_reduction`).
 
     ``rows_contiguous``: consecutive rows are adjacent in memory (a reduction over a leading
     dim). ``blocks`` is the grid size the kernel expects. Two-phase (``partial``/``final``)
     is chosen when a single row is long and there are too few rows to fill the grid; it
     costs a barrier, which the scheduler accounts for.
     """
-    warps_total = blocks * threads // 32
-    if rows_contiguous and rows >= 32:
-        if rows >= blocks * threads // 8 or size <= 64:
-            return "thread", "rows adjacent in memory: one thread per row reads coalesced"
-        return "partial", "rows adjacent in memory but few: 32 rows x a chunk of each per work item"
-    if size <= 32:
-        return "thread", f"only {size} elements per row: a serial loop per thread"
-    if rows >= warps_total or size <= 2048:
-        return "warp", f"{rows} rows of {size}: one warp per row"
-    if rows >= blocks:
-        return "block", f"{rows} long rows ({size}): one block per row"
-    return "partial", f"{rows} rows of {size} cannot fill {blocks} blocks: two-phase grid reduction"
+    from ..target import ReductionProblem, choose_reduction
+
+    plan = choose_reduction(ReductionProblem(rows, size, rows_contiguous), threads, blocks)
+    return plan.strategy, plan.why
 
 
 def emit_reduction(strategy: str, kind: str, rows: int, size: int, element: Element, finish: Finish, *,

@@ -62,8 +62,18 @@ def gemm_kernel(variant: str, p: G.GemmProblem, *, a_strides: Sequence[int], b_s
         index = f"((long long){b} * {p.m} + {row}) * {p.n} + {col}"
         return P.store("float32", "C", index, v)
 
+    def pointer(name: str, strides: Sequence[int]):
+        sb, si, sj = strides
+
+        def at(b: str, i: str, j: str) -> str:
+            return f"({name} + (long long)({b}) * {sb} + (long long)({i}) * {si} + (long long)({j}) * {sj})"
+        return at
+
+    vector = p.dtype in ("bfloat16", "float16")
     code = G.emit_gemm(variant, p, _view("A", p.dtype, a_strides), _view("B", p.dtype, b_strides), epilogue,
-                       tile_m=tile_m, tile_n=tile_n, tile_k=tile_k, threads=threads)
+                       tile_m=tile_m, tile_n=tile_n, tile_k=tile_k, threads=threads,
+                       ptr_a=pointer("A", a_strides) if vector else None,
+                       ptr_b=pointer("B", b_strides) if vector else None)
     t = P.c_type(p.dtype)
     source = block(
         P.prelude(tensor_cores=code.tensor_cores),

@@ -75,6 +75,13 @@ def arch_of(device: torch.device) -> str:
     return f"sm_{major}{minor}"
 
 
+def kernel_arch(device: torch.device) -> str:
+    """The architecture tkx compiles kernels for on ``device``: ``"sm_90a"`` on compute capability
+    9.0 (H100/H200: its wgmma instructions), the device's own (:func:`arch_of`) elsewhere."""
+    arch = arch_of(device)
+    return "sm_90a" if arch == "sm_90" else arch
+
+
 def sm_count(device: torch.device) -> int:
     """Number of streaming multiprocessors of ``device``."""
     return int(torch.cuda.get_device_properties(device).multi_processor_count)

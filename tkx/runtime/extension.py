@@ -28,7 +28,7 @@ import torch
 
 from ..errors import TkxError
 from . import cache as _cache
-from .device import arch_of, sm_count
+from .device import kernel_arch, sm_count
 from .kernel import (
     DEFAULT_DYNAMIC_SHARED_LIMIT,
     KernelLoadError,
@@ -238,7 +238,7 @@ class ExtensionKernel:
         check_toolchain()
         from torch.utils import cpp_extension
 
-        arch = arch_of(device)
+        arch = kernel_arch(device)
         exact = bool(getattr(source_options(source), "exact", False))
         flags = nvcc_flags(arch, exact=exact)
         name = extension_name(source.text, arch, flags)

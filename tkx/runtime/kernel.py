@@ -23,7 +23,7 @@ import torch
 
 from ..errors import TkxError
 from . import cache as _cache
-from .device import arch_of, cuda_core, make_current, require_cuda, sm_count
+from .device import cuda_core, kernel_arch, make_current, require_cuda, sm_count
 
 #: Dynamic shared memory a kernel may use without opting in (bytes).
 DEFAULT_DYNAMIC_SHARED_LIMIT = 48 * 1024
@@ -245,7 +245,9 @@ def _launch_shape(source: Any) -> tuple[int, str, int, int]:
     threads = int(getattr(source, "threads", None) or getattr(schedule, "threads", 256))
     mode = str(getattr(source, "mode", None) or getattr(schedule, "mode", "grid"))
     blocks = int(getattr(source, "blocks", None) or getattr(schedule, "blocks", 1))
-    shared = int(getattr(source, "shared_bytes", 0) or 0)
+    # only a workspace above the static limit is dynamic (passed at launch); a static one is in the cubin
+    dyn = getattr(source, "dynamic_shared_bytes", None)
+    shared = int(dyn if dyn is not None else (getattr(source, "shared_bytes", 0) or 0))
     return threads, mode, blocks, shared
 
 
@@ -402,5 +404,5 @@ def compile(source: Any, device: Any = None, *, cache: bool | str = True, backen
         return ExtensionKernel.build(source, dev, cache=cache)
     if backend != "nvrtc":
         raise TkxError(f"unknown backend {backend!r}: use 'nvrtc' or 'torch-extension'")
-    binary = compile_cubin(source, arch_of(dev), cache=cache)
+    binary = compile_cubin(source, kernel_arch(dev), cache=cache)
     return CompiledKernel(source, binary, dev)

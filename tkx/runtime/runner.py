@@ -344,6 +344,19 @@ def lower(step_fn: Callable[..., Any], example_inputs: Sequence[Any], options: A
     return generate(sched, plan(sched))
 
 
+def _options_for_device(options: Any, dev: Any) -> Any:
+    """``options`` with ``arch="auto"`` resolved for ``dev`` (:func:`tkx.target.resolve_arch`):
+    sm_90a (wgmma GEMMs) on Hopper, the device's own architecture elsewhere."""
+    from ..options import Options
+    from ..target import resolve_arch
+    from .device import arch_of
+
+    options = options or Options()
+    if getattr(options, "arch", "auto") == "auto":
+        options = options.replace(arch=resolve_arch("auto", arch_of(dev)))
+    return options
+
+
 def build(step_fn: Callable[..., Any], example_inputs: Sequence[Any], options: Any = None, *,
           name: str | None = None, loss: int | None = None, device: Any = None,
           cache: bool | str = True) -> CompiledRunner:
@@ -361,6 +374,7 @@ def build(step_fn: Callable[..., Any], example_inputs: Sequence[Any], options: A
     if not isinstance(example_inputs, (tuple, list)):
         example_inputs = (example_inputs,)
     dev = device_of(tree_flatten(tuple(example_inputs))[0], device)
+    options = _options_for_device(options, dev)
     t0 = time.perf_counter()
     source = lower(step_fn, example_inputs, options, name=name, loss=loss)
     lowered = time.perf_counter() - t0

@@ -22,10 +22,31 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import TkxError
 from .. import ops
 from ..dtypes import INT_DTYPES
+from ..errors import TkxError
 from ..ir import Op, Program, TensorSpec
+from ..target import (
+    BLOCK_BARRIER_US,
+    GRID_BARRIER_US,
+    ITEM_OVERHEAD_US,
+    SM_BYTES_PER_US,
+    SM_COUNT,
+    SM_FLOPS_PER_US,
+    CopyPlan,
+    Cost,
+    GemmPlan,
+    GemmProblem,
+    PointwisePlan,
+    ReductionPlan,
+    ReductionProblem,
+    choose_gemm,
+    choose_reduction,
+    gemm_emitter,
+    pointwise_cost,
+    reduction_emitter,
+    resolve_arch,
+)
 from .model import (
     Barrier,
     CopyTask,
@@ -52,16 +73,6 @@ __all__ = [
     "FusionRule", "Candidate", "Verdict", "fuse", "keep", "fusion_rule", "remove_fusion_rule",
     "BUILTIN_RULES", "is_identity", "SM_COUNT",
 ]
-
-#: Multiprocessors assumed when estimating costs without a GPU (an H100/H200 has 132).
-SM_COUNT = 132
-#: Cost-model constants (µs), from DESIGN.md's measured anchors on the H200.
-GRID_BARRIER_US = 1.2
-BLOCK_BARRIER_US = 0.04
-ITEM_OVERHEAD_US = 0.3
-SM_FLOPS_PER_US = 0.45e6       # fp32 FMA throughput of one SM, ~60 TFLOP/s / 132
-SM_BYTES_PER_US = 0.1e6        # bytes one SM streams per µs (~100 GB/s)
-
 
 def is_identity(view: TensorSpec, root: TensorSpec) -> bool:
     """True when element ``i`` of ``view`` (row-major) is element ``i`` of ``root``.
@@ -332,32 +343,12 @@ def _group_reads(w: _Work, members: list[str], walk: list[str] | None = None
     return tuple(reads), tuple(sorted(inl, key=order.__getitem__))
 
 
-def _gemm_params(op: Op, options: Any) -> dict[str, Any]:
-    """GEMM shape, emitter variant (and why) and tile sizes."""
-    from ..codegen.gemm import GemmProblem, choose_variant
-
+def _gemm_plan(op: Op, options: Any, arch: str) -> GemmPlan:
+    """The GEMM's plan: the first registered emitter (:data:`tkx.target.GEMM_EMITTERS`) that
+    supports it, its tiles, split-K, and why."""
     a, b = (op.inputs[1], op.inputs[2]) if op.kind == "addmm" else (op.inputs[0], op.inputs[1])
     assert isinstance(a, TensorSpec) and isinstance(b, TensorSpec)
-    prob = GemmProblem.from_views(a, b)
-    impl, why = choose_variant(prob, fp32_math=options.fp32_math)
-    tm = min(options.tile_m, _pow2_at_least(prob.m, 16))
-    tn = min(options.tile_n, _pow2_at_least(prob.n, 16))
-    # Every thread owns at least one element; with tensor cores every warp a 16x16 fragment.
-    need = 256 * (options.threads_per_block // 32) if impl.startswith("wmma") else options.threads_per_block
-    while tm * tn < need:
-        if tm <= tn:
-            tm *= 2
-        else:
-            tn *= 2
-    return {"impl": impl, "why": why, "m": prob.m, "n": prob.n, "k": prob.k, "batch": prob.batch,
-            "tile_m": tm, "tile_n": tn, "tile_k": options.tile_k}
-
-
-def _pow2_at_least(x: int, lo: int) -> int:
-    p = lo
-    while p < x:
-        p *= 2
-    return p
+    return choose_gemm(GemmProblem.from_views(a, b), options, arch)
 
 
 def rows_contiguous(x: TensorSpec, dims: tuple[int, ...]) -> bool:
@@ -367,65 +358,31 @@ def rows_contiguous(x: TensorSpec, dims: tuple[int, ...]) -> bool:
     return bool(kept) and x.strides[kept[-1]] == 1 and (not red or x.strides[red[-1]] != 1)
 
 
-def _reduction_params(op: Op, threads: int) -> dict[str, Any]:
+def _reduction_plan(op: Op, threads: int) -> ReductionPlan:
     """Rows x size of a reduction and the strategy (and why) of its emitter."""
-    from ..codegen.reduce import choose_strategy
-
     x = op.inputs[0]
     assert isinstance(x, TensorSpec)
     dims = tuple(op.attr("dims", ()))
     rows = op.out.numel
     size = math.prod(x.shape[d] for d in dims) if dims else 1
-    contiguous = rows_contiguous(x, dims)
-    strategy, why = choose_strategy(rows, max(size, 1), rows_contiguous=contiguous, threads=threads,
-                                    blocks=SM_COUNT)
-    if strategy == "partial" and op.out.dtype in INT_DTYPES:  # partials are floats: keep integers exact
-        strategy, why = ("block", f"{why}; an integer reduction stays in one phase (exact long long accumulators)")
-    params: dict[str, Any] = {"strategy": strategy, "why": why, "rows": rows, "size": size,
-                              "rows_contiguous": contiguous}
-    if strategy == "partial":
-        params["parts"] = max(1, min(size, max(2, -(-SM_COUNT * 2 // max(rows if not contiguous else
-                                                                      -(-rows // 32), 1)))))
-    return params
+    return choose_reduction(ReductionProblem(rows, size, rows_contiguous(x, dims), op.out.dtype in INT_DTYPES),
+                            threads, SM_COUNT)
 
 
-def _items_and_cost(group: Group, program_ops: dict[str, Op], threads: int) -> tuple[int, int, int]:
+def _group_cost(group: Group, program_ops: dict[str, Op], threads: int) -> Cost:
     anchor = program_ops[group.anchor] if group.anchor in program_ops else None
-    p = group.params
-    nbytes = 0
-    for s in group.stores:
-        if s in program_ops:
-            nbytes += program_ops[s].out.nbytes
-    if group.kind == "gemm":
-        m, n, k, batch = p["m"], p["n"], p["k"], p["batch"]
-        flops = 2 * m * n * k * batch
-        nbytes += (m * k + k * n) * batch * 4
-        if p["impl"].startswith("wmma"):
-            flops //= 8  # tensor cores
-        if p["impl"] == "gemv":
-            items = math.ceil(m * n * batch / (threads // 32))
-        else:
-            items = math.ceil(m / p["tile_m"]) * math.ceil(n / p["tile_n"]) * batch
-        return items, flops, nbytes
-    if group.kind in ("reduction", "reduction_partial"):
-        rows, size = p["rows"], p["size"]
-        nbytes += rows * size * 4
-        strategy = p["strategy"]
-        if group.kind == "reduction_partial":
-            items = (-(-rows // 32) if p["rows_contiguous"] else rows) * p["parts"]
-        elif strategy == "thread":
-            items = math.ceil(rows / threads)
-        elif strategy == "partial":
-            items = math.ceil(rows / (threads // 32))
-            nbytes = rows * p["parts"] * 4
-        elif strategy == "block":
-            items = rows
-        else:
-            items = math.ceil(rows / (threads // 32))
-        return items, rows * size, nbytes
+    p = group.plan
+    store_bytes = sum(program_ops[s].out.nbytes for s in group.stores if s in program_ops)
+    if isinstance(p, GemmPlan):
+        phase = "partial" if group.kind == "gemm_partial" else "final" if p.partials else "one"
+        c = gemm_emitter(p.impl).cost(p, phase)
+        return Cost(c.items, c.flops, c.bytes + (store_bytes if phase != "partial" else 0))
+    if isinstance(p, ReductionPlan):
+        phase = "partial" if group.kind == "reduction_partial" else "one"
+        c = reduction_emitter(p.strategy).cost(p, threads, phase)
+        return Cost(c.items, c.flops, c.bytes + (store_bytes if p.strategy != "partial" or phase == "partial" else 0))
     numel = anchor.out.numel if anchor is not None else p.get("numel", 1)
-    nbytes += numel * 4 * max(1, len(group.reads))
-    return max(1, math.ceil(numel / threads)), numel * max(1, len(group.ops)), nbytes
+    return pointwise_cost(numel, len(group.ops), len(group.reads), threads, store_bytes)
 
 
 def schedule(program: Program, options: Any = None, *, rules: tuple[FusionRule, ...] = ()) -> FusedSchedule:
@@ -491,38 +448,56 @@ def schedule(program: Program, options: Any = None, *, rules: tuple[FusionRule, 
     groups: dict[str, Group] = {}
     gid_of_anchor: dict[str, str] = {}
     threads = options.threads_per_block
+    arch = resolve_arch(getattr(options, "arch", "auto"))
     for anchor in anchors:
         members = w.domains[anchor]
         a = g.ops[anchor]
         kind = {"matmul": "gemm", "reduction": "reduction"}.get(a.family, "pointwise")
-        params: dict[str, Any] = {}
+        params: Any
         if kind == "gemm":
-            params = _gemm_params(a, options)
+            params = _gemm_plan(a, options, arch)
         elif kind == "reduction":
-            params = _reduction_params(a, threads)
+            params = _reduction_plan(a, threads)
+        else:
+            params = PointwisePlan(a.out.numel)
         reads, inl = group_reads[anchor]
         stores = tuple(m for m in members if m in stored)
         if not stores:
             continue  # nothing reads it: dead code (the dce pass removes it)
         gid = f"g{len(groups)}"
         gid_of_anchor[anchor] = gid
-        groups[gid] = Group(gid, kind, anchor, tuple(members), stores, reads, inl, params=params)
+        groups[gid] = Group(gid, kind, anchor, tuple(members), stores, reads, inl, plan=params)
 
     # Two-phase reductions become a partial group plus the final group.
     scratch: dict[str, int] = {}
     for gid in list(groups):
         grp = groups[gid]
-        if grp.kind == "reduction" and grp.params.get("strategy") == "partial":
+        if grp.kind == "reduction" and grp.plan.get("strategy") == "partial":
             name = f"{grp.anchor}_partials"
-            parts = grp.params["parts"]
-            scratch[name] = grp.params["rows"] * parts * 4
+            rplan = grp.plan
+            assert isinstance(rplan, ReductionPlan) and rplan.parts is not None
+            scratch[name] = rplan.rows * rplan.parts * 4
             pid = f"{gid}p"
             in_reads, in_inl = _group_reads(w, list(grp.ops), [grp.anchor])
             epi_reads, epi_inl = _group_reads(w, list(grp.ops), list(grp.ops[1:]))
             groups[pid] = Group(pid, "reduction_partial", grp.anchor, (grp.anchor,), (name,), in_reads,
-                                in_inl, params=dict(grp.params, partials=name))
+                                in_inl, plan=rplan.replace(partials=name))
             groups[gid] = Group(gid, "reduction", grp.anchor, grp.ops, grp.stores, epi_reads + (name,),
-                                epi_inl, params=dict(grp.params, partials=name))
+                                epi_inl, plan=rplan.replace(partials=name))
+
+    # Split-K GEMMs become a partial group (each work item one tile over one slice of K, written to
+    # fp32 scratch) plus the final group (adds the slices in order, then the epilogue).
+    for gid in list(groups):
+        grp = groups[gid]
+        gplan = grp.plan
+        if grp.kind == "gemm" and isinstance(gplan, GemmPlan) and gplan.split_k > 1:
+            name = f"{grp.anchor}_splitk"
+            scratch[name] = gplan.split_k * gplan.batch * gplan.m * gplan.n * 4
+            in_reads, in_inl = _group_reads(w, list(grp.ops), [grp.anchor])
+            groups[f"{gid}k"] = Group(f"{gid}k", "gemm_partial", grp.anchor, (grp.anchor,), (name,), in_reads, in_inl,
+                                      plan=gplan.replace(partials=name))
+            groups[gid] = Group(gid, "gemm", grp.anchor, grp.ops, grp.stores, grp.reads + (name,), grp.inlined,
+                                plan=gplan.replace(partials=name))
 
     # Step 4: stages from read-after-write dependencies.
     producer_group: dict[str, str] = {}
@@ -604,15 +579,15 @@ def schedule(program: Program, options: Any = None, *, rules: tuple[FusionRule, 
         cid = f"c{j}"
         numel = src.numel
         groups[cid] = Group(cid, "copy", src.buffer, (), (), (src.buffer,),
-                            params={"numel": numel, "dst": str(dst)})
+                            plan=CopyPlan(numel, str(dst)))
         stage[cid] = max(earliest, 0)
         copy_tasks.append(CopyTask(cid, src, dst))
 
     # Costs and work items.
     for gid, grp in list(groups.items()):
-        items, flops, nbytes = _items_and_cost(grp, g.ops, threads)
+        c = _group_cost(grp, g.ops, threads)
         groups[gid] = Group(grp.id, grp.kind, grp.anchor, grp.ops, grp.stores, grp.reads, grp.inlined,
-                            items, flops, nbytes, grp.params)
+                            c.items, c.flops, c.bytes, grp.plan)
 
     nstages = 1 + max(stage.values(), default=0)
     stages = tuple(tuple(gid for gid in groups if stage[gid] == s) for s in range(nstages))
@@ -637,7 +612,7 @@ def schedule(program: Program, options: Any = None, *, rules: tuple[FusionRule, 
         program=program, groups=groups, stages=stages, barriers=tuple(barriers),
         inlined=frozenset(w.inlined), homes=homes, copies=tuple(copy_tasks), scratch=scratch,
         decisions=tuple(w.decisions), mode=mode, mode_reason=reason, blocks=blocks,
-        threads=threads, options=options)
+        threads=threads, options=options, arch=arch)
 
 
 def _choose_mode(groups: dict[str, Group], stages: tuple[tuple[str, ...], ...],

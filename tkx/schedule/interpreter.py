@@ -124,7 +124,26 @@ class _Machine:
             self.arena_view(name, "float32", parts.numel()).copy_(parts.reshape(-1))
             self.written.add(name)
             return
+        if grp.kind == "gemm_partial":  # split-K phase 1: fp32 products over slices of K
+            name = grp.stores[0]
+            parts = self.gemm_slices(ops[0], regs, grp, memo, grp.params)
+            self.arena_view(name, "float32", parts.numel()).copy_(parts.reshape(-1))
+            self.written.add(name)
+            return
         start = 0
+        if grp.kind == "gemm" and grp.params.get("partials"):  # split-K phase 2: add the slices in order
+            mm, gp = ops[0], grp.params
+            total = gp["split_k"] * gp["batch"] * gp["m"] * gp["n"]
+            slices = self.arena_view(gp["partials"], "float32", total).reshape(gp["split_k"], -1)
+            acc = slices[0].clone()
+            for piece in slices[1:]:
+                acc = acc + piece
+            acc = acc.reshape(mm.out.shape)
+            if mm.kind == "addmm":
+                bias = self.operand(mm.inputs[0], regs, grp, memo).float()
+                acc = mm.attr("alpha", 1) * acc + mm.attr("beta", 1) * bias
+            regs[mm.id] = acc.to(TORCH[mm.out.dtype]).expand(mm.out.shape).contiguous()
+            start = 1
         if grp.kind == "reduction" and "partials" in grp.params:
             red = ops[0]
             rows, parts = grp.params["rows"], grp.params["parts"]
@@ -141,6 +160,24 @@ class _Machine:
             regs[op.id] = self.compute(op, regs, grp, memo)
         for s in grp.stores:
             self.store(self.s.homes[s], s, regs[s])
+
+    def gemm_slices(self, mm: Op, regs: dict[str, torch.Tensor], grp: Group, memo: dict[str, torch.Tensor],
+                    plan: Any) -> torch.Tensor:
+        """[split_k, batch * m * n] float32: the product over each slice of K (whole tile_k steps)."""
+        a_spec, b_spec = (mm.inputs[1], mm.inputs[2]) if mm.kind == "addmm" else (mm.inputs[0], mm.inputs[1])
+        a = self.operand(a_spec, regs, grp, memo).float()
+        b = self.operand(b_spec, regs, grp, memo).float()
+        k, tk, split = plan["k"], plan["tile_k"], plan["split_k"]
+        steps = -(-k // tk)
+        per = -(-steps // split) * tk
+        out = []
+        for s in range(split):
+            lo, hi = s * per, min(k, (s + 1) * per)
+            if lo >= hi:
+                out.append(torch.zeros(a.shape[:-1] + b.shape[-1:], device=a.device).reshape(-1))
+            else:
+                out.append(torch.matmul(a[..., lo:hi], b[..., lo:hi, :]).reshape(-1))
+        return torch.stack(out)
 
     @staticmethod
     def partials(red: Op, x: torch.Tensor, parts: int) -> torch.Tensor:

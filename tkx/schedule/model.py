@@ -27,7 +27,7 @@ from ..errors import UnknownOpError
 from ..ir import OPS, Op, Program, TensorSpec
 
 #: Group kinds.
-GROUP_KINDS = ("gemm", "reduction", "reduction_partial", "pointwise", "copy")
+GROUP_KINDS = ("gemm", "gemm_partial", "reduction", "reduction_partial", "pointwise", "copy")
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,10 @@ class Group:
     * ``reads``: root buffers this group reads from memory;
     * ``work_items``: how many independent work items (tiles, row blocks, chunks) it has;
     * ``flops`` and ``bytes``: cost estimates (floating-point ops; bytes read + written).
-    * ``params``: emitter parameters (tile sizes, split factors, rows per item ...).
+    * ``plan``: the emitter's typed plan (:class:`tkx.target.GemmPlan`, :class:`~tkx.target.ReductionPlan`,
+      :class:`~tkx.target.PointwisePlan` or :class:`~tkx.target.CopyPlan`) with the variant, why it was
+      chosen, tile sizes and split factors; it reads like a mapping of its fields. ``params`` is the
+      same object (the name older code used).
     """
 
     id: str
@@ -98,7 +101,12 @@ class Group:
     work_items: int = 1
     flops: int = 0
     bytes: int = 0
-    params: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    plan: Mapping[str, Any] = field(default_factory=dict, hash=False)
+
+    @property
+    def params(self) -> Mapping[str, Any]:
+        """The plan (:attr:`plan`), read as a mapping of its fields."""
+        return self.plan
 
 
 @dataclass(frozen=True)
@@ -135,7 +143,8 @@ class FusedSchedule:
     * ``mode``: ``"block"`` or ``"grid"``, ``mode_reason``: why;
     * ``blocks``: the grid size the schedule would like (the runtime caps it by occupancy),
       ``threads``: threads per block;
-    * ``options``: the :class:`tkx.Options` used.
+    * ``options``: the :class:`tkx.Options` used; ``arch``: the architecture the emitters
+      were chosen for (``sm_80`` portable code, or ``sm_90a`` with wgmma GEMMs).
     """
 
     program: Program
@@ -152,6 +161,7 @@ class FusedSchedule:
     blocks: int
     threads: int
     options: Any = field(compare=False)
+    arch: str = "sm_80"
 
     def op(self, op_id: str) -> Op:
         """The op ``op_id`` of :attr:`program`; :class:`~tkx.errors.UnknownOpError` (a ``KeyError``)

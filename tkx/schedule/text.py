@@ -16,12 +16,15 @@ def describe_group(s: FusedSchedule, g: Group) -> str:
         task = next(c for c in s.copies if c.group == g.id)
         return f"copy {task.src.buffer} -> {task.dst_home} ({p.get('numel')} elements)"
     anchor = s.program.op(g.anchor)
-    if g.kind == "gemm":
+    if g.kind in ("gemm", "gemm_partial"):
         head = (f"{anchor.kind} {anchor.id} [{p['batch']}x] {p['m']}x{p['k']} @ {p['k']}x{p['n']}"
                 if p["batch"] > 1 else f"{anchor.kind} {anchor.id} {p['m']}x{p['k']} @ {p['k']}x{p['n']}")
         head += f"  {p['impl']}"
         if p["impl"] != "gemv":
             head += f" tile {p['tile_m']}x{p['tile_n']}x{p['tile_k']}"
+        if p.get("split_k", 1) > 1:
+            head += (f" split-K {p['split_k']} slices" if g.kind == "gemm_partial"
+                     else f" (adds {p['split_k']} split-K slices)")
     elif g.kind in ("reduction", "reduction_partial"):
         what = "partial " if g.kind == "reduction_partial" else ""
         head = (f"{what}{anchor.kind} {anchor.id} {p['rows']} rows x {p['size']}  {p['strategy']}"

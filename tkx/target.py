@@ -1,0 +1,728 @@
+"""The target GPU and the registry of emitters: what each code variant supports, plans and costs.
+
+The scheduler decides *which* emitter runs a GEMM or a reduction and with which tiles; code
+generation (:mod:`tkx.codegen.gemm`, :mod:`tkx.codegen.reduce`) writes the C for that choice.
+This module is the contract between the two, and it imports neither:
+
+* :class:`GpuFacts` - the GPU the cost model and the planners assume (:data:`H200`);
+* cost constants (µs) of the scheduler's mode estimate;
+* :class:`GemmProblem` and :class:`ReductionProblem` - what is to be computed;
+* one :class:`GemmEmitter` / :class:`ReductionEmitter` spec per variant, each with
+  ``supports(problem, options) -> reason | None``, ``plan(problem, options) -> plan`` and
+  ``cost(plan) -> Cost``, and :class:`Capabilities` (architecture, operand staging,
+  alignment);
+* the typed plans (:class:`GemmPlan`, :class:`ReductionPlan`, :class:`PointwisePlan`,
+  :class:`CopyPlan`) that groups carry (``Group.plan``); they read like the mapping of their
+  fields (``plan["tile_m"]``), so views can list them;
+* :func:`choose_gemm` / :func:`choose_reduction`: walk the registry in order, take the first
+  emitter that supports the problem and say why (the reasons the others declined included).
+
+Architectures: ``"sm_80"`` and ``"sm_90"`` run the portable emitters (SIMT, WMMA, GEMV);
+``"sm_90a"`` adds the Hopper warpgroup MMA (``wgmma``) GEMMs. ``Options.arch="auto"`` is
+portable code on a machine without a GPU and the device's own architecture at run time
+(:func:`resolve_arch`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .ir import TensorSpec
+
+__all__ = [
+    "GpuFacts", "H200", "GPU", "SM_COUNT", "Capabilities", "Cost",
+    "GemmProblem", "GemmPlan", "GemmEmitter", "GEMM_EMITTERS", "choose_gemm", "gemm_emitter",
+    "ReductionProblem", "ReductionPlan", "ReductionEmitter", "REDUCTION_EMITTERS", "choose_reduction",
+    "PointwisePlan", "CopyPlan", "Plan", "ARCHES", "resolve_arch", "register_budget",
+]
+
+
+# --------------------------------------------------------------------------------------
+# The GPU
+# --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GpuFacts:
+    """What the planners and the cost model assume about the GPU.
+
+    ``shared_per_block``: bytes of shared memory one block may use (dynamic, after opting
+    in); ``shared_default``: without opting in (48 KB); ``registers_per_sm`` 32-bit
+    registers; ``max_registers_per_thread``: the ISA's cap.
+    """
+
+    name: str
+    sms: int
+    shared_per_block: int
+    shared_default: int
+    registers_per_sm: int
+    max_registers_per_thread: int
+    max_threads_per_sm: int
+    peak_bf16_tflops: float
+    peak_bytes_per_s: float
+
+
+#: NVIDIA H200 SXM (sm_90): 132 SMs, 227 KB of shared memory per block, 64K registers per SM.
+H200 = GpuFacts("NVIDIA H200", sms=132, shared_per_block=227 * 1024, shared_default=48 * 1024,
+                registers_per_sm=65536, max_registers_per_thread=255, max_threads_per_sm=2048,
+                peak_bf16_tflops=790.0, peak_bytes_per_s=4.8e12)
+GPU = H200
+#: Multiprocessors assumed when estimating costs without a GPU.
+SM_COUNT = GPU.sms
+
+#: Cost-model constants (µs), from DESIGN.md's measured anchors on the H200.
+GRID_BARRIER_US = 1.2
+BLOCK_BARRIER_US = 0.04
+ITEM_OVERHEAD_US = 0.3
+SM_FLOPS_PER_US = 0.45e6       # fp32 FMA throughput of one SM, ~60 TFLOP/s / 132
+SM_BYTES_PER_US = 0.1e6        # bytes one SM streams per µs (~100 GB/s)
+#: How much faster than fp32 SIMT each tensor-core family runs (FLOP/s ratio, per SM).
+TENSOR_SPEEDUP = {"wmma": 8, "wgmma": 24}
+
+#: Architectures code can be generated for (``Options.arch``, besides ``"auto"``).
+ARCHES = ("sm_80", "sm_90", "sm_90a")
+
+
+def speed_of_light_us(flops: float, nbytes: float, gpu: GpuFacts = GPU) -> float:
+    """The least time (µs) a workload of ``flops`` floating-point operations moving ``nbytes``
+    bytes can take on ``gpu``: ``max(flops / peak bf16 FLOP/s, bytes / peak bandwidth)``."""
+    return max(flops / (gpu.peak_bf16_tflops * 1e12), nbytes / gpu.peak_bytes_per_s) * 1e6
+
+
+def program_work(program: Any) -> tuple[int, int]:
+    """``(FLOPs, bytes)`` a step must at least do: 2 m n k per matrix product, and its inputs read
+    plus its outputs and in-place updates written once (the speed-of-light workload)."""
+    flops = 0
+    for op in program.ops:
+        if op.family == "matmul":
+            a, b = (op.inputs[1], op.inputs[2]) if op.kind == "addmm" else (op.inputs[0], op.inputs[1])
+            flops += GemmProblem.from_views(a, b).flops
+    nbytes = sum(i.value.nbytes for i in program.inputs) + sum(o.value.nbytes for o in program.outputs)
+    nbytes += sum(program.inputs[u.input_index].value.nbytes for u in program.updates)
+    return flops, nbytes
+
+
+def resolve_arch(arch: str, device_arch: str | None = None) -> str:
+    """The architecture to generate code for.
+
+    ``arch`` is ``Options.arch``; ``device_arch`` is the GPU's own (``"sm_90"`` for an H200,
+    or ``None`` without a GPU). ``"auto"`` gives ``"sm_90a"`` on a compute-capability 9.0 GPU
+    (its wgmma instructions), the device's architecture on others, and ``"sm_80"`` (portable
+    code) without a GPU. An explicit architecture is returned unchanged.
+    """
+    if arch != "auto":
+        return arch
+    if device_arch is None:
+        return "sm_80"
+    return "sm_90a" if device_arch in ("sm_90", "sm_90a") else device_arch
+
+
+#: Fewest registers per thread a kernel is given: below this the megakernel's code spills, so a
+#: ``blocks_per_sm`` that would leave less is not honoured in full (fewer blocks become resident).
+MIN_REGISTERS = 64
+
+
+def register_budget(threads: int, blocks_per_sm: int = 1, gpu: GpuFacts = GPU) -> int:
+    """Registers per thread that let ``blocks_per_sm`` blocks of ``threads`` share an SM, in the
+    allocator's units of 8, between :data:`MIN_REGISTERS` (or what one block of ``threads``
+    allows, if less) and the ISA's 255."""
+    one_block = gpu.registers_per_sm // threads // 8 * 8
+    want = gpu.registers_per_sm // (threads * max(blocks_per_sm, 1)) // 8 * 8
+    return max(min(MIN_REGISTERS, one_block), min(gpu.max_registers_per_thread, want))
+
+
+def register_note(threads: int, blocks_per_sm: int, gpu: GpuFacts = GPU) -> str:
+    """Why the register budget exceeds what ``blocks_per_sm`` asks for ("" when it does not)."""
+    want = gpu.registers_per_sm // (threads * max(blocks_per_sm, 1)) // 8 * 8
+    got = register_budget(threads, blocks_per_sm, gpu)
+    if got <= want:
+        return ""
+    fit = gpu.registers_per_sm // (got * threads)
+    return (f"blocks_per_sm={blocks_per_sm} with {threads} threads would leave {want} registers per thread and "
+            f"the kernel would spill: it gets {got}, so at most {fit} block(s) per SM are resident")
+
+
+# --------------------------------------------------------------------------------------
+# Plans: typed records that read like a mapping of their fields
+# --------------------------------------------------------------------------------------
+class Plan(Mapping):
+    """Base of the typed plans: ``plan["field"]``, ``"field" in plan``, ``dict(plan)``.
+
+    Optional fields left at ``None`` are absent from the mapping (so ``"parts" in plan``
+    says whether a reduction is two-phase).
+    """
+
+    def _present(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)  # type: ignore[arg-type]
+                if getattr(self, f.name) is not None}
+
+    def __getitem__(self, key: str) -> Any:
+        d = self._present()
+        if key not in d:
+            raise KeyError(key)
+        return d[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._present())
+
+    def __len__(self) -> int:
+        return len(self._present())
+
+    def replace(self, **changes: Any) -> Plan:
+        return dataclasses.replace(self, **changes)  # type: ignore[type-var]
+
+
+@dataclass(frozen=True)
+class Cost:
+    """Work items, floating-point operations and bytes moved (read + written) of one group."""
+
+    items: int
+    flops: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an emitter needs and does.
+
+    ``arches``: architectures whose code may contain it; ``staging``: how operands reach
+    the math units; ``alignment``: the tile multiple (rows, cols, k) it works in;
+    ``tensor_cores``: the instruction family (``None``, ``"wmma"`` or ``"wgmma"``).
+    """
+
+    arches: tuple[str, ...]
+    staging: str
+    alignment: tuple[int, int, int]
+    tensor_cores: str | None = None
+
+
+# --------------------------------------------------------------------------------------
+# GEMM
+# --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GemmProblem:
+    """``C[batch, m, n] = A[batch, m, k] @ B[batch, k, n]`` and the operands' memory order.
+
+    ``dtype`` is the operands' dtype (``torch.mm`` needs both the same). ``a_k_contiguous``
+    says consecutive k of a row of A are adjacent in memory (A row-major), otherwise
+    consecutive rows are (A is a transposed view); ``b_n_contiguous`` likewise for B.
+    """
+
+    m: int
+    n: int
+    k: int
+    batch: int = 1
+    dtype: str = "float32"
+    a_k_contiguous: bool = True
+    b_n_contiguous: bool = True
+
+    @staticmethod
+    def from_views(a: TensorSpec, b: TensorSpec) -> GemmProblem:
+        """The problem of ``a @ b`` for 2-D (mm) or 3-D (bmm) views, memory order read from strides."""
+        if a.ndim != b.ndim or a.ndim not in (2, 3):
+            raise ValueError(f"mm/bmm operands must both be 2-D or 3-D, got {a.shape} and {b.shape}")
+        batch = a.shape[0] if a.ndim == 3 else 1
+        m, k = a.shape[-2:]
+        n = b.shape[-1]
+        a_k = _last_index_fast(a.shape[-2:], a.strides[-2:])
+        b_n = _last_index_fast(b.shape[-2:], b.strides[-2:])
+        return GemmProblem(m, n, k, batch, a.dtype, bool(a_k), bool(b_n))
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k * self.batch
+
+
+def _last_index_fast(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """Whether the last index of a 2-D view is the one to walk with consecutive threads."""
+    rows, cols = shape
+    if rows == 1:
+        return True
+    if cols == 1:
+        return False
+    return strides[1] <= strides[0]
+
+
+@dataclass(frozen=True, eq=False)
+class GemmPlan(Plan):
+    """How one GEMM group is computed.
+
+    ``impl``: the emitter (:data:`GEMM_EMITTERS`), ``why``: the reason it was chosen (and
+    why the ones before it were not); ``m, n, k, batch`` the sizes; ``tile_m x tile_n`` the
+    output tile of one work item, ``tile_k`` the depth staged per step; ``split_k``: how
+    many slices of K are computed by separate work items (1: none); ``adjusted``: what the
+    planner changed from the options and why (empty when nothing); ``partials``: with split-K,
+    the fp32 scratch buffer ``[split_k, batch, m, n]`` the slices are written to (the
+    ``gemm_partial`` group) and then added in slice order (the ``gemm`` group, which also runs
+    the epilogue).
+    """
+
+    impl: str
+    why: str
+    m: int
+    n: int
+    k: int
+    batch: int
+    tile_m: int
+    tile_n: int
+    tile_k: int
+    dtype: str = "float32"
+    a_k_contiguous: bool = True
+    b_n_contiguous: bool = True
+    threads: int = 256
+    split_k: int = 1
+    adjusted: str = ""
+    partials: str | None = None
+
+    @property
+    def problem(self) -> GemmProblem:
+        return GemmProblem(self.m, self.n, self.k, self.batch, self.dtype, self.a_k_contiguous, self.b_n_contiguous)
+
+
+SKINNY_MAX = 4
+
+
+def _pow2_at_least(x: int, lo: int) -> int:
+    p = lo
+    while p < x:
+        p *= 2
+    return p
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class GemmEmitter:
+    """The spec of one GEMM variant. Subclasses override :meth:`supports` and :meth:`_tiles`."""
+
+    name = ""
+    capabilities = Capabilities(ARCHES, "registers", (1, 1, 1))
+    summary = ""
+
+    def supports(self, p: GemmProblem, options: Any, arch: str) -> str | None:
+        """``None`` when this emitter can compute ``p`` under ``options`` for ``arch``, else why not."""
+        if arch not in self.capabilities.arches:
+            return f"{self.name} needs {' or '.join(self.capabilities.arches)} (generating for {arch})"
+        return self._supports(p, options)
+
+    def _supports(self, p: GemmProblem, options: Any) -> str | None:
+        return None
+
+    def plan(self, p: GemmProblem, options: Any, why: str) -> GemmPlan:
+        """Tiles for ``p`` that fit this emitter, the thread count and the register budget;
+        every change from ``options`` is recorded in ``GemmPlan.adjusted``."""
+        threads = options.threads_per_block
+        tm, tn, tk, notes = self._tiles(p, options, threads)
+        plan = GemmPlan(self.name, why, p.m, p.n, p.k, p.batch, tm, tn, tk, p.dtype, p.a_k_contiguous,
+                        p.b_n_contiguous, threads, 1, "; ".join(notes))
+        return _plan_split_k(plan, options, self)
+
+    def _tiles(self, p: GemmProblem, options: Any, threads: int) -> tuple[int, int, int, list[str]]:
+        return options.tile_m, options.tile_n, options.tile_k, []
+
+    def items(self, plan: GemmPlan) -> int:
+        return plan.batch * _ceil(plan.m, plan.tile_m) * _ceil(plan.n, plan.tile_n) * plan.split_k
+
+    def cost(self, plan: GemmPlan, phase: str = "one") -> Cost:
+        """Cost of the GEMM (``phase="one"``), of its split-K slices (``"partial"``) or of adding
+        the slices and the epilogue (``"final"``)."""
+        if phase == "final":
+            outs = plan.m * plan.n * plan.batch
+            return Cost(_ceil(outs, plan.threads), outs * plan.split_k, outs * plan.split_k * 4)
+        flops = 2 * plan.m * plan.n * plan.k * plan.batch
+        nbytes = (plan.m * plan.k + plan.k * plan.n) * plan.batch * 4
+        if plan.split_k > 1:
+            nbytes += plan.m * plan.n * plan.batch * plan.split_k * 4  # fp32 partials written
+        tc = self.capabilities.tensor_cores
+        return Cost(self.items(plan), flops // TENSOR_SPEEDUP[tc] if tc else flops, nbytes)
+
+    def registers(self, plan: GemmPlan) -> int:
+        """Estimated registers per thread of this plan (accumulators, staged operands, addresses)."""
+        acc = plan.tile_m * plan.tile_n // plan.threads
+        staged = (plan.tile_m * plan.tile_k + plan.tile_k * plan.tile_n) // plan.threads
+        return acc + staged + 48
+
+
+#: Most operand elements one thread stages in registers per K step (beyond it ptxas spills in big kernels).
+MAX_STAGED_PER_THREAD = 32
+
+
+def _fit_tiles(p: GemmProblem, options: Any, threads: int, *, multiple: tuple[int, int, int],
+               name: str, regs: Any) -> tuple[int, int, int, list[str]]:
+    """Tile sizes from the options, shrunk to the problem, grown until every thread has work and
+    staging splits evenly, and with the reduction depth cut until the register estimate fits
+    the budget of ``blocks_per_sm`` resident blocks. Each change is one note."""
+    notes: list[str] = []
+    mm, mn, mk = multiple
+    tm = min(options.tile_m, _pow2_at_least(p.m, max(16, mm)))
+    tn = min(options.tile_n, _pow2_at_least(p.n, max(16, mn)))
+    tk = options.tile_k
+    if tk % mk:
+        notes.append(f"tile_k={tk} raised to {mk}: {name} steps through K {mk} at a time")
+        tk = mk
+    need = 256 * (threads // 32) if name.startswith("wmma") else threads
+    while tm * tn < need:
+        if tm <= tn:
+            tm *= 2
+        else:
+            tn *= 2
+    while (tm * tk) % threads or (tk * tn) % threads:
+        notes.append(f"tile_k={tk} raised to {2 * tk}: a {tm}x{tk} operand tile must split evenly over "
+                     f"{threads} threads")
+        tk *= 2
+    budget = register_budget(threads, options.blocks_per_sm)
+
+    def staged(tk: int) -> int:
+        return (tm * tk + tk * tn) // threads
+
+    def shrink(why: str) -> bool:
+        nonlocal tm, tn
+        if tm * tn // 2 < need:
+            return False
+        if tn >= tm and tn // 2 >= max(16, mn) and (tk * tn // 2) % threads == 0:
+            new = (tm, tn // 2)
+        elif tm // 2 >= max(16, mm) and (tm // 2 * tk) % threads == 0:
+            new = (tm // 2, tn)
+        else:
+            return False
+        notes.append(f"tile {tm}x{tn} lowered to {new[0]}x{new[1]}: {why} (budget {budget} registers per thread "
+                     f"for {threads} threads, blocks_per_sm={options.blocks_per_sm})")
+        tm, tn = new
+        return True
+
+    # accumulators first: at most half of what the budget leaves beside the kernel's other registers
+    while tm * tn // threads > (budget - 64) // 2 and shrink(f"{tm * tn // threads} accumulators per thread"):
+        pass
+    while (regs(tm, tn, tk) > budget or staged(tk) > MAX_STAGED_PER_THREAD) and tk > mk \
+            and (tm * tk // 2) % threads == 0 and (tk // 2 * tn) % threads == 0:
+        notes.append(f"tile_k={tk} lowered to {tk // 2}: {tm}x{tn}x{tk} tiles stage {staged(tk)} operand elements "
+                     f"and need about {regs(tm, tn, tk)} registers per thread (budget {budget} for "
+                     f"blocks_per_sm={options.blocks_per_sm}, at most {MAX_STAGED_PER_THREAD} staged)")
+        tk //= 2
+    while regs(tm, tn, tk) > budget and shrink(f"about {regs(tm, tn, tk)} registers per thread"):
+        pass
+    return tm, tn, tk, notes
+
+
+class _Simt(GemmEmitter):
+    name = "simt"
+    capabilities = Capabilities(ARCHES, "registers -> shared (fp32)", (1, 1, 1))
+    summary = "fp32 tiles in shared memory, each thread an RM x RN register micro-tile"
+
+    def _tiles(self, p, options, threads):
+        def regs(tm, tn, tk):
+            return tm * tn // threads + 2 * (tm * tk + tk * tn) // threads + 72
+        return _fit_tiles(p, options, threads, multiple=(1, 1, 1), name=self.name, regs=regs)
+
+
+class _Wmma(GemmEmitter):
+    capabilities = Capabilities(ARCHES, "registers -> shared (converted)", (16, 16, 16), "wmma")
+
+    def __init__(self, name: str, dtype: str, fk: int, summary: str) -> None:
+        self.name, self.dtype, self.fk, self.summary = name, dtype, fk, summary
+        self.capabilities = Capabilities(ARCHES, "registers -> shared (converted)", (16, 16, fk), "wmma")
+
+    def _supports(self, p, options):
+        if p.dtype != self.dtype:
+            return f"{self.name} takes {self.dtype} operands, not {p.dtype}"
+        if self.dtype == "float32" and options.fp32_math != "tf32":
+            return f"{self.name} needs fp32_math='tf32' (fp32_math='{options.fp32_math}')"
+        if options.threads_per_block % 32:
+            return f"{self.name} needs whole warps"
+        return None
+
+    def _tiles(self, p, options, threads):
+        def regs(tm, tn, tk):
+            # accumulator fragments, operand fragments, the staged operands (and their conversions)
+            return 2 * tm * tn // threads + 2 * (tm * tk + tk * tn) // threads + 64
+        return _fit_tiles(p, options, threads, multiple=(16, 16, self.fk), name=self.name, regs=regs)
+
+
+class _Wgmma(GemmEmitter):
+    """Hopper warpgroup MMA: each warpgroup (128 threads) owns 64 rows of the tile; B and A are
+    read by the tensor cores from 128-byte-swizzled shared memory through matrix descriptors."""
+
+    def __init__(self, name: str, dtype: str, fk: int, summary: str) -> None:
+        self.name, self.dtype, self.fk, self.summary = name, dtype, fk, summary
+        self.capabilities = Capabilities(("sm_90a",), "registers -> swizzled shared (converted)",
+                                         (64, 8, fk), "wgmma")
+
+    def _supports(self, p, options):
+        if p.dtype != self.dtype:
+            return f"{self.name} takes {self.dtype} operands, not {p.dtype}"
+        if self.dtype == "float32" and options.fp32_math != "tf32":
+            return f"{self.name} needs fp32_math='tf32' (fp32_math='{options.fp32_math}')"
+        if options.threads_per_block % 128 or options.threads_per_block > 512:
+            return f"{self.name} needs 1 to 4 whole warpgroups (threads_per_block 128, 256 or 512)"
+        if p.m < 32 or p.n < 32:
+            return f"{self.name} tiles are 64 rows by at least 32 columns; {p.m}x{p.n} would be mostly empty"
+        return None
+
+    def _tiles(self, p, options, threads):
+        groups = threads // 128
+        tk = 128 // (4 if self.dtype == "float32" else 2)  # one 128-byte swizzle row of K
+        budget = register_budget(threads, options.blocks_per_sm)
+        best = None
+        for wgm in (d for d in range(1, groups + 1) if groups % d == 0):
+            wgn = groups // wgm
+            # a row-major B (N-major tiles) is staged in whole 64-column swizzle atoms
+            widths = (64, 128) if p.b_n_contiguous and self.dtype != "float32" and p.n >= 64 else (32, 64, 128)
+            for wn in widths:
+                tm, tn = 64 * wgm, wgn * wn
+                if self._regs(tm, tn, tk, threads) > budget or (tm * tk) % threads or (tk * tn) % threads:
+                    continue
+                tiles = p.batch * _ceil(p.m, tm) * _ceil(p.n, tn)
+                waves = _ceil(tiles, SM_COUNT)
+                # a wave's time: the tile's MMAs plus its operand traffic (per K step, in MMA units)
+                t = waves * (tm * tn + 48 * (tm + tn))
+                if best is None or t < best[0] or (t == best[0] and tm * tn > best[1] * best[2]):
+                    best = (t, tm, tn, wgm, wgn, tiles)
+        if best is None:
+            raise AssertionError("supports() admitted a wgmma problem with no tile that fits")
+        _, tm, tn, wgm, wgn, tiles = best
+        note = (f"tile {tm}x{tn}x{tk} for {self.name}: {wgm}x{wgn} warpgroup(s) of 64x{tn // wgn}, {tiles} tiles "
+                f"on {SM_COUNT} SMs, K in steps of one 128-byte swizzle row")
+        return tm, tn, tk, [note]
+
+    def _regs(self, tm, tn, tk, threads):
+        return tm * tn // threads + 2 * (tm * tk + tk * tn) // threads + 40
+
+    def registers(self, plan):
+        return self._regs(plan.tile_m, plan.tile_n, plan.tile_k, plan.threads)
+
+
+class _Gemv(GemmEmitter):
+    name = "gemv"
+    capabilities = Capabilities(ARCHES, "registers (no tiles)", (1, 1, 1))
+    summary = "M <= 4 or N <= 4: no tiles, K split across lanes or warps"
+
+    def _supports(self, p, options):
+        if min(p.m, p.n) > SKINNY_MAX:
+            return f"gemv is for M or N <= {SKINNY_MAX}"
+        return None
+
+    def plan(self, p, options, why):
+        threads = options.threads_per_block
+        return GemmPlan(self.name, why, p.m, p.n, p.k, p.batch, min(options.tile_m, _pow2_at_least(p.m, 16)),
+                        min(options.tile_n, _pow2_at_least(p.n, 16)), options.tile_k,
+                        p.dtype, p.a_k_contiguous, p.b_n_contiguous, threads)
+
+    def items(self, plan):
+        # the cost model's estimate: one output element per warp
+        return _ceil(plan.m * plan.n * plan.batch, plan.threads // 32)
+
+    def registers(self, plan):
+        return 40
+
+
+#: Every GEMM emitter, in the order :func:`choose_gemm` asks them.
+GEMM_EMITTERS: tuple[GemmEmitter, ...] = (
+    _Gemv(),
+    _Wgmma("wgmma_bf16", "bfloat16", 16, "Hopper wgmma m64nNk16 on bf16, fp32 accumulators (sm_90a)"),
+    _Wgmma("wgmma_f16", "float16", 16, "Hopper wgmma m64nNk16 on fp16, fp32 accumulators (sm_90a)"),
+    _Wgmma("wgmma_tf32", "float32", 8, "Hopper wgmma m64nNk8 on tf32-rounded fp32 (sm_90a)"),
+    _Wmma("wmma_bf16", "bfloat16", 16, "tensor cores, 16x16x16 bf16 fragments, fp32 accumulators"),
+    _Wmma("wmma_f16", "float16", 16, "tensor cores, 16x16x16 fp16 fragments, fp32 accumulators"),
+    _Wmma("wmma_tf32", "float32", 8, "tensor cores on fp32 rounded to tf32, 16x16x8"),
+    _Simt(),
+)
+
+
+def gemm_emitter(name: str) -> GemmEmitter:
+    """The registered GEMM emitter called ``name``; ``KeyError`` if none is."""
+    for e in GEMM_EMITTERS:
+        if e.name == name:
+            return e
+    raise KeyError(f"no GEMM emitter {name!r}; registered: {', '.join(e.name for e in GEMM_EMITTERS)}")
+
+
+def _reason_chosen(e: GemmEmitter, p: GemmProblem, options: Any) -> str:
+    if e.name == "gemv":
+        side = "M" if p.m <= p.n else "N"
+        return f"{side} = {min(p.m, p.n)} <= {SKINNY_MAX}: skinny, tiles would be mostly empty"
+    if e.name.startswith("wgmma"):
+        return f"{p.dtype} operands on sm_90a: warpgroup MMA (wgmma) with fp32 accumulation"
+    if e.name.startswith("wmma"):
+        if p.dtype == "float32":
+            return "fp32 operands with fp32_math='tf32': tensor cores on tf32-rounded inputs"
+        return f"{p.dtype} operands: tensor cores with fp32 accumulation"
+    if p.dtype in ("bfloat16", "float16"):
+        return f"{p.dtype} operands: fp32 SIMT on widened values"
+    return f"{p.dtype} operands with fp32_math='{options.fp32_math}': exact fp32 SIMT tiles"
+
+
+def choose_gemm(p: GemmProblem, options: Any, arch: str = "sm_80") -> GemmPlan:
+    """The plan of the first registered emitter that supports ``p`` under ``options`` for ``arch``.
+
+    ``GemmPlan.why`` says why it was chosen; where a tensor-core emitter for the same dtype
+    declined, its reason is appended. Never raises: :class:`_Simt` supports everything.
+    """
+    declined: list[str] = []
+    for e in GEMM_EMITTERS:
+        reason = e.supports(p, options, arch)
+        if reason is None:
+            why = _reason_chosen(e, p, options)
+            if declined and e.name != "gemv":
+                why += " (" + "; ".join(dict.fromkeys(declined)) + ")"
+            return e.plan(p, options, why)
+        # say why a tensor-core emitter for these operands declined (not the other dtypes' ones)
+        if getattr(e, "dtype", None) == p.dtype and not (p.dtype == "float32" and options.fp32_math != "tf32") \
+                and arch in e.capabilities.arches:
+            declined.append(reason)
+    raise AssertionError("the SIMT emitter supports every GEMM")  # pragma: no cover
+
+
+#: Emitters whose code generation implements split-K (partial tiles reduced in a fixed order).
+SPLIT_K_EMITTERS: frozenset[str] = frozenset({"wgmma_bf16", "wgmma_f16", "wgmma_tf32"})
+
+
+def _plan_split_k(plan: GemmPlan, options: Any, e: GemmEmitter) -> GemmPlan:
+    """Split-K: ``options.split_k`` as an integer forces it (cut to what K allows), ``"auto"``
+    splits when the output tiles cannot fill the grid and K is long, ``"off"`` never."""
+    sk = options.split_k
+    if e.name not in SPLIT_K_EMITTERS:
+        if isinstance(sk, int) and sk > 1:
+            note = f"split_k={sk} not applied: {e.name} computes each tile's whole K"
+            return dataclasses.replace(plan, adjusted="; ".join(x for x in (plan.adjusted, note) if x))
+        return plan
+    tiles = e.items(plan)
+    steps = _ceil(plan.k, plan.tile_k)
+    if sk == "off":
+        return plan
+    if sk == "auto":
+        want = 1
+        while tiles * want * 2 <= SM_COUNT and steps // (want * 2) >= 4:
+            want *= 2
+        if want == 1:
+            return plan
+        why = (f"split-K {want}: {tiles} output tile(s) cannot fill {SM_COUNT} SMs and K = {plan.k} "
+               f"is {steps} steps deep")
+        return dataclasses.replace(plan, split_k=want, why=plan.why + "; " + why)
+    want = int(sk)
+    if want > steps:
+        note = (f"split_k={sk} cut to {steps}: K = {plan.k} has only {steps} steps of {plan.tile_k}")
+        want = steps
+        plan = dataclasses.replace(plan, adjusted="; ".join(x for x in (plan.adjusted, note) if x))
+    if want <= 1:
+        return plan
+    return dataclasses.replace(plan, split_k=want, why=plan.why + f"; split-K {want} (split_k={sk} requested)")
+
+
+# --------------------------------------------------------------------------------------
+# Reductions
+# --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ReductionProblem:
+    """``out[row] = reduce_r x[row, r]``: ``rows`` outputs of ``size`` elements each;
+    ``rows_contiguous``: consecutive rows are adjacent in memory (a reduction over a leading dim);
+    ``integer``: an integer result (kept in exact long long accumulators, so never two-phase:
+    the partials are floats)."""
+
+    rows: int
+    size: int
+    rows_contiguous: bool = False
+    integer: bool = False
+
+
+@dataclass(frozen=True, eq=False)
+class ReductionPlan(Plan):
+    """How one reduction group is computed: ``strategy`` (one of
+    :data:`REDUCTION_EMITTERS`' names), ``why``, ``rows x size``; for a two-phase reduction
+    ``parts`` chunks per row and the scratch buffer ``partials`` (``None`` otherwise)."""
+
+    strategy: str
+    why: str
+    rows: int
+    size: int
+    rows_contiguous: bool = False
+    parts: int | None = None
+    partials: str | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class PointwisePlan(Plan):
+    """A pointwise loop: ``numel`` points, one per thread per work item."""
+
+    numel: int = 1
+
+
+@dataclass(frozen=True, eq=False)
+class CopyPlan(Plan):
+    """A copy group: ``numel`` elements to ``dst`` (the home's text)."""
+
+    numel: int = 1
+    dst: str = ""
+
+
+class ReductionEmitter:
+    """The spec of one reduction strategy."""
+
+    def __init__(self, name: str, summary: str) -> None:
+        self.name, self.summary = name, summary
+        self.capabilities = Capabilities(ARCHES, "registers", (1, 1, 1))
+
+    def cost(self, plan: ReductionPlan, threads: int, phase: str = "one") -> Cost:
+        rows, size = plan.rows, plan.size
+        nbytes = rows * size * 4
+        if phase == "partial":
+            items = (_ceil(rows, 32) if plan.rows_contiguous else rows) * (plan.parts or 1)
+        elif self.name == "thread":
+            items = _ceil(rows, threads)
+        elif self.name == "partial":  # the final phase: one warp per row folds the partials
+            items = _ceil(rows, threads // 32)
+            nbytes = rows * (plan.parts or 1) * 4
+        elif self.name == "block":
+            items = rows
+        else:
+            items = _ceil(rows, threads // 32)
+        return Cost(items, rows * size, nbytes)
+
+
+REDUCTION_EMITTERS: tuple[ReductionEmitter, ...] = (
+    ReductionEmitter("thread", "one thread per row, a serial loop"),
+    ReductionEmitter("warp", "one warp per row, shuffle reduction"),
+    ReductionEmitter("block", "one block per row, block reduction"),
+    ReductionEmitter("partial", "two phases: chunks of rows into scratch, then one warp per row folds them"),
+)
+
+
+def _reduction_strategy(rows: int, size: int, rows_contiguous: bool, threads: int, blocks: int) -> tuple[str, str]:
+    warps_total = blocks * threads // 32
+    if rows_contiguous and rows >= 32:
+        if rows >= blocks * threads // 8 or size <= 64:
+            return "thread", "rows adjacent in memory: one thread per row reads coalesced"
+        return "partial", "rows adjacent in memory but few: 32 rows x a chunk of each per work item"
+    if size <= 32:
+        return "thread", f"only {size} elements per row: a serial loop per thread"
+    if rows >= warps_total or size <= 2048:
+        return "warp", f"{rows} rows of {size}: one warp per row"
+    if rows >= blocks:
+        return "block", f"{rows} long rows ({size}): one block per row"
+    return "partial", f"{rows} rows of {size} cannot fill {blocks} blocks: two-phase grid reduction"
+
+
+def choose_reduction(p: ReductionProblem, threads: int, blocks: int = SM_COUNT) -> ReductionPlan:
+    """The strategy for a ``rows x size`` reduction and why (``parts`` set for two phases)."""
+    strategy, why = _reduction_strategy(p.rows, max(p.size, 1), p.rows_contiguous, threads, blocks)
+    if strategy == "partial" and p.integer:  # partials are floats: keep integers exact
+        strategy, why = ("block", f"{why}; an integer reduction stays in one phase (exact long long accumulators)")
+    parts = None
+    if strategy == "partial":
+        per = -(-p.rows // 32) if p.rows_contiguous else p.rows
+        parts = max(1, min(p.size, max(2, -(-blocks * 2 // max(per, 1)))))
+    return ReductionPlan(strategy, why, p.rows, p.size, p.rows_contiguous, parts)
+
+
+def reduction_emitter(name: str) -> ReductionEmitter:
+    for e in REDUCTION_EMITTERS:
+        if e.name == name:
+            return e
+    raise KeyError(f"no reduction emitter {name!r}")
+
+
+def pointwise_cost(numel: int, ops: int, reads: int, threads: int, store_bytes: int) -> Cost:
+    """Work items (one point per thread), FLOPs and bytes of a pointwise loop."""
+    return Cost(max(1, math.ceil(numel / threads)), numel * max(1, ops), store_bytes + numel * 4 * max(1, reads))
