@@ -14,31 +14,61 @@ class CudaSource:
     """The CUDA source of one cooperative persistent kernel.
 
     * ``text``: the whole translation unit (prelude, device functions, the kernel);
-    * ``kernel_name``/``params``: the entry point and its parameters (:mod:`tkx.codegen.abi`);
-    * ``threads`` per block, ``mode`` (``block``: one block, ``__syncthreads``; ``grid``: a
-      cooperative grid with grid barriers), ``blocks`` the grid the schedule would like (the
-      runtime caps it by the compiled kernel's occupancy);
-    * ``shared_bytes``: the shared workspace per block (static up to 48 KiB, else dynamic);
-    * ``arena_bytes``: the workspace the runtime allocates;
+    * ``launch``: the typed contract with the runtime, :class:`~tkx.codegen.abi.LaunchContract`:
+      the entry point ``kernel_name``, the ``params`` (:mod:`tkx.codegen.abi`), ``arena_bytes``
+      (the workspace the runtime allocates), the error codes, and ``launch.config``
+      (:class:`~tkx.codegen.abi.KernelConfig`): ``threads`` per block, ``mode`` (``block``: one
+      block, ``__syncthreads``; ``grid``: a cooperative grid with grid barriers), ``blocks`` the
+      grid the schedule would like (the runtime caps it by the compiled kernel's occupancy),
+      ``shared_bytes`` the shared workspace per block (static up to 48 KiB, else dynamic). The
+      same names are properties of the source (``source.threads`` ...);
     * ``op_lines``: IR op id -> 1-based line numbers that compute or store it;
       ``group_lines``: schedule group id -> (first, last) line of its code;
     * ``schedule``/``arena``: the stages this source implements (provenance).
     """
 
     text: str
-    kernel_name: str
-    params: tuple[abi.Param, ...]
-    threads: int
-    mode: str
-    blocks: int
-    shared_bytes: int
-    arena_bytes: int
+    launch: abi.LaunchContract
     schedule: Any = field(repr=False, compare=False)
     arena: Any = field(repr=False, compare=False)
     op_lines: Mapping[str, tuple[int, ...]] = field(default_factory=dict, repr=False, compare=False)
     group_lines: Mapping[str, tuple[int, int]] = field(default_factory=dict, repr=False, compare=False)
     tensor_cores: bool = False
     notes: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    # -- the launch contract, by its old names ---------------------------------------------------
+    @property
+    def config(self) -> abi.KernelConfig:
+        """:class:`~tkx.codegen.abi.KernelConfig` (``launch.config``)."""
+        return self.launch.config
+
+    @property
+    def kernel_name(self) -> str:
+        return self.launch.kernel_name
+
+    @property
+    def params(self) -> tuple[abi.Param, ...]:
+        return self.launch.params
+
+    @property
+    def threads(self) -> int:
+        return self.launch.config.threads
+
+    @property
+    def mode(self) -> str:
+        return self.launch.config.mode
+
+    @property
+    def blocks(self) -> int:
+        return self.launch.config.blocks
+
+    @property
+    def shared_bytes(self) -> int:
+        return self.launch.config.shared_bytes
+
+    @property
+    def arena_bytes(self) -> int:
+        return self.launch.arena_bytes
 
     @property
     def program(self):
@@ -51,9 +81,7 @@ class CudaSource:
     @property
     def dynamic_shared_bytes(self) -> int:
         """Dynamic shared memory to pass at launch (0 when the workspace is static)."""
-        from .cuda_prelude import STATIC_SHARED_LIMIT
-        n = max(16, (self.shared_bytes + 15) // 16 * 16)
-        return n if self.shared_bytes and n > STATIC_SHARED_LIMIT else 0
+        return self.launch.config.dynamic_shared_bytes
 
     @property
     def num_lines(self) -> int:
@@ -67,7 +95,7 @@ class CudaSource:
             return tuple(range(a, b + 1))
         if op_or_group in self.op_lines:
             return tuple(self.op_lines[op_or_group])
-        groups = getattr(self.schedule, "groups", {})
+        groups = self.schedule.groups
         if op_or_group in groups or any(o.id == op_or_group for o in self.program.ops):
             return ()
         from ..schedule.model import unknown_op_error
@@ -80,7 +108,7 @@ class CudaSource:
         Raises :class:`tkx.codegen.nvrtc.CudaCompileError` with the offending lines quoted.
         """
         from .nvrtc import compile_cuda
-        return compile_cuda(self.text, arch, exact=bool(getattr(self.options, "exact", False)), **kwargs)
+        return compile_cuda(self.text, arch, exact=self.launch.config.exact, **kwargs)
 
     def __str__(self) -> str:
         return self.text

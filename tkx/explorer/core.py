@@ -24,11 +24,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
 
+from .. import pipeline
 from ..explore import STAGES, Exploration
 from ..options import Options
 
 #: Stages the explorer computes on every update (``runner`` needs a GPU and is computed on demand).
-CPU_STAGES = STAGES[: STAGES.index("cuda") + 1]
+CPU_STAGES = pipeline.CPU_STAGES
 
 #: Whether :class:`tkx.Options` has a ``rules`` field (per-exploration user fusion rules). Until
 #: it does, rule toggles go through :func:`scoped_rules` (see its docstring).

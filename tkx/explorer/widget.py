@@ -19,6 +19,7 @@ from typing import Any
 import ipywidgets as W
 import traitlets
 
+from .. import pipeline
 from ..explore import Exploration
 from ..options import Options
 from . import benchmark as B
@@ -43,8 +44,8 @@ from .core import (
 )
 
 #: (tab title, stage attribute) in display order; ``benchmark`` is not a stage of the exploration.
-STAGE_TABS = (("graph", "captured"), ("IR", "program"), ("passes", "passes"), ("schedule", "schedule"),
-              ("arena", "arena"), ("CUDA", "cuda"), ("runner", "runner"), ("benchmark", "benchmark"))
+#: The stage tabs come from the pipeline table (:data:`tkx.pipeline.STAGES`, rows with a ``tab``).
+STAGE_TABS = tuple((s.tab, s.name) for s in pipeline.STAGES if s.tab) + (("benchmark", "benchmark"),)
 #: Tabs after the stage tabs.
 EXTRA_TABS = ("pass stepper", "linked views")
 

@@ -28,34 +28,11 @@ import platform
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .. import pipeline
 from . import dot_available, esc, view
 
-#: (stage id, title, what a first-time reader needs to know about it)
-SECTIONS = (
-    ("captured", "Captured graph",
-     "The training step traced by torch.fx on fake tensors (no data, no GPU): forward, backward "
-     "(from torch.func) and the optimizer update as one flat graph of aten ops, each knowing the line "
-     "of your Python it came from."),
-    ("program", "IR",
-     "The graph lowered to tkx's own IR: every value is a TensorSpec (shape, dtype, strides, buffer), "
-     "views are metadata only, and the ops are pointwise maps, reductions, matmuls, fills and casts."),
-    ("passes", "Pass trace",
-     "Named Program -> Program rewrites, in the order they ran, with what each added, removed or changed."),
-    ("optimized", "IR after the passes",
-     "The program the scheduler works on. Its op ids are the ones the schedule, the arena and the "
-     "CUDA source refer to."),
-    ("schedule", "Fused schedule",
-     "Which ops are computed together in one loop (fusion groups), which values must be written to "
-     "memory, where a barrier separates stages, and why each candidate fusion did or did not happen."),
-    ("arena", "Arena",
-     "Where every value that lives in memory is placed in the one workspace: offsets, lifetimes, reuse "
-     "after the last reader, and the peak against the lower bound (bytes live at once)."),
-    ("cuda", "CUDA source",
-     "The generated source of ONE cooperative persistent kernel that runs the whole training step."),
-    ("runner", "Compiled runner and verification",
-     "The kernel compiled with NVRTC and loaded on the GPU: registers, shared memory, spills, occupancy, "
-     "and a check of its results against eager PyTorch and the reference interpreter."),
-)
+#: (stage id, title, what a first-time reader needs to know about it), from the pipeline table.
+SECTIONS = tuple((s.name, s.title, s.about) for s in pipeline.STAGES)
 
 PAGE_STYLE = """
 body{margin:0;font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#24292f;
