@@ -139,8 +139,8 @@ class Exploration:
 
     def widget(self, **kwargs: Any) -> Any:
         """An interactive :class:`tkx.Explorer` over this exploration (needs ipywidgets)."""
-        from .explorer import widget
-        return widget(self, **kwargs)
+        from . import display
+        return display.widget(self, **kwargs)
 
     @property
     def computed(self) -> tuple[str, ...]:

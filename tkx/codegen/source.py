@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import display
 from . import abi
 
 
@@ -117,23 +118,18 @@ class CudaSource:
         return (f"<tkx.CudaSource {self.kernel_name}: {self.num_lines} lines, {self.mode} mode, "
                 f"{self.threads} threads, shared {self.shared_bytes} B, arena {self.arena_bytes} B>")
 
+    # -- views, looked up in tkx.display (tkx.render registers them) ----------------------
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        try:
-            from ..render import stage_views
-        except Exception:  # never a traceback in a notebook cell
-            return {"text/plain": repr(self)}
-        return stage_views.bundle(self, lambda: stage_views.cuda_html(self), include, exclude)
+        return display.mimebundle(self, include, exclude)
 
     def html(self, check: bool = True) -> str:
         """The HTML view; ``check=False`` leaves out the NVRTC report (no compile)."""
-        from ..render.stage_views import cuda_html
-        return cuda_html(self, check=check)
+        return display.html_of(self, check=check)
 
     def diff(self, other: CudaSource) -> Any:
-        """A unified diff of the kernel text with line counts."""
-        from ..render.stage_views import cuda_diff
-        return cuda_diff(self, other)
+        """A :class:`~tkx.diff.StageDiff` (computed in :mod:`tkx.codegen.diff`): a unified diff
+        of the kernel text with line counts."""
+        return display.diff(self, other)
 
     def __rich__(self) -> Any:
-        from rich.syntax import Syntax
-        return Syntax(self.text, "cuda", line_numbers=True, word_wrap=False)
+        return display.rich(self)

@@ -19,7 +19,7 @@ from typing import Any
 import ipywidgets as W
 import traitlets
 
-from .. import pipeline
+from .. import display, pipeline
 from ..explore import Exploration
 from ..options import Options
 from . import benchmark as B
@@ -584,6 +584,7 @@ class Explorer(W.VBox):
         self.bench_button.disabled = self._bench_reason() is not None
 
 
+@display.register(Exploration, "widget")
 def widget(exploration: Exploration, **kwargs: Any) -> Explorer:
     """``tkx.explore(...).widget()``: an :class:`Explorer` over an existing exploration."""
     return Explorer.from_exploration(exploration, **kwargs)

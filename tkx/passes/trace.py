@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from .. import display
 from ..ir import Program
 from ..printer import format_program
 
@@ -67,18 +68,15 @@ class PassStep:
         return f"<tkx.PassStep {self.summary()}>"
 
     def diff(self) -> Any:
-        """This pass as a :class:`~tkx.render.ir_views.ProgramDiff` (before -> after)."""
-        from ..render.ir_views import step_diff
-        return step_diff(self)
+        """This pass as a :class:`~tkx.passes.diff.ProgramDiff` (before -> after)."""
+        return display.lookup(self, "diff")(self)
 
     def graph(self, **kw: Any) -> Any:
         """Before and after in one ``graphviz.Digraph``: added ops green, removed red, changed yellow."""
-        from ..render.ir_views import diff_graph
-        return diff_graph(self.before, self.after, **kw)
+        return display.graph(self, **kw)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        from ..render.ir_views import step_mimebundle
-        return step_mimebundle(self, include, exclude)
+        return display.mimebundle(self, include, exclude)
 
 
 @dataclass(frozen=True)
@@ -142,24 +140,20 @@ class PassTrace:
                 "  " + c.rjust(w) for c, w in zip(r[1:], widths[1:])))
         return "\n".join(lines)
 
-    # -- views (tkx.render.ir_views; imported lazily so the core needs no graphviz) --
+    # -- views, looked up in tkx.display (tkx.render registers them) --
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        from ..render.ir_views import trace_mimebundle
-        return trace_mimebundle(self, include, exclude)
+        return display.mimebundle(self, include, exclude)
 
     def __rich__(self) -> Any:
-        from ..render.ir_views import trace_rich
-        return trace_rich(self)
+        return display.rich(self)
 
     def graph(self, step: int | str | None = None, **kw: Any) -> Any:
         """The pass pipeline as a ``graphviz.Digraph`` (one node per pass with its op delta);
         with ``step`` (position or pass name), that pass's before/after graph (added ops
         green, removed red, changed yellow)."""
-        from ..render.ir_views import trace_graph
-        return trace_graph(self, step, **kw)
+        return display.graph(self, step, **kw)
 
     def diff(self, other: PassTrace) -> Any:
-        """A :class:`~tkx.render.ir_views.TraceDiff`: the two traces step by step, and the
+        """A :class:`~tkx.passes.diff.TraceDiff`: the two traces step by step, and the
         diff of their output programs."""
-        from ..render.ir_views import trace_diff
-        return trace_diff(self, other)
+        return display.diff(self, other)

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import pipeline
-from . import dot_available, esc, view
+from .base import dot_available, esc, view
 
 #: (stage id, title, what a first-time reader needs to know about it), from the pipeline table.
 SECTIONS = tuple((s.name, s.title, s.about) for s in pipeline.STAGES)

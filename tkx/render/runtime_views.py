@@ -18,7 +18,11 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from . import esc, mimebundle, svg_img, view
+from .. import display
+from ..bench.report import BenchmarkReport
+from ..runtime.runner import CompiledRunner
+from ..runtime.verify import Verification
+from .base import esc, mimebundle, svg_img, view
 
 OK_COLOR = "#1a7f37"
 BAD_COLOR = "#cf222e"
@@ -154,6 +158,7 @@ def resources_rows(res: Any, *, timings: bool = True) -> list[tuple[str, str, st
     return rows
 
 
+@display.register(CompiledRunner, "html")
 def runner_html(runner: Any, *, timings: bool = True, verification: Any = None) -> str:
     """The view of a :class:`~tkx.runtime.CompiledRunner` (duck-typed: ``program.name``,
     ``resources``, optionally ``last_verification``). ``timings=False`` leaves out compile and
@@ -222,6 +227,7 @@ def _verification_body(ver: Any) -> str:
     return f"<div>{head}</div>{table}{explain}{notes}"
 
 
+@display.register(Verification, "html")
 def verification_html(ver: Any) -> str:
     """The view of a :class:`~tkx.runtime.Verification`."""
     verdict = "passed" if getattr(ver, "passed", False) else "FAILED"
@@ -356,6 +362,7 @@ def benchmark_svg(report: Any, *, width: int = 720) -> str:
     return "".join(out)
 
 
+@display.register(BenchmarkReport, "html")
 def benchmark_html(report: Any) -> str:
     """The view of a :class:`~tkx.bench.report.BenchmarkReport`: chart, table, details."""
     header, *body = report.table_rows()
@@ -389,6 +396,11 @@ def benchmark_html(report: Any) -> str:
             rows = "".join(f"<tr><th>{esc(k)}</th><td>{esc(_short(v))}</td></tr>" for k, v in data.items())
             parts.append(f'<details><summary>{esc(title)}</summary><table class="tkx-rt-kv">{rows}</table></details>')
     return view("bench", f"BenchmarkReport {report.name}", "".join(parts), str(report))
+
+
+@display.register(BenchmarkReport, "plain")
+def benchmark_plain(report: Any) -> str:
+    return str(report)
 
 
 def benchmark_bundle(report: Any, include: Any = None, exclude: Any = None) -> dict[str, str]:

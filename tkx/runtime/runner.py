@@ -106,9 +106,9 @@ class CompiledRunner:
         return f"<tkx.CompiledRunner {self.program.name}: {self.launch_description()}>"
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        from ..render.runtime_views import runner_bundle
+        from .. import display
 
-        return runner_bundle(self, include, exclude)
+        return display.mimebundle(self, include, exclude)
 
     # -- building blocks ---------------------------------------------------------------------
     def flatten(self, args: Sequence[Any]) -> list[Any]:

@@ -137,9 +137,9 @@ class Verification:
         return f"<tkx.Verification {verdict}: worst {self.worst} {self.worst_error:.3g}>"
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        from ..render.runtime_views import verification_bundle
+        from .. import display
 
-        return verification_bundle(self, include, exclude)
+        return display.mimebundle(self, include, exclude)
 
     def as_dict(self) -> dict[str, Any]:
         return {"passed": self.passed, "worst": self.worst, "worst_error": self.worst_error,

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import display
 from ..errors import UnknownOpError
 from ..ir import OPS, Op, Program, TensorSpec
 
@@ -212,27 +213,21 @@ class FusedSchedule:
     def materialized(self) -> tuple[str, ...]:
         return tuple(s for g in self.groups.values() for s in g.stores)
 
-    # -- views (tkx.render.stage_views) ---------------------------------------------------
+    # -- views, looked up in tkx.display (tkx.render registers them) ----------------------
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        try:
-            from ..render import stage_views
-        except Exception:  # never a traceback in a notebook cell
-            return {"text/plain": repr(self)}
-        return stage_views.bundle(self, lambda: stage_views.schedule_html(self), include, exclude)
+        return display.mimebundle(self, include, exclude)
 
     def graph(self) -> Any:
         """A ``graphviz.Digraph``: one cluster per group, ordered by stage, barriers between."""
-        from ..render.stage_views import schedule_graph
-        return schedule_graph(self)
+        return display.graph(self)
 
     def diff(self, other: FusedSchedule) -> Any:
-        """Groups added/removed/changed (matched by anchor op), decisions flipped, counts."""
-        from ..render.stage_views import schedule_diff
-        return schedule_diff(self, other)
+        """A :class:`~tkx.diff.StageDiff` (computed in :mod:`tkx.schedule.diff`): groups
+        added/removed/changed (matched by anchor op), decisions flipped, counts."""
+        return display.diff(self, other)
 
     def __rich__(self) -> Any:
-        from ..render.stage_views import schedule_rich
-        return schedule_rich(self)
+        return display.rich(self)
 
 
 def _few(names: Iterable[str], n: int = 8) -> str:

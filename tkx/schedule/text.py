@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from .model import FusedSchedule, Group
+from typing import Any
+
+#: :class:`~tkx.schedule.model.FusedSchedule` and :class:`~tkx.schedule.model.Group` (not imported:
+#: the model's ``__str__`` calls this module, so it must not import the model back).
+FusedSchedule = Group = Any
 
 
 def _shape(shape: tuple[int, ...]) -> str:
