@@ -158,7 +158,7 @@ def test_schedule_graph_renders(name):
 
 
 def test_schedule_html_without_dot(monkeypatch):
-    monkeypatch.setattr(tkx.render, "dot_available", lambda: False)
+    monkeypatch.setattr(tkx.render.base, "dot_available", lambda: False)
     h = html_of(explored("linear_regression").schedule)
     parse(h)
     assert "DOT source" in h and "subgraph cluster_g0" in h
@@ -170,7 +170,7 @@ def test_repr_never_raises(monkeypatch):
     def boom(*args, **kwargs):
         raise RuntimeError("renderer broke")
 
-    monkeypatch.setattr(stage_views, "schedule_html", boom)
+    monkeypatch.setitem(tkx.display._VIEWS, (type(s), "html"), boom)
     h = html_of(s)
     assert "renderer broke" in h and stage_views.esc(str(s).splitlines()[0]) in h
     assert s._repr_mimebundle_(include={"text/plain"}) == {"text/plain": repr(s)}

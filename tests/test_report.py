@@ -18,7 +18,7 @@ import tkx
 from tkx.bench.report import BenchmarkReport, Row
 from tkx.render import report as report_mod
 from tkx.render import runtime_views
-from tkx.runtime import Comparison, CompiledRunner, Resources, Verification
+from tkx.runtime import Comparison, Resources, Verification
 
 ROOT = Path(__file__).resolve().parents[1]
 VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "param", "source", "track",
@@ -254,7 +254,7 @@ def recorded_benchmark(workload: str = "medium", failed: str | None = None) -> B
 
 def test_runner_view():
     runner = stand_in_runner(stand_in_verification())
-    bundle = CompiledRunner._repr_mimebundle_(runner)
+    bundle = runtime_views.runner_bundle(runner)  # a stand-in runner: the view itself
     html_text = bundle["text/html"]
     assert set(bundle) == {"text/plain", "text/html"}
     for needle in ("132 blocks x 256 threads (grid mode)", "80</span> / thread", "0 B", "3 block(s) / SM x 132 SMs",
@@ -266,7 +266,7 @@ def test_runner_view():
     assert "cache hit" not in quiet and "0.12 s" not in quiet
     unverified = runtime_views.runner_html(stand_in_runner())
     assert "not verified yet" in unverified
-    assert CompiledRunner._repr_mimebundle_(runner, include=["text/html"]).keys() == {"text/html"}
+    assert runtime_views.runner_bundle(runner, include=["text/html"]).keys() == {"text/html"}
 
 
 def test_runner_view_flags_spills():
