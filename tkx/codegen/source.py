@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from .. import display
@@ -87,6 +89,37 @@ class CudaSource:
     @property
     def num_lines(self) -> int:
         return self.text.count("\n")
+
+    @cached_property
+    def arena_lines(self) -> Mapping[str, tuple[int, ...]]:
+        """Arena slot (its buffer name, as in :attr:`ArenaPlan.slots`) -> the 1-based lines that
+        read or write it (``arena + <offset>`` in the text).
+
+        A line inside a group's code belongs to the slot at that offset that is live in the
+        group's stage (the arena reuses offsets once a value is dead); a line outside every group
+        (a device function recomputing an inlined op, called from several stages) is attributed
+        only when one slot alone has that offset."""
+        slots = list(self.arena.slots.values()) if self.arena is not None else []
+        by_offset: dict[int, list] = {}
+        for sl in slots:
+            by_offset.setdefault(sl.offset, []).append(sl)
+        stage_at: dict[int, int] = {}
+        for gid, (a, b) in self.group_lines.items():
+            st = self.schedule.stage_of(gid)
+            for k in range(a, b + 1):
+                stage_at[k] = st
+        out: dict[str, list[int]] = {}
+        for no, line in enumerate(self.text.split("\n"), start=1):
+            for m in re.finditer(r"\barena \+ (\d+)\)", line):
+                cands = by_offset.get(int(m.group(1)), [])
+                st = stage_at.get(no)
+                if st is not None:
+                    cands = [sl for sl in cands if sl.first <= st <= sl.last]
+                if len(cands) == 1 or (st is not None and cands):
+                    for sl in cands:
+                        if no not in out.setdefault(sl.buffer, []):
+                            out[sl.buffer].append(no)
+        return {k: tuple(v) for k, v in out.items()}
 
     def lines_of(self, op_or_group: str) -> tuple[int, ...]:
         """The line numbers implementing an IR op or a schedule group (``()`` for one with no

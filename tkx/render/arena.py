@@ -7,7 +7,7 @@ from typing import Any
 
 from .. import display
 from ..arena import ArenaPlan
-from .base import REGION_COLORS, REGION_FILL, attrs, esc, svg_img
+from .base import REGION_COLORS, REGION_FILL, attrs, capped, esc, svg_img
 from .stage_common import _input_buffer, _kib, _op_ids, _region, _view
 
 
@@ -202,7 +202,8 @@ def arena_html(a: Any) -> str:
             rows.append(f'<tr {attrs(f"buf:{ib}" if ib else None, ids)}><td>{esc(name)}</td><td>in place</td>'
                         f'<td></td><td></td><td></td><td>{st}</td><td>{esc(w or "")}</td><td></td>'
                         f'<td>← {esc(buf)}</td></tr>')
-    body = head + img + f'<div class="tkx-sub">Slots</div><table>{"".join(rows)}</table>'
+    slots = capped(f'<table>{"".join(rows)}</table>', len(rows) - 1, "slots")
+    body = head + img + '<div class="tkx-sub">Slots</div>' + slots
     return _view("arena", "ArenaPlan", body, str(a))
 
 

@@ -16,7 +16,11 @@ Conventions (see ``shared/research/jupyter-and-style.md``):
 * **provenance**: an element that stands for something carries ``data-tkx-key`` (what it is,
   e.g. ``op:mm_1``) and ``data-tkx-ids`` (everything it belongs to, e.g. ``op:mm_1 grp:g3
   fx:mm src:model.py:12``). Clicking an element highlights, in every view on the page, the
-  elements whose ``data-tkx-ids`` contain its key. No server: a small inline script.
+  elements whose ``data-tkx-ids`` contain its key *and* the elements keyed by one of its own
+  ids (links work both ways: a CUDA line ``line:363 op:relu grp:g0 buf:relu`` lights its op,
+  its group and its arena slot). Each highlighted element is scrolled into view inside its
+  own scrolling box (the CUDA pane, a capped table), never by moving the page. No server: a
+  small inline script.
 """
 
 from __future__ import annotations
@@ -50,21 +54,62 @@ STYLE = """
 .tkx-view.tkx-view table{font-size:inherit}
 .tkx-region-forward{color:#2b6cb0}.tkx-region-backward{color:#805ad5}.tkx-region-optimizer{color:#2f855a}
 .tkx-view details>summary{cursor:pointer;font-family:system-ui,sans-serif}
+.tkx-view .tkx-zoom{position:relative}
+.tkx-view .tkx-zoom.tkx-zon{max-height:70vh;overflow:auto;border:1px solid #eaeef2;cursor:grab}
+.tkx-view .tkx-zbar{position:sticky;top:0;left:0;z-index:2;background:rgba(255,255,255,.92);padding:2px 0;
+  font-family:system-ui,sans-serif}
+.tkx-view .tkx-zbar button{font-size:12px;min-width:2.2em;margin-right:3px;cursor:pointer}
+.tkx-view .tkx-showall{font-family:system-ui,sans-serif;font-size:12px;margin:2px 0;cursor:pointer}
 """
 
 SCRIPT = """
 (function(){if(window.__tkxLinked)return;window.__tkxLinked=true;
-document.addEventListener('click',function(ev){var el=ev.target.closest?ev.target.closest('[data-tkx-key]'):null;
-if(!el)return;var key=el.getAttribute('data-tkx-key');
+function toks(e,a){return (e.getAttribute(a)||'').split(' ').filter(Boolean);}
+function scroller(e,stop){for(var p=e.parentElement;p;p=p.parentElement){var cs=getComputedStyle(p);
+if(/(auto|scroll)/.test(cs.overflowY+' '+cs.overflowX)&&
+(p.scrollHeight>p.clientHeight+1||p.scrollWidth>p.clientWidth+1))return p;
+if(p===stop)return null;}return null;}
+function reveal(e){var box=e.closest('.tkx-view'),p=scroller(e,box);while(p){
+var r=e.getBoundingClientRect(),b=p.getBoundingClientRect();
+if(r.top<b.top||r.bottom>b.bottom)p.scrollTop+=r.top-b.top-(p.clientHeight-r.height)/2;
+if(r.left<b.left||r.right>b.right)p.scrollLeft+=r.left-b.left-24;
+if(p===box)break;p=scroller(p,box);}}
+function select(el){var key=el.getAttribute('data-tkx-key'),own=toks(el,'data-tkx-ids');
 document.querySelectorAll('.tkx-hl').forEach(function(e){e.classList.remove('tkx-hl');});
-var hits=[];document.querySelectorAll('[data-tkx-ids]').forEach(function(e){
-var ids=(e.getAttribute('data-tkx-ids')||'').split(' ');
-if(ids.indexOf(key)>=0){e.classList.add('tkx-hl');hits.push(e);}});
+var hits=[];document.querySelectorAll('[data-tkx-ids]').forEach(function(e){if(e===el)return;
+var k=e.getAttribute('data-tkx-key');
+if(toks(e,'data-tkx-ids').indexOf(key)>=0||(k&&own.indexOf(k)>=0)){
+e.classList.add('tkx-hl');hits.push(e);}});
 el.classList.add('tkx-hl');document.body.setAttribute('data-tkx-selected',key);
-var seen=[];hits.forEach(function(e){var box=e.closest('.tkx-view');
-if(box&&box!==el.closest('.tkx-view')&&seen.indexOf(box)<0){seen.push(box);
-var r=e.getBoundingClientRect(),b=box.getBoundingClientRect();
-if(box.scrollHeight>box.clientHeight){box.scrollTop+=r.top-b.top-box.clientHeight/2;}}});});})();
+var seen=[];hits.forEach(function(e){if(e.closest('details:not([open])'))return;
+var p=scroller(e,e.closest('.tkx-view'));if(!p||seen.indexOf(p)>=0)return;seen.push(p);
+if(!p.contains(el))reveal(e);});return hits;}
+document.addEventListener('click',function(ev){var el=ev.target.closest?ev.target.closest('[data-tkx-key]'):null;
+if(el)select(el);});
+window.tkxSelect=function(key){var el=document.querySelector('[data-tkx-key="'+key+'"]');
+return el?select(el).length:-1;};
+document.addEventListener('click',function(ev){var b=ev.target.closest?ev.target.closest('[data-tkx-showall]'):null;
+if(!b)return;var t=b.previousElementSibling;if(!t)return;
+var cap=t.getAttribute('data-tkx-cap');t.style.maxHeight=t.style.maxHeight?'':cap;
+b.textContent=t.style.maxHeight?b.getAttribute('data-tkx-showall'):'show less';});})();
+(function(){document.querySelectorAll('[data-tkx-showall]').forEach(function(b){b.style.display='';});
+document.querySelectorAll('.tkx-zoom').forEach(function(z){if(z.__tkx)return;z.__tkx=1;
+var img=z.querySelector('img'),bar=z.querySelector('.tkx-zbar');if(!img||!bar)return;bar.style.display='';
+z.classList.add('tkx-zon');var k=0;
+function cur(){return k||(img.clientWidth/(img.naturalWidth||img.clientWidth||1));}
+function set(v,cx,cy){var old=cur();k=v;if(v===0){img.style.width='';img.style.maxWidth='100%';}
+else{img.style.maxWidth='none';img.style.width=Math.round((img.naturalWidth||img.clientWidth)*v)+'px';}
+z.setAttribute('data-tkx-zoom',v===0?'fit':v.toFixed(2));
+if(cx!==undefined&&v){var f=v/old;z.scrollLeft=(z.scrollLeft+cx)*f-cx;z.scrollTop=(z.scrollTop+cy)*f-cy;}}
+bar.addEventListener('click',function(ev){var b=ev.target.closest('[data-tkx-z]');if(!b)return;ev.stopPropagation();
+var w=b.getAttribute('data-tkx-z');if(w==='in')set(cur()*1.25);else if(w==='out')set(Math.max(0.05,cur()/1.25));
+else if(w==='fit')set(0);else set(1);});
+z.addEventListener('wheel',function(ev){if(!ev.ctrlKey)return;ev.preventDefault();var r=z.getBoundingClientRect();
+set(Math.min(8,Math.max(0.05,cur()*(ev.deltaY<0?1.15:1/1.15))),ev.clientX-r.left,ev.clientY-r.top);},{passive:false});
+var d=null;img.addEventListener('mousedown',function(ev){d=[ev.clientX,ev.clientY,z.scrollLeft,z.scrollTop];
+ev.preventDefault();});
+window.addEventListener('mousemove',function(ev){if(!d)return;z.scrollLeft=d[2]-(ev.clientX-d[0]);
+z.scrollTop=d[3]-(ev.clientY-d[1]);});window.addEventListener('mouseup',function(){d=null;});});})();
 """
 
 
@@ -97,6 +142,38 @@ def svg_img(svg: str | bytes, alt: str = "graph") -> str:
     return f'<img alt="{esc(alt)}" src="data:image/svg+xml;base64,{b64}" style="max-width:100%"/>'
 
 
+def zoomable(img_html: str, what: str = "graph") -> str:
+    """``img_html`` in a box that zooms and pans where scripts run (the report, trusted
+    notebooks): buttons zoom in/out, "100%" shows the graph at its own size (text legible),
+    "fit" fits it to the width; drag pans, Ctrl+wheel zooms. Where scripts do not run
+    (untrusted notebooks, GitHub) the buttons stay hidden and the static image fits the width."""
+    bar = ('<div class="tkx-zbar" style="display:none">'
+           '<button type="button" data-tkx-z="in" title="zoom in">+</button>'
+           '<button type="button" data-tkx-z="out" title="zoom out">&#8722;</button>'
+           '<button type="button" data-tkx-z="1" title="the graph at its own size">100%</button>'
+           '<button type="button" data-tkx-z="fit" title="fit to the width">fit</button>'
+           f'<span class="tkx-dim"> {esc(what)}: drag to pan, Ctrl+wheel to zoom</span></div>')
+    return f'<div class="tkx-zoom" data-tkx-zoom="fit">{bar}{img_html}</div>'
+
+
+#: Tables with more rows than this are capped in height (scrolling inside their box) with a
+#: "show all" button where scripts run.
+CAP_ROWS = 40
+CAP_HEIGHT = "420px"
+
+
+def capped(table_html: str, rows: int, what: str = "rows") -> str:
+    """``table_html`` capped at :data:`CAP_HEIGHT` (it scrolls inside its own box) when it has
+    more than :data:`CAP_ROWS` rows, with a "show all N rows" toggle where scripts run. The cap
+    is an inline style, so it holds in untrusted notebooks too."""
+    if rows <= CAP_ROWS:
+        return table_html
+    label = f"show all {rows} {what}"
+    return (f'<div class="tkx-cap" data-tkx-cap="{CAP_HEIGHT}" style="max-height:{CAP_HEIGHT};overflow:auto">'
+            f'{table_html}</div><button type="button" class="tkx-showall" data-tkx-showall="{esc(label)}" '
+            f'style="display:none">{esc(label)}</button>')
+
+
 def graph_svg(graph: Any) -> str | None:
     """SVG text of a ``graphviz`` graph, or ``None`` without ``dot``. SVG comments are dropped
     (they name the Graphviz version), so the output is deterministic for one Graphviz build."""
@@ -116,7 +193,7 @@ def graph_html(graph: Any, alt: str = "graph") -> str:
     """The graph as an ``<img>``, or - without ``dot`` - a one-line notice and the DOT source."""
     svg = graph_svg(graph)
     if svg is not None:
-        return svg_img(svg, alt)
+        return zoomable(svg_img(svg, alt), alt)
     why = (f"Graphviz took longer than {DOT_TIMEOUT_S} s to lay this graph out" if dot_available()
            else "Graphviz's <code>dot</code> is not installed (apt-get install graphviz, or conda install graphviz)")
     return (f'<div class="tkx-dim">{why}: showing the DOT source.</div>'

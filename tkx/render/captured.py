@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from .. import display
 from ..capture import CapturedGraph
 from ..printer import format_captured, rich_captured
-from .base import REGION_COLORS, attrs, esc, view
+from .base import REGION_COLORS, attrs, capped, esc, view
 from .graphs import _emit, _GNode, _GSpec
 from .ir_common import (
     COLLAPSE_ABOVE,
@@ -85,7 +85,7 @@ def captured_html(cg: CapturedGraph, *, graph: bool = True) -> str:
                f'({_region_counts(n.region for n in cg.nodes)}); lowered to <b>{len(cg.program.ops)}</b> IR ops. '
                + (f'{no_ops} nodes produce no IR op: views such as <code>t</code> and <code>view</code> are '
                   f'metadata on the values that read them.' if no_ops else '') + '</div>')
-    body = _style() + summary + f"<table>{''.join(rows)}</table>"
+    body = _style() + summary + capped(f"<table>{''.join(rows)}</table>", len(rows), "rows")
     if graph:
         n_fx = sum(1 for n in cg.nodes if n.op == "call_function")
         what = "FX graph" + (" (collapsed by region)" if n_fx > COLLAPSE_ABOVE else "")

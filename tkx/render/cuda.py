@@ -93,6 +93,10 @@ def cuda_html(c: Any, check: bool = True) -> str:
         for k in range(a, b + 1):
             grp_at.setdefault(k, []).append(gid)
         first_of.setdefault(a, gid)
+    slot_at: dict[int, list[str]] = {}
+    for buf, nums in c.arena_lines.items():
+        for k in nums:
+            slot_at.setdefault(k, []).append(buf)
     prelude_end = 0
     for i, line in enumerate(c.text.split("\n"), start=1):
         if line.startswith("#define TKX_POINTERS"):
@@ -101,7 +105,8 @@ def cuda_html(c: Any, check: bool = True) -> str:
 
     def row(k: int) -> str:
         code = lines[k - 1]
-        ids = [f"op:{o}" for o in sorted(ops_at.get(k, ()))] + [f"grp:{g}" for g in grp_at.get(k, ())]
+        ids = ([f"op:{o}" for o in sorted(ops_at.get(k, ()))] + [f"grp:{g}" for g in grp_at.get(k, ())]
+               + [f"buf:{b}" for b in sorted(slot_at.get(k, ()))])
         gut = first_of.get(k)
         gutter = (f'<span class="tkx-gut" {attrs(f"grp:{gut}")}>{esc(gut)}</span>' if gut else
                   f'<span class="tkx-gut">{"│" if k in grp_at else ""}</span>')

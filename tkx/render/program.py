@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from .. import display
 from ..ir import Program
 from ..printer import Namer, _attrs, format_program, rich_program, type_str
-from .base import REGION_COLORS, attrs, esc, view
+from .base import REGION_COLORS, attrs, capped, esc, view
 from .graphs import _emit, _program_spec
 from .ir_common import (
     COLLAPSE_ABOVE,
@@ -81,7 +81,8 @@ def program_html(program: Program, *, graph: bool = True) -> str:
                f'<b>{len(program.outputs)}</b> outputs, <b>{len(program.updates)}</b> in-place updates. '
                f'A value is named after its op id (<code>%relu</code>) or input buffer (<code>%in0</code>): '
                f'the ids the schedule, arena and CUDA views use; passes never rename them.</div>')
-    table = f'<table>{"".join(_program_rows(program, namer))}</table>'
+    rows = _program_rows(program, namer)
+    table = capped(f'<table>{"".join(rows)}</table>', len(rows), "rows")
     body = _style() + summary + table
     if graph:
         collapsed = len(program.ops) > COLLAPSE_ABOVE

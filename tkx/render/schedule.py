@@ -10,7 +10,7 @@ from typing import Any
 from .. import display
 from ..schedule.model import FusedSchedule
 from ..schedule.text import describe_group, format_schedule
-from .base import REGION_COLORS, REGION_FILL, attrs, esc, graph_html
+from .base import REGION_COLORS, REGION_FILL, attrs, capped, esc, graph_html
 from .stage_common import _dst_text, _home_text, _op_ids, _ref_tokens, _region, _shape, _view
 
 
@@ -154,8 +154,8 @@ def schedule_html(s: Any, graph: bool = True) -> str:
               'concurrently on the grid; a barrier separates stages. items = independent work items (tiles, '
               'row blocks) spread over the blocks. Hazards: RAW = a group reads what an earlier stage wrote; '
               'WAR = a write must wait until earlier reads are done.</div>')
-    body = (head + '<div class="tkx-sub">Stages</div>' + legend + f'<table>{"".join(rows)}</table>'
-            + _decision_table(s))
+    stages = capped(f'<table>{"".join(rows)}</table>', len(rows), "rows")
+    body = head + '<div class="tkx-sub">Stages</div>' + legend + stages + _decision_table(s)
     if graph:
         try:
             g_html = graph_html(schedule_graph(s), alt=f"schedule graph of {s.program.name}")
