@@ -199,7 +199,8 @@ def test_cuda_source_carries_a_typed_launch_contract():
     assert [p.role for p in launch.params][-3:] == ["arena", "sync", "status"]
     assert len(launch.role("input")) == len(src.program.inputs)
     for p in launch.role("input"):
-        assert p.ctype.split("*")[0].replace("const ", "").strip() == abi.C_TYPES[src.program.inputs[p.index].value.dtype]
+        base = p.ctype.split("*")[0].replace("const ", "").strip()
+        assert base == abi.C_TYPES[src.program.inputs[p.index].value.dtype]
     from tkx.runtime.kernel import launch_contract
     with pytest.raises(TypeError, match="not a SimpleNamespace without a LaunchContract"):
         import types
