@@ -257,7 +257,7 @@ def test_runner_view():
     bundle = runtime_views.runner_bundle(runner)  # a stand-in runner: the view itself
     html_text = bundle["text/html"]
     assert set(bundle) == {"text/plain", "text/html"}
-    for needle in ("132 blocks x 256 threads (grid mode)", "80</span> / thread", "0 B", "3 block(s) / SM x 132 SMs",
+    for needle in ("132 blocks x 256 threads (grid mode)", "80</span> / thread", "0 B", "3 blocks / SM x 132 SMs",
                    "5,805,184 B (5.5 MiB)", "10,372 B (10.1 KiB)", "cache hit", "PASSED", "momentum_buf"):
         assert needle in html_text, needle
     assert parse(html_text).stack == []

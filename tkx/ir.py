@@ -220,8 +220,9 @@ class Program:
         return display.text(self)
 
     def __repr__(self) -> str:
-        return (f"<tkx.Program {self.name}: {len(self.inputs)} inputs, {len(self.ops)} ops, "
-                f"{len(self.outputs)} outputs, {len(self.updates)} in-place updates>")
+        from .words import plural
+        return (f"<tkx.Program {self.name}: {plural(len(self.inputs), 'input')}, {plural(len(self.ops), 'op')}, "
+                f"{plural(len(self.outputs), 'output')}, {plural(len(self.updates), 'in-place update')}>")
 
     # -- views, looked up in tkx.display (the printer and tkx.render register them) --
     def __rich__(self) -> Any:

@@ -22,6 +22,7 @@ from typing import Any
 from .. import display
 from ..errors import TkxError
 from ..schedule.model import FusedSchedule
+from ..words import plural
 
 #: Byte alignment of every slot (a 128-byte line keeps each value on its own cache lines).
 ALIGN = 128
@@ -101,7 +102,7 @@ class ArenaPlan:
     def __str__(self) -> str:
         def kib(n: int) -> str:
             return f"{n / 1024:.1f} KiB" if n >= 1024 else f"{n} B"
-        lines = [f"arena: {kib(self.size_bytes)} for {len(self.slots)} values "
+        lines = [f"arena: {kib(self.size_bytes)} for {plural(len(self.slots), 'value')} "
                  f"(lower bound {kib(self.lower_bound_bytes)}, without reuse {kib(self.no_reuse_bytes)}), "
                  f"{self.alignment}-byte aligned"]
         if self.in_place:
@@ -131,7 +132,7 @@ class ArenaPlan:
         return display.rich(self)
 
     def __repr__(self) -> str:
-        return (f"<tkx.ArenaPlan {len(self.slots)} slots, {self.size_bytes} B "
+        return (f"<tkx.ArenaPlan {plural(len(self.slots), 'slot')}, {self.size_bytes} B "
                 f"(lower bound {self.lower_bound_bytes} B, no reuse {self.no_reuse_bytes} B)>")
 
 

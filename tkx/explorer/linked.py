@@ -49,8 +49,9 @@ def link_data(ex: Any) -> dict[str, Any]:
               "kind": s.kind} for s in sorted(arena.slots.values(), key=lambda s: (s.offset, s.first))]
     return {"ir_rows": ir_rows, "cuda_lines": cuda.text.split("\n"), "line_ops": line_ops, "stages": stages,
             "slots": slots, "arena_bytes": int(arena.size_bytes), "num_stages": len(sched.stages),
-            "title": f"{program.name}: {len(program.ops)} ops, {len(sched.groups)} groups, "
-                     f"{len(sched.stages)} stages, arena {arena.size_bytes} B, {cuda.num_lines} CUDA lines"}
+            "title": f"{program.name}: {_plural(len(program.ops), 'op')}, {_plural(len(sched.groups), 'group')}, "
+                     f"{_plural(len(sched.stages), 'stage')}, arena {arena.size_bytes} B, "
+                     f"{_plural(cuda.num_lines, 'CUDA line')}"}
 
 
 def link_info(ex: Any, op_id: str) -> dict[str, Any]:
@@ -92,7 +93,7 @@ def link_info(ex: Any, op_id: str) -> dict[str, Any]:
         group = ""
     stage = sched.stage_of(group) if group else -1
     text = (f"{op_id} ({op.kind}, {op.region}): group {group or '-'}, stage {stage if stage >= 0 else '-'}, "
-            f"value in {where}, {len(lines)} CUDA line(s)")
+            f"value in {where}, {_plural(len(lines), 'CUDA line')}")
     return {"op": op_id, "cuda_lines": lines, "arena": slot_d, "home": where, "group": group, "stage": stage,
             "groups": groups, "text": text, "ops": [op_id], "slots": [slot.buffer] if slot else []}
 

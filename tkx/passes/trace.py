@@ -10,6 +10,7 @@ from typing import Any
 from .. import display
 from ..ir import Program
 from ..printer import format_program
+from ..words import plural
 
 
 def op_delta(before: Program, after: Program) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
@@ -119,7 +120,7 @@ class PassTrace:
         return iter(self.steps)
 
     def __repr__(self) -> str:
-        return (f"<tkx.PassTrace {len(self.steps)} passes: {len(self.input.ops)} -> "
+        return (f"<tkx.PassTrace {plural(len(self.steps), 'pass')}: {len(self.input.ops)} -> "
                 f"{len(self.output.ops)} ops, {self.ms:.2f} ms>")
 
     def rows(self) -> list[tuple[str, str, str, str, str, str]]:
@@ -134,7 +135,7 @@ class PassTrace:
         rows = self.rows()
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines = [f"PassTrace of {self.input.name}: {len(self.input.ops)} -> {len(self.output.ops)} ops "
-                 f"in {len(self.steps)} passes, {self.ms:.2f} ms"]
+                 f"in {plural(len(self.steps), 'pass')}, {self.ms:.2f} ms"]
         for r in rows:
             lines.append("  " + r[0].ljust(widths[0]) + "".join(
                 "  " + c.rjust(w) for c, w in zip(r[1:], widths[1:])))

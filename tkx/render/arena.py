@@ -7,6 +7,7 @@ from typing import Any
 
 from .. import display
 from ..arena import ArenaPlan
+from ..words import plural
 from .base import REGION_COLORS, REGION_FILL, attrs, capped, esc, svg_img
 from .stage_common import _input_buffer, _kib, _op_ids, _region, _view
 
@@ -164,7 +165,8 @@ def arena_html(a: Any) -> str:
     reuse = 1 - a.size_bytes / a.no_reuse_bytes if a.no_reuse_bytes else 0.0
     head = (
         '<table class="tkx-kv">'
-        f'<tr><td>size</td><td><b>{esc(_kib(a.size_bytes))}</b> ({a.size_bytes} B) for {len(a.slots)} values, '
+        f'<tr><td>size</td><td><b>{esc(_kib(a.size_bytes))}</b> ({a.size_bytes} B) for '
+        f'{plural(len(a.slots), "value")}, '
         f'{a.alignment}-byte aligned</td></tr>'
         f'<tr><td>lower bound</td><td>{esc(_kib(a.lower_bound_bytes))} (most bytes live in any one stage; '
         f'{"reached" if a.size_bytes <= a.lower_bound_bytes else f"{a.size_bytes - a.lower_bound_bytes} B above"})'
@@ -211,7 +213,7 @@ def arena_html(a: Any) -> str:
 def arena_rich(a: Any) -> Any:
     from rich.table import Table
 
-    t = Table(title=f"ArenaPlan: {_kib(a.size_bytes)} for {len(a.slots)} values",
+    t = Table(title=f"ArenaPlan: {_kib(a.size_bytes)} for {plural(len(a.slots), 'value')}",
               caption=f"lower bound {_kib(a.lower_bound_bytes)}, without reuse {_kib(a.no_reuse_bytes)}"
               + (f"; in place: {', '.join(a.in_place)}" if a.in_place else "")
               + (f"; staged: {', '.join(a.staged)}" if a.staged else ""))

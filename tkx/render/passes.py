@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from .. import display
 from ..passes.diff import step_diff
 from ..passes.trace import PassStep, PassTrace
+from ..words import plural
 from .base import attrs, esc, view
 from .diffs import diff_graph, side_by_side
 from .graphs import _digraph
@@ -45,7 +46,7 @@ def trace_html(trace: PassTrace) -> str:
     summary = (f'<div class="tkx-sum">input <b>{len(trace.input.ops)}</b> ops, output <b>{len(trace.output.ops)}</b>'
                f' ops. Click an op id to find it in the program views on this page.</div>')
     body = _style() + summary + f'<table>{"".join(rows)}</table>' + "".join(details) + none
-    title = f"PassTrace of {trace.input.name}: {len(trace.steps)} passes, {trace.ms:.2f} ms"
+    title = f"PassTrace of {trace.input.name}: {plural(len(trace.steps), 'pass')}, {trace.ms:.2f} ms"
     return view("ir tkx-trace", title, body, str(trace))
 
 

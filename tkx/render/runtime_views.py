@@ -22,6 +22,7 @@ from .. import display
 from ..bench.report import BenchmarkReport
 from ..runtime.runner import CompiledRunner
 from ..runtime.verify import Verification
+from ..words import plural
 from .base import esc, mimebundle, svg_img, view
 
 OK_COLOR = "#1a7f37"
@@ -133,7 +134,7 @@ def resources_rows(res: Any, *, timings: bool = True) -> list[tuple[str, str, st
     if occ is not None:
         sms = _get(res, "sm_count")
         on = f" x {sms} SMs" if sms else ""
-        rows.append(("occupancy", esc(f"{occ} block(s) / SM{on}"),
+        rows.append(("occupancy", esc(f"{plural(int(occ), 'block')} / SM{on}"),
                      "how many blocks of this size fit on one SM at once (bounds the grid)"))
     arena = _get(res, "arena_bytes")
     if arena is not None:
@@ -206,7 +207,8 @@ def _verification_body(ver: Any) -> str:
     seeds = tuple(getattr(ver, "seeds", ()))
     passed = bool(getattr(ver, "passed", False))
     worst = getattr(ver, "worst_comparison", None)
-    head = _verdict(passed) + esc(f"{len({c.name for c in comparisons})} values x {len(seeds)} seeds "
+    values = plural(len({c.name for c in comparisons}), "value")
+    head = _verdict(passed) + esc(f"{values} x {plural(len(seeds), 'seed')} "
                                   f"(seeds {', '.join(str(s) for s in seeds)})")
     if worst is not None:
         head += esc(f"; worst: {worst.name} ({worst.dtype}) relative error {fmt_error(worst.error)}, "

@@ -10,6 +10,7 @@ from typing import Any
 from .. import display
 from ..schedule.model import FusedSchedule
 from ..schedule.text import describe_group, format_schedule
+from ..words import plural
 from .base import REGION_COLORS, REGION_FILL, attrs, capped, esc, graph_html
 from .stage_common import _dst_text, _home_text, _op_ids, _ref_tokens, _region, _shape, _view
 
@@ -86,7 +87,7 @@ def _decision_table(s: Any) -> str:
                 f'<td>→</td><td {attrs(ctoks[0] if ctoks else None, ctoks)}>{esc(d.consumer)}</td>'
                 f'<td>{esc(d.rule)}</td><td>{esc(d.code)}</td>'
                 f'<td style="white-space:normal">{esc(d.reason)}</td></tr>')
-        parts.append(f'<details{" open" if nf else ""}><summary>{esc(kind)}: {len(ds)} candidates, '
+        parts.append(f'<details{" open" if nf else ""}><summary>{esc(kind)}: {plural(len(ds), "candidate")}, '
                      f'{nf} not fused</summary><table><tr><th></th><th>producer</th><th></th><th>consumer</th>'
                      f'<th>rule</th><th>code</th><th>reason</th></tr>{"".join(rows)}</table></details>')
     return "".join(parts)
@@ -112,9 +113,9 @@ def schedule_html(s: Any, graph: bool = True) -> str:
         '<table class="tkx-kv">'
         f'<tr><td>mode</td><td><b>{esc(s.mode)}</b> — {esc(s.mode_reason)}</td></tr>'
         f'<tr><td>grid</td><td>{s.blocks} block{"s" if s.blocks != 1 else ""} × {s.threads} threads</td></tr>'
-        f'<tr><td>stages</td><td>{len(s.stages)} stages, {len(s.groups)} groups, '
-        f'{s.num_barriers} barriers ({esc(barrier_kind)})</td></tr>'
-        f'<tr><td>decisions</td><td>{len(s.decisions)} fusion candidates, {nf} not fused</td></tr></table>')
+        f'<tr><td>stages</td><td>{plural(len(s.stages), "stage")}, {plural(len(s.groups), "group")}, '
+        f'{plural(s.num_barriers, "barrier")} ({esc(barrier_kind)})</td></tr>'
+        f'<tr><td>decisions</td><td>{plural(len(s.decisions), "fusion candidate")}, {nf} not fused</td></tr></table>')
     rows = ['<tr><th>group</th><th>kind</th><th>computes</th><th>items</th><th>epilogue / loop</th>'
             '<th>inlined</th><th>stores → home</th></tr>']
     for i, stage in enumerate(s.stages):
@@ -123,8 +124,9 @@ def schedule_html(s: Any, graph: bool = True) -> str:
             rows.append(f'<tr class="tkx-barrier-row" {attrs(None, _barrier_tokens(b.hazards, ops))}>'
                         f'<td colspan="7">━━ barrier before stage {i} ({esc(b.kind)}): '
                         f'{esc("; ".join(b.hazards))}</td></tr>')
+        side = "1 group" if len(stage) == 1 else f"{len(stage)} groups side by side"
         rows.append(f'<tr class="tkx-stage-row"><td colspan="7" {attrs(f"stage:{i}")}>stage {i} '
-                    f'<span class="tkx-dim">({len(stage)} group{"s" if len(stage) != 1 else ""} side by side)</span>'
+                    f'<span class="tkx-dim">({side})</span>'
                     '</td></tr>')
         for gid in stage:
             g = s.groups[gid]
@@ -280,7 +282,7 @@ def schedule_rich(s: Any) -> Any:
     from rich.table import Table
 
     t = Table(title=f"FusedSchedule {s.program.name}", caption=f"mode {s.mode}: {s.mode_reason}; "
-              f"{s.blocks} block(s) × {s.threads} threads", show_lines=False, expand=False)
+              f"{plural(s.blocks, 'block')} × {s.threads} threads", show_lines=False, expand=False)
     t.add_column("stage", style="dim")
     t.add_column("group", style="bold")
     t.add_column("kind")

@@ -25,6 +25,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from ..errors import TkxError
+from ..words import plural
 from .inputs import TORCH_DTYPES
 
 #: Default tolerance on the relative error, by IR dtype.
@@ -118,7 +119,7 @@ class Verification:
         """One paragraph: verdict, worst value, failures."""
         verdict = "PASSED" if self.passed else "FAILED"
         n = len({c.name for c in self.comparisons})
-        head = f"verification {verdict}: {n} values x {len(self.seeds)} seeds"
+        head = f"verification {verdict}: {plural(n, 'value')} x {plural(len(self.seeds), 'seed')}"
         if self.worst is not None:
             c = self.worst_comparison
             head += f"; worst {c.name} ({c.dtype}) rel. error {c.error:.3g} (tolerance {c.tolerance:.0e})"
