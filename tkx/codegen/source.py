@@ -90,6 +90,34 @@ class CudaSource:
     def num_lines(self) -> int:
         return self.text.count("\n")
 
+    @property
+    def kernel_start(self) -> int:
+        """1-based line of the kernel's entry (``extern "C" __global__ ...``): above it are the
+        fixed prelude and the device functions of inlined values."""
+        for no, line in enumerate(self.text.split("\n"), start=1):
+            if line.startswith('extern "C"'):
+                return no
+        return 1
+
+    def body(self, lines: int | None = None, *, numbered: bool = True) -> str:
+        """The kernel itself, from its entry (:attr:`kernel_start`) on: what the schedule's
+        stages and barriers became, without the prelude's helpers. ``lines`` caps the number
+        of lines shown (a last line says how many more there are); ``numbered`` prefixes each
+        line with its number in the whole text (as the views and :meth:`lines_of` count)."""
+        all_lines = self.text.split("\n")
+        start = self.kernel_start
+        shown = all_lines[start - 1:]
+        if shown and shown[-1] == "":
+            shown = shown[:-1]
+        more = 0
+        if lines is not None and len(shown) > lines:
+            more, shown = len(shown) - lines, shown[:lines]
+        width = len(str(start + len(shown)))
+        out = [f"{start + i:>{width}}  {x}" if numbered else x for i, x in enumerate(shown)]
+        if more:
+            out.append(f"... {more} more kernel lines (the whole text: str(source); the prelude: lines 1-{start - 1})")
+        return "\n".join(out)
+
     @cached_property
     def arena_lines(self) -> Mapping[str, tuple[int, ...]]:
         """Arena slot (its buffer name, as in :attr:`ArenaPlan.slots`) -> the 1-based lines that
