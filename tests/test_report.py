@@ -16,6 +16,7 @@ import torch
 
 import tkx
 from tkx.bench.report import BenchmarkReport, Row
+from tkx.render import bench as bench_views
 from tkx.render import report as report_mod
 from tkx.render import runtime_views
 from tkx.runtime import Comparison, Resources, Verification
@@ -318,16 +319,16 @@ def test_benchmark_view_from_recorded_numbers():
 def test_benchmark_view_linear_scale_and_failures():
     rep = recorded_benchmark("online", failed="inductor")
     rep = BenchmarkReport(rep.name, tuple(r for r in rep.rows if r.name != "eager"), rep.verification)
-    svg = runtime_views.benchmark_svg(rep)
+    svg = bench_views.benchmark_svg(rep)
     assert "linear scale" in svg and "failed: RuntimeError: out of memory" in svg and "more" not in svg
-    assert runtime_views.benchmark_svg(rep) == svg  # deterministic
+    assert bench_views.benchmark_svg(rep) == svg  # deterministic
     wrong = BenchmarkReport("w", (Row.measured("eager", [10, 11, 12], 1),
                                   Row.measured("tkx", [5, 6, 7], 1, ok=False, note="wrong results")),
                             {"passed": False})
     html_text = wrong._repr_mimebundle_()["text/html"]
-    assert "WRONG RESULTS" in html_text and "WRONG" in runtime_views.benchmark_svg(wrong)
+    assert "WRONG RESULTS" in html_text and "WRONG" in bench_views.benchmark_svg(wrong)
     empty = BenchmarkReport("e", (Row.failed("tkx", "no GPU"),))
-    assert "no candidate ran" in runtime_views.benchmark_svg(empty)
+    assert "no candidate ran" in bench_views.benchmark_svg(empty)
 
 
 def test_report_with_a_runner_section():
