@@ -54,8 +54,7 @@ class Exploration:
 
     def __init__(self, step_fn: Callable[..., Any], example_inputs: Sequence[Any],
                  options: Options | None = None, *, name: str | None = None,
-                 loss: int | None = None, _cache: dict[str, Any] | None = None,
-                 _fingerprints: dict[str, tuple] | None = None) -> None:
+                 loss: int | None = None) -> None:
         self.step_fn = step_fn
         if not isinstance(example_inputs, (tuple, list)):
             example_inputs = (example_inputs,)  # one positional argument, as tkx.capture accepts
@@ -63,10 +62,10 @@ class Exploration:
         self.options = options or Options()
         self.name = name or getattr(step_fn, "__name__", "step")
         self.loss = loss
-        self._cache: dict[str, Any] = dict(_cache or {})
+        self._cache: dict[str, Any] = {}
         self.timings: dict[str, float] = {}
         #: The registry fingerprints the cached ``passes``/``schedule`` stages were computed with.
-        self._fingerprints: dict[str, tuple] = dict(_fingerprints or {})
+        self._fingerprints: dict[str, tuple] = {}
         #: One line per stale stage dropped because a pass or fusion rule changed since it was computed.
         self.recomputed: list[str] = []
 
@@ -164,8 +163,15 @@ class Exploration:
         first = pipeline.invalidated_by(changes, self.options)
         self._drop_stale()
         keep = {k: v for k, v in self._cache.items() if STAGES.index(k) < first}
-        return Exploration(self.step_fn, self.example_inputs, options, name=self.name, loss=self.loss,
-                           _cache=keep, _fingerprints={k: v for k, v in self._fingerprints.items() if k in keep})
+        return self._derive(options, keep)
+
+    def _derive(self, options: Options, keep: dict[str, Any]) -> Exploration:
+        """A new exploration of the same step under ``options`` holding the stages ``keep``
+        (those the change does not touch) and their registry fingerprints."""
+        new = Exploration(self.step_fn, self.example_inputs, options, name=self.name, loss=self.loss)
+        new._cache.update(keep)
+        new._fingerprints.update({k: v for k, v in self._fingerprints.items() if k in keep})
+        return new
 
     def __repr__(self) -> str:
         done = [s for s in STAGES if s in self._cache]

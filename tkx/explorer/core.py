@@ -216,7 +216,7 @@ def restart_from(ex: Exploration, stage: str) -> Exploration:
     """A copy of ``ex`` keeping only the stages before ``stage`` (for changes that are not
     options, such as a user fusion rule switched off)."""
     keep = {k: v for k, v in ex._cache.items() if STAGES.index(k) < STAGES.index(stage)}
-    return Exploration(ex.step_fn, ex.example_inputs, ex.options, name=ex.name, loss=ex.loss, _cache=keep)
+    return ex._derive(ex.options, keep)
 
 
 # --------------------------------------------------------------------------------------------
