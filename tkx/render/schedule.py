@@ -4,7 +4,7 @@ HTML, the fusion decisions, the graph (one cluster per group) and a rich table."
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .. import display
@@ -172,14 +172,46 @@ def _node_id(gid: str, op: str) -> str:
     return re.sub(r"\W", "_", f"{gid}__{op}")
 
 
+#: ``collapse="auto"`` draws every op up to this many op nodes in all groups ...
+OPS_SHOWN_MAX = 30
+#: ... one node per group up to this many groups, and one node per stage above it.
+GROUPS_SHOWN_MAX = 24
+
+
+def _collapse_levels(s: Any, collapse: str, expand: Sequence[Any]) -> dict[str, str]:
+    """group id -> how it is drawn: ``"ops"`` (a cluster of its ops), ``"group"`` (one node) or
+    ``"stage"`` (folded into its stage's one node). ``expand`` names groups or stage indices
+    drawn op by op whatever ``collapse`` says."""
+    if collapse not in ("auto", "none", "group", "stage"):
+        raise ValueError(f"collapse={collapse!r}: use 'auto', 'none' (every op), 'group' (one node per group) "
+                         "or 'stage' (one node per stage)")
+    if collapse == "auto":
+        n_ops = sum(len(set(g.ops) | set(g.inlined)) for g in s.groups.values())
+        collapse = "none" if n_ops <= OPS_SHOWN_MAX else "group" if len(s.groups) <= GROUPS_SHOWN_MAX else "stage"
+    level = {"none": "ops", "group": "group", "stage": "stage"}[collapse]
+    wanted = {str(x) for x in expand}
+    out = {}
+    for i, stage in enumerate(s.stages):
+        for gid in stage:
+            out[gid] = "ops" if (gid in wanted or str(i) in wanted) else level
+    return out
+
+
 @display.register(FusedSchedule, "graph")
-def schedule_graph(s: Any) -> Any:
+def schedule_graph(s: Any, *, collapse: str = "auto", expand: Sequence[Any] = ()) -> Any:
     """A ``graphviz.Digraph``: one cluster per group (inlined ops dashed), stage labels and
-    barrier separators on the left, memory reads between groups labelled with the buffer."""
+    barrier separators on the left, memory reads between groups labelled with the buffer.
+
+    ``collapse``: ``"none"`` draws every op, ``"group"`` one node per group, ``"stage"`` one node
+    per stage (its groups listed); ``"auto"`` (default) picks by size (:data:`OPS_SHOWN_MAX`,
+    :data:`GROUPS_SHOWN_MAX`) so a big schedule stays readable. ``expand``: group ids or stage
+    indices drawn op by op anyway (``s.graph(expand=(2, "g7"))``). Raises :class:`ValueError`
+    for another ``collapse``."""
     import graphviz
 
     program = s.program
     ops = _op_ids(program)
+    levels = _collapse_levels(s, collapse, expand)
     dot = graphviz.Digraph(name=f"schedule_{program.name}", graph_attr={
         "rankdir": "TB", "compound": "true", "fontname": "Helvetica", "fontsize": "11",
         "nodesep": "0.25", "ranksep": "0.35", "newrank": "true"},
@@ -190,10 +222,35 @@ def schedule_graph(s: Any) -> Any:
     entries: dict[str, list[str]] = {}  # gid -> nodes with no in-group producer
     exits: dict[str, list[str]] = {}  # gid -> nodes with no in-group consumer
     members: dict[str, dict[str, str]] = {}  # gid -> op -> node
+    folded: dict[int, str] = {}  # stage index -> its one node (collapse="stage")
     for gid in (g for stage in s.stages for g in stage):
         g = s.groups[gid]
         nodes: dict[str, str] = {}
         region = _region(program, g.anchor)
+        level = levels[gid]
+        if level != "ops":
+            what = sorted(set(g.ops) | set(g.inlined) | ({g.anchor} if g.kind == "copy" else set()))
+            if level == "group":
+                n = _node_id(gid, "group")
+                more = f"\n{len(what)} ops: {_few(what)}" if len(what) > 1 else ""
+                dot.node(n, f"{gid} · {g.kind} · stage {s.stage_of(gid)}\n{g.anchor}{more}",
+                         fillcolor=REGION_FILL.get(region, "#f6f8fa"), color=REGION_COLORS.get(region, "#57606a"))
+            else:
+                i = s.stage_of(gid)
+                n = folded.get(i)
+                if n is None:
+                    n = folded[i] = f"stage_node_{i}"
+                    lines = [f"{x} · {s.groups[x].kind} · {s.groups[x].anchor}" for x in s.stages[i]]
+                    dot.node(n, f"stage {i}: {plural(len(lines), 'group')}\n" + "\n".join(lines[:8])
+                             + (f"\n... {len(lines) - 8} more" if len(lines) > 8 else ""),
+                             fillcolor="#f6f8fa", color="#57606a", shape="box")
+            for o in (*what, *g.stores):
+                nodes[o] = n
+            for b in g.stores:
+                writer[b] = n
+            members[gid] = nodes
+            entries[gid] = exits[gid] = [n]
+            continue
         with dot.subgraph(name="cluster_" + re.sub(r"\W", "_", gid)) as c:
             c.attr(label=f"{gid} · {g.kind} · stage {s.stage_of(gid)}", style="rounded",
                    color=REGION_COLORS.get(region, "#8c959f"), fontcolor="#24292f", labeljust="l")
@@ -238,6 +295,7 @@ def schedule_graph(s: Any) -> Any:
         entries[gid] = [n for n in nodes.values() if n not in has_in] or list(nodes.values())[:1]
         exits[gid] = [n for n in nodes.values() if n not in has_out] or list(nodes.values())[-1:]
     # memory reads between groups
+    reads: dict[tuple[str, str], list[str]] = {}
     for gid in (g for stage in s.stages for g in stage):
         g = s.groups[gid]
         nodes = members[gid]
@@ -250,8 +308,11 @@ def schedule_graph(s: Any) -> Any:
                     target = n
                     break
             target = target or (entries[gid][0] if entries[gid] else None)
-            if target:
-                dot.edge(writer[b], target, label=b, color="#0969da", fontcolor="#0969da", penwidth="1.3")
+            if target and target != writer[b]:
+                reads.setdefault((writer[b], target), []).append(b)
+    for (src, dst), bufs in reads.items():  # one edge per pair of nodes, naming what it carries
+        label = ", ".join(dict.fromkeys(bufs)) if len(set(bufs)) <= 3 else f"{len(set(bufs))} values"
+        dot.edge(src, dst, label=label, color="#0969da", fontcolor="#0969da", penwidth="1.3")
     # stage labels and barrier separators: a chain of plain nodes, each above its stage's groups
     prev = None
     for i, stage in enumerate(s.stages):
@@ -260,9 +321,8 @@ def schedule_graph(s: Any) -> Any:
             bn = f"barrier_{i}"
             dot.node(bn, f"━━ barrier ({b.kind}) ━━\n{len(b.hazards)} hazard{'s' if len(b.hazards) != 1 else ''}",
                      shape="plaintext", style="", fontcolor="#b42318", fontsize="10")
-            for gid in s.stages[i - 1]:
-                for n in exits[gid]:
-                    dot.edge(n, bn, style="invis", weight="0")
+            for n in dict.fromkeys(n for gid in s.stages[i - 1] for n in exits[gid]):
+                dot.edge(n, bn, style="invis", weight="0")
             if prev:
                 dot.edge(prev, bn, style="invis")
             prev = bn
@@ -270,11 +330,14 @@ def schedule_graph(s: Any) -> Any:
         dot.node(sn, f"stage {i}", shape="plaintext", style="", fontcolor="#57606a", fontsize="11")
         if prev:
             dot.edge(prev, sn, style="invis")
-        for gid in stage:
-            for n in entries[gid]:
-                dot.edge(sn, n, style="invis", weight="0")
+        for n in dict.fromkeys(n for gid in stage for n in entries[gid]):
+            dot.edge(sn, n, style="invis", weight="0")
         prev = sn
     return dot
+
+
+def _few(names: Sequence[str], n: int = 4) -> str:
+    return ", ".join(names[:n]) + (f", ... ({len(names)})" if len(names) > n else "")
 
 
 @display.register(FusedSchedule, "rich")

@@ -257,9 +257,11 @@ class FusedSchedule:
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
         return display.mimebundle(self, include, exclude)
 
-    def graph(self) -> Any:
-        """A ``graphviz.Digraph``: one cluster per group, ordered by stage, barriers between."""
-        return display.graph(self)
+    def graph(self, **kw: Any) -> Any:
+        """A ``graphviz.Digraph``: one cluster per group, ordered by stage, barriers between;
+        ``collapse="auto"|"none"|"group"|"stage"`` and ``expand=(stage index or group id, ...)``
+        (see :func:`tkx.render.schedule.schedule_graph`): a big schedule is collapsed by default."""
+        return display.graph(self, **kw)
 
     def diff(self, other: FusedSchedule) -> Any:
         """A :class:`~tkx.diff.StageDiff` (computed in :mod:`tkx.schedule.diff`): groups
