@@ -146,14 +146,17 @@ def zoomable(img_html: str, what: str = "graph") -> str:
     """``img_html`` in a box that zooms and pans where scripts run (the report, trusted
     notebooks): buttons zoom in/out, "100%" shows the graph at its own size (text legible),
     "fit" fits it to the width; drag pans, Ctrl+wheel zooms. Where scripts do not run
-    (untrusted notebooks, GitHub) the buttons stay hidden and the static image fits the width."""
+    (untrusted notebooks, GitHub) the buttons stay hidden and the static image fits the width,
+    in a box capped at 70% of the window's height that scrolls."""
     bar = ('<div class="tkx-zbar" style="display:none">'
            '<button type="button" data-tkx-z="in" title="zoom in">+</button>'
            '<button type="button" data-tkx-z="out" title="zoom out">&#8722;</button>'
            '<button type="button" data-tkx-z="1" title="the graph at its own size">100%</button>'
            '<button type="button" data-tkx-z="fit" title="fit to the width">fit</button>'
            f'<span class="tkx-dim"> {esc(what)}: drag to pan, Ctrl+wheel to zoom</span></div>')
-    return f'<div class="tkx-zoom" data-tkx-zoom="fit">{bar}{img_html}</div>'
+    # the height cap is an inline style: it holds in untrusted notebooks too (the box scrolls)
+    return (f'<div class="tkx-zoom" data-tkx-zoom="fit" style="max-height:70vh;overflow:auto">'
+            f'{bar}{img_html}</div>')
 
 
 #: Tables with more rows than this are capped in height (scrolling inside their box) with a

@@ -259,8 +259,10 @@ def report_html(exploration: Any, *, description: str | None = None, timings: bo
     head_table = "".join(f"<tr><th>{esc(k)}</th><td>{v}</td></tr>" for k, v in head_rows)
     howto = ('<div class="tkx-r-howto"><b>How to read it.</b> Sections follow the compiler, top to bottom. '
              "Click an op, a fusion group, a buffer or a CUDA line: everything linked to it on this page "
-             "(the FX node it came from, its group, its place in the arena, the CUDA lines that compute it) "
-             "turns yellow, and the side bar lists where.</div>")
+             "(the FX node it came from, its group, its place in the arena, the CUDA lines that compute it; "
+             "for a CUDA line, its ops, group and arena slot) turns yellow, each box scrolls to it, and the "
+             "side bar lists where. Graphs zoom and pan: + / &#8722; / 100% / fit, drag to pan, "
+             "Ctrl+wheel to zoom.</div>")
     header = (f'<header class="tkx-r-head"><h1>tkx report: {esc(name)}</h1>'
               f"<table>{head_table}</table>{howto}</header>")
     side = ('<nav class="tkx-r-side"><div class="tkx-r-brand">tkx report</div>'
