@@ -68,11 +68,9 @@ def _headline_shot(page, headline) -> Path:
     """A screenshot of the Explorer's top (title, controls with their help, the headline)."""
     from test_jupyterlab import ARTIFACTS
 
-    area = page.locator(".jp-OutputArea-output").last.bounding_box()
     h = headline.bounding_box()
-    top = max(area["y"], h["y"] + h["height"] - 700)
-    clip = {"x": area["x"], "y": top, "width": min(area["width"], 1400 - area["x"]),
-            "height": h["y"] + h["height"] + 8 - top}
+    top = max(0, h["y"] + h["height"] - 700)
+    clip = {"x": 0, "y": top, "width": 1400, "height": h["y"] + h["height"] + 8 - top}
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     path = ARTIFACTS / "explorer-headline.png"
     page.screenshot(path=str(path), clip=clip)
@@ -154,7 +152,7 @@ def test_explorer_flips_fuse_epilogues_in_jupyterlab(lab, browser):  # noqa: F81
         headline.scroll_into_view_if_needed()
         shots.append(_headline_shot(page, headline))
         # each control's help is on the page, not only in a tooltip
-        area_text = page.locator(".jp-OutputArea").last.inner_text()
+        area_text = page.locator(".jp-NotebookPanel").first.inner_text()
         for help_text in ("grid-barrier spins before the kernel gives up", "how the kernel is compiled",
                           "resident blocks per SM in the cooperative grid"):
             assert help_text in area_text, help_text
