@@ -11,8 +11,9 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.make-stamp
+INCOMPLETE := $(VENV)/.make-incomplete
 
-.PHONY: venv tour test lint docs student-notebooks
+.PHONY: venv tour test test-fast lab lint docs student-notebooks apt-package
 
 venv: $(STAMP)
 
@@ -26,29 +27,40 @@ $(STAMP): pyproject.toml
 		$(PY) -m pip install 'torch==2.13.0'; \
 	fi
 	$(PY) -m pip install -e '.[gpu,examples,dev,lab]'
-	@if ! command -v dot >/dev/null 2>&1; then \
+	@# nbgrader is here for `make student-notebooks` only: its JupyterLab menus and "Create Assignment"
+	@# side bar would greet every learner, so its Jupyter extensions are switched off in this venv.
+	@$(VENV)/bin/jupyter labextension disable --level=sys_prefix @jupyter/nbgrader >/dev/null 2>&1 || true
+	@for ext in formgrader validate_assignment assignment_list course_list; do \
+		$(VENV)/bin/jupyter server extension disable --sys-prefix nbgrader.server_extensions.$$ext >/dev/null 2>&1 || true; \
+	done
+	@rm -f $(INCOMPLETE)
+	@$(MAKE) --no-print-directory apt-package PKG=graphviz CHECK="command -v dot" WHY="graphs will show as text and DOT source"
+	@$(MAKE) --no-print-directory apt-package PKG=chromium CHECK="test -x /usr/bin/chromium" WHY="the browser tests will skip"
+	@if [ -e $(INCOMPLETE) ]; then \
+		rm -f $(INCOMPLETE); \
+		echo "set-up incomplete (see the apt-get error above): $(STAMP) not written, so the next make retries"; \
+	else \
+		touch $(STAMP); \
+	fi
+
+# One system package through apt-get, as root: apt-get's own output is shown when it fails, and a
+# failure marks the set-up incomplete (no stamp, so the next `make` tries again). Without root or
+# apt-get there is nothing to retry: a note says what is missing.
+apt-package:
+	@if ! sh -c '$(CHECK)' >/dev/null 2>&1; then \
 		if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
-			echo "installing graphviz (the dot binary) with apt-get"; \
+			echo "installing $(PKG) with apt-get"; \
 			export DEBIAN_FRONTEND=noninteractive; \
-			apt-get install -y -q graphviz >/dev/null 2>&1 \
-			|| { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q graphviz >/dev/null 2>&1; } \
-			|| echo "note: could not install graphviz; graphs will show as text and DOT source"; \
+			log=$$(mktemp); \
+			if ! { apt-get install -y -q $(PKG) >$$log 2>&1 || { apt-get update -q >>$$log 2>&1 && apt-get install -y -q $(PKG) >>$$log 2>&1; }; }; then \
+				echo "apt-get could not install $(PKG) ($(WHY)); its output:"; tail -n 25 $$log; \
+				touch $(INCOMPLETE); \
+			fi; \
+			rm -f $$log; \
 		else \
-			echo "note: graphviz's dot is not installed; graphs will show as text and DOT source"; \
+			echo "note: $(PKG) is missing and apt-get needs root here: $(WHY)"; \
 		fi; \
 	fi
-	@if [ ! -x /usr/bin/chromium ]; then \
-		if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
-			echo "installing Debian's chromium for the browser test (about 30 s)"; \
-			export DEBIAN_FRONTEND=noninteractive; \
-			apt-get install -y -q chromium >/dev/null 2>&1 \
-			|| { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; } \
-			|| echo "note: could not install chromium; the browser test will skip"; \
-		else \
-			echo "note: /usr/bin/chromium is missing; the browser test will skip"; \
-		fi; \
-	fi
-	@touch $(STAMP)
 
 tour: venv
 	$(VENV)/bin/tkx tour
@@ -62,6 +74,19 @@ test: venv
 	$(PY) -m pytest -q -p no:cacheprovider $(LAX_NOTEBOOKS) --nbval-lax --nbval-current-env
 	$(PY) -m pytest -q -m "not gpu" tests notebooks --nbval --nbval-current-env \
 		--nbval-sanitize-with notebooks/sanitize.cfg $(foreach nb,$(LAX_NOTEBOOKS),--ignore=$(nb))
+
+# A quick check of every stage (aimed at < 3 minutes on 2 cores): capture and IR, passes, schedule, arena,
+# CUDA source map and NVRTC, the views, the exported report, the CLI and the package structure, on every
+# example but `medium` (its tests alone take minutes); no notebooks, no JupyterLab.
+FAST_TESTS := tests/test_capture.py tests/test_passes.py tests/test_schedule.py tests/test_stale_stages.py \
+	tests/test_render_stages.py tests/test_source_map.py tests/test_structure.py tests/test_words.py \
+	tests/test_cli.py tests/test_errors.py
+test-fast: venv
+	$(PY) -m pytest -q -m "not gpu and not slow" -k "not medium" $(FAST_TESTS)
+
+# JupyterLab on the notebooks (as root, Jupyter refuses to start without --allow-root: added here).
+lab: venv
+	$(VENV)/bin/jupyter lab notebooks/ $$([ "$$(id -u)" = 0 ] && echo --allow-root)
 
 # The documentation site (Sphinx + myst-nb, offline): executes the CPU notebooks, warnings are errors.
 docs: venv

@@ -9,6 +9,7 @@ sys.path.insert(0, os.path.abspath(".."))
 
 project = "tkx"
 author = "the tkx developers"
+copyright = "2026, the tkx developers"  # the footer reads "© 2026, the tkx developers."
 extensions = ["myst_nb", "sphinx.ext.autodoc", "sphinx.ext.napoleon", "sphinx.ext.viewcode"]
 source_suffix = {".md": "myst-nb", ".ipynb": "myst-nb"}
 exclude_patterns = ["_build", "README.md", "notebooks/README.md", "results/*.json", "results/*.txt",

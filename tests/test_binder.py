@@ -241,13 +241,21 @@ def test_every_module_tkx_imports_is_installed_on_binder():
                          "or name its extra in binder/requirements.txt: " + "; ".join(missing))
 
 
-def test_readme_binder_links_open_an_existing_notebook_in_jupyterlab():
+def test_readme_binder_badge_comes_from_the_one_setting():
+    """The badge is built from pyproject's [project.urls] Repository (scripts/binder-badge.py), or absent."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("binder_badge", ROOT / "scripts" / "binder-badge.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
     text = (ROOT / "README.md").read_text()
     links = re.findall(r"https://mybinder\.org/v2/gh/[^)\s]+", text)
-    assert links, "README.md: add the Binder badge (https://mybinder.org/v2/gh/OWNER/REPO/HEAD?urlpath=lab/tree/...)"
-    for link in links:
-        m = re.fullmatch(r"https://mybinder\.org/v2/gh/[^/]+/[^/]+/[^/?]+\?urlpath=lab/tree/(?P<path>[^&#]+)", link)
-        assert m, f"README.md: {link} is not of the form https://mybinder.org/v2/gh/OWNER/REPO/REF?urlpath=lab/tree/PATH"
-        assert (ROOT / m["path"]).is_file(), f"README.md: the Binder link opens {m['path']}, which does not exist"
-    assert any(link.endswith("urlpath=lab/tree/notebooks/00_tour.ipynb") for link in links), \
-        "README.md: the Binder badge should open notebooks/00_tour.ipynb in JupyterLab"
+    assert "OWNER/REPO" not in text, "README.md: no placeholder badge; see scripts/binder-badge.py"
+    found = mod.repository()
+    if found is None:
+        assert links == [], "README.md has a Binder link but pyproject.toml names no repository"
+    else:
+        assert mod.badge(*found) in text, "README.md: paste the line `python scripts/binder-badge.py` prints"
+    badge = mod.badge("someone", "tkx")
+    m = re.search(r"https://mybinder\.org/v2/gh/[^/]+/[^/]+/[^/?]+\?urlpath=lab/tree/(?P<path>[^&#)]+)", badge)
+    assert m and (ROOT / m["path"]).is_file() and m["path"] == "notebooks/00_tour.ipynb"

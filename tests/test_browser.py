@@ -127,3 +127,150 @@ def test_report_top_screenshot(browser, digits_report):
         print(f"\nscreenshot: {shot}")
     finally:
         page.close()
+
+
+# -- links both ways, scrolling inside the box, zoom ------------------------------------------------
+def _page(browser):
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    return page, errors
+
+
+def _shot(page, name: str) -> Path:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shot = ARTIFACTS / name
+    page.screenshot(path=str(shot))
+    print(f"\nscreenshot: {shot}")
+    return shot
+
+
+# The first CUDA line (in the kernel body) that carries an op, a group and an arena slot.
+FIRST_LINKED_LINE = """() => {
+  for (const e of document.querySelectorAll('#tkx-sec-cuda .tkx-scroll [data-tkx-key^="line:"]')) {
+    const ids = e.getAttribute('data-tkx-ids').split(' ');
+    const op = ids.find(t => t.startsWith('op:')), grp = ids.find(t => t.startsWith('grp:')),
+          buf = ids.find(t => t.startsWith('buf:'));
+    if (op && grp && buf) return {line: e.getAttribute('data-tkx-key'), op, grp, buf};
+  }
+  return null;
+}"""
+
+# Whether an element is visible inside its nearest scrolling box and that box on screen.
+IN_BOX = """(el) => {
+  const box = el.closest('.tkx-scroll'); const r = el.getBoundingClientRect(), b = box.getBoundingClientRect();
+  return {inBox: r.top >= b.top - 1 && r.bottom <= b.bottom + 1, boxTop: box.scrollTop};
+}"""
+
+
+def test_click_cuda_line_highlights_its_op_group_and_slot(browser, digits_report):
+    page, errors = _page(browser)
+    try:
+        page.goto(digits_report.as_uri())
+        found = page.evaluate(FIRST_LINKED_LINE)
+        assert found, "no CUDA line carries an op, a group and an arena slot"
+        line = page.locator(f'#tkx-sec-cuda [data-tkx-key="{found["line"]}"]').first
+        line.scroll_into_view_if_needed()
+        y = page.evaluate("window.scrollY")
+        line.click()
+        assert page.evaluate("window.scrollY") == y, "the click moved the page"
+        # its op (in the IR after the passes), its group (in the schedule) and its slot (in the arena)
+        for sec, key in (("tkx-sec-optimized", found["op"]), ("tkx-sec-schedule", found["grp"]),
+                         ("tkx-sec-arena", found["buf"])):
+            el = page.locator(f'#{sec} [data-tkx-key="{key}"]').first
+            assert "tkx-hl" in (el.get_attribute("class") or ""), (sec, key)
+        side = page.inner_text("#tkx-selection")
+        assert "nothing else on the page is linked" not in side
+        for title in ("IR after the passes", "Fused schedule", "Arena"):
+            assert title in side, side
+        _shot(page, "report-digits_mlp-cuda-line-click.png")
+        assert errors == [], errors
+    finally:
+        page.close()
+
+
+def test_click_op_scrolls_its_cuda_lines_into_the_cuda_box(browser, digits_report):
+    page, errors = _page(browser)
+    try:
+        page.goto(digits_report.as_uri())
+        # an op whose first CUDA line is far below the top of the CUDA box
+        key = page.evaluate("""() => {
+          const box = document.querySelector('#tkx-sec-cuda .tkx-scroll');
+          let best = null, depth = 0;
+          document.querySelectorAll('#tkx-sec-optimized [data-tkx-key^="op:"]').forEach(e => {
+            const k = e.getAttribute('data-tkx-key');
+            const line = [...box.querySelectorAll('[data-tkx-ids]')].find(
+                l => l.getAttribute('data-tkx-ids').split(' ').includes(k));
+            if (line && line.offsetTop > depth) { depth = line.offsetTop; best = k; }
+          });
+          return best;
+        }""")
+        assert key, "no op of the optimized IR has CUDA lines"
+        box = page.locator("#tkx-sec-cuda .tkx-scroll")
+        assert box.evaluate("b => b.scrollTop") == 0
+        row = page.locator(f'#tkx-sec-optimized [data-tkx-key="{key}"]').first
+        row.scroll_into_view_if_needed()
+        y = page.evaluate("window.scrollY")
+        row.click()
+        assert page.evaluate("window.scrollY") == y, "the click moved the page"
+        lit = page.locator('#tkx-sec-cuda .tkx-scroll [data-tkx-key^="line:"].tkx-hl').first
+        where = lit.evaluate(IN_BOX)
+        assert where["boxTop"] > 0 and where["inBox"], where
+        assert errors == [], errors
+    finally:
+        page.close()
+
+
+def test_arena_slot_lights_its_op_and_cuda_lines(browser, digits_report):
+    page, errors = _page(browser)
+    try:
+        page.goto(digits_report.as_uri())
+        found = page.evaluate(FIRST_LINKED_LINE)
+        slot = page.locator(f'#tkx-sec-arena [data-tkx-key="{found["buf"]}"]').first
+        slot.scroll_into_view_if_needed()
+        slot.click()
+        lines = page.locator('#tkx-sec-cuda .tkx-scroll [data-tkx-key^="line:"].tkx-hl')
+        assert lines.count() >= 1
+        assert found["buf"] in (lines.first.get_attribute("data-tkx-ids") or "").split()
+        op = found["buf"].replace("buf:", "op:")
+        assert page.locator(f'#tkx-sec-optimized [data-tkx-key="{op}"].tkx-hl').count() == 1
+        assert errors == [], errors
+    finally:
+        page.close()
+
+
+def test_zoom_and_pan_on_the_ir_graph(browser, digits_report):
+    page, errors = _page(browser)
+    try:
+        page.goto(digits_report.as_uri())
+        sec = page.locator("#tkx-sec-program")
+        details = sec.locator("details:has(.tkx-zoom)").first
+        if not details.evaluate("d => d.open"):
+            details.locator("summary").first.click()
+        zoom = sec.locator(".tkx-zoom").first
+        bar = zoom.locator(".tkx-zbar")
+        assert bar.is_visible(), "the zoom buttons stay hidden: the script did not run"
+        img = zoom.locator("img")
+        fit = img.evaluate("i => [i.clientWidth, i.naturalWidth]")
+        assert 0 < fit[0] < fit[1], f"the graph is not scaled down to fit: {fit}"
+        zoom.scroll_into_view_if_needed()
+        y = page.evaluate("window.scrollY")
+        bar.locator('[data-tkx-z="1"]').click()  # 100%: the graph at its own size, text legible
+        assert img.evaluate("i => i.clientWidth") == fit[1]
+        assert zoom.get_attribute("data-tkx-zoom") == "1.00"
+        bar.locator('[data-tkx-z="in"]').click()
+        assert img.evaluate("i => i.clientWidth") > fit[1]
+        # pan: drag the image left, the box scrolls right; the page does not move
+        box = img.bounding_box()
+        page.mouse.move(box["x"] + 400, box["y"] + 300)
+        page.mouse.down()
+        page.mouse.move(box["x"] + 100, box["y"] + 200, steps=5)
+        page.mouse.up()
+        assert zoom.evaluate("z => z.scrollLeft") > 0
+        assert page.evaluate("window.scrollY") == y
+        _shot(page, "report-digits_mlp-ir-graph-zoomed.png")
+        bar.locator('[data-tkx-z="fit"]').click()
+        assert img.evaluate("i => i.clientWidth") == fit[0]
+        assert errors == [], errors
+    finally:
+        page.close()

@@ -474,6 +474,28 @@ def test_linked_view_selection_highlights_lines_block_and_stage(digits):
     assert v.data["cuda_lines"]
 
 
+def test_linked_view_links_both_ways(digits):
+    """A CUDA line selects its ops, group and arena slots; an arena slot its op and lines."""
+    cuda, sched = digits.cuda, digits.schedule
+    buf, lines = next((b, n) for b, n in cuda.arena_lines.items() if b in cuda.op_lines)
+    n = next(k for k in lines if any(k in v for v in cuda.op_lines.values())
+             and any(a <= k <= b for a, b in cuda.group_lines.values()))
+    v = LinkedView(digits)
+    v.selected = f"line:{n}"
+    hl = v.highlight
+    assert hl["cuda_lines"] == [n] and buf in hl["slots"] and hl["ops"]
+    assert all(n in cuda.op_lines[o] for o in hl["ops"])
+    a, b = cuda.group_lines[hl["group"]]
+    assert a <= n <= b and hl["stage"] == sched.stage_of(hl["group"])
+    assert hl["text"].startswith(f"CUDA line {n}: op ")
+    v.selected = f"slot:{buf}"
+    hl = v.highlight
+    assert hl["ops"] == [buf] and hl["cuda_lines"] == sorted(cuda.arena_lines[buf]) and n in hl["cuda_lines"]
+    assert hl["arena"]["buffer"] == buf and "1 CUDA line" not in hl["text"] or len(hl["cuda_lines"]) == 1
+    assert link_info(digits, "slot:nope")["text"].startswith("nope: not an arena slot (the slots: ")
+    assert link_info(digits, "line:x")["text"] == "line:x: not a CUDA line (use line:<number>)"
+
+
 def test_widget_assets_load():
     js, css = read_asset("linked.js"), read_asset("linked.css")
     assert "export default" in js and "model.save_changes" in js
@@ -577,6 +599,23 @@ def test_linked_js_in_headless_chromium(digits):
     assert r["sets"] == [["selected", op]]
     assert r["cuda"] == len(info["cuda_lines"]) and r["rows"] == len(data["cuda_lines"])
     assert r["ir"] == 1 and r["slot"] == 1 and r["groups"] == len(info["groups"])
+    # and back: a click on a CUDA line selects the line, whose answer lights its op, group and slot
+    buf, lines = next((b, n) for b, n in digits.cuda.arena_lines.items() if b in digits.cuda.op_lines)
+    n = next(k for k in lines if any(k in v for v in digits.cuda.op_lines.values())
+             and any(a <= k <= b for a, b in digits.cuda.group_lines.values()))
+    back = script.replace("""el.querySelector('.tkx-linked-ir [data-op="' + op + '"]').click();""",
+                          """el.querySelectorAll('.tkx-linked-cuda .tkx-linked-row')[op - 1].click();""")
+    line_info = link_info(digits, f"line:{n}")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=args)
+        try:
+            page = browser.new_page()
+            page.set_content("<html><body></body></html>")
+            r = page.evaluate(back, [read_asset("linked.js"), read_asset("linked.css"), data, line_info, n])
+        finally:
+            browser.close()
+    assert r["sets"] == [["selected", f"line:{n}"]]
+    assert r["cuda"] == 1 and r["ir"] == len(line_info["ops"]) >= 1 and r["slot"] >= 1 and r["groups"] >= 1
 
 
 def test_prototype_a_fusion_relu_mask_from_the_forward_gemm_tile():

@@ -11,7 +11,7 @@ the second compile hits the cache, the torch-extension back end and the benchmar
 
 from __future__ import annotations
 
-import types
+import dataclasses
 
 import pytest
 import torch
@@ -167,10 +167,8 @@ def test_kernel_reported_error_names_the_stage():
     text = (f'extern "C" __global__ void {source.kernel_name}({decls}) {{\n'
             "    if (blockIdx.x == 0 && threadIdx.x == 0) { status[0] = 1; status[1] = 2; status[2] = 0; }\n"
             "}\n")
-    fields = ("kernel_name", "params", "threads", "mode", "blocks", "shared_bytes", "arena_bytes", "program",
-              "schedule", "arena", "options")
-    fake = types.SimpleNamespace(**{f: getattr(source, f, None) for f in fields}, text=text)
-    fake.shared_bytes = 0
+    config = dataclasses.replace(source.launch.config, shared_bytes=0)
+    fake = dataclasses.replace(source, text=text, launch=dataclasses.replace(source.launch, config=config))
     runner = tkx.runtime.CompiledRunner(fake)
     with pytest.raises(tkx.runtime.KernelError) as info:
         runner(*ex.make_inputs(0, DEV))

@@ -10,7 +10,8 @@ changes and its decision table says ``fuse_epilogues is off``.
 Fails (rather than skips) with the page's text when the widget front-end is missing ("Error
 displaying widget", a model not found, or only the text/plain repr shown). Skips like
 test_jupyterlab.py without jupyterlab, playwright or ``/usr/bin/chromium``. Screenshots:
-``test-artifacts/jupyterlab/explorer-before.png`` and ``explorer-after.png``.
+``test-artifacts/jupyterlab/explorer-before.png``, ``explorer-after.png`` and ``explorer-headline.png``
+(the one-line headline of what the change moved, and the controls' help).
 """
 
 from __future__ import annotations
@@ -61,6 +62,19 @@ def _broken_children(page) -> list[str]:
         page.wait_for_timeout(200)
         found.append(f"after {prev!r}: {e.inner_text().strip()[:600]!r}")
     return found
+
+
+def _headline_shot(page, headline) -> Path:
+    """A screenshot of the Explorer's top (title, controls with their help, the headline)."""
+    from test_jupyterlab import ARTIFACTS
+
+    h = headline.bounding_box()
+    top = max(0, h["y"] + h["height"] - 700)
+    clip = {"x": 0, "y": top, "width": 1400, "height": h["y"] + h["height"] + 8 - top}
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    path = ARTIFACTS / "explorer-headline.png"
+    page.screenshot(path=str(path), clip=clip)
+    return path
 
 
 def _cells_done(page) -> dict:
@@ -128,8 +142,22 @@ def test_explorer_flips_fuse_epilogues_in_jupyterlab(lab, browser):  # noqa: F81
         # the Explorer's status line (an HTML widget): "<changed>: recomputed ... in N ms; reused ..."
         status = page.locator(".jp-OutputArea .widget-html", has_text="recomputed").first.inner_text()
         shots += _screenshot(page, "explorer-after.png")
+        # the headline: one line of what the change moved (not "recomputed nothing"), in the page
+        headline = page.locator(".jp-OutputArea .tkx-headline").first
+        page.wait_for_function("() => { const h = document.querySelector('.jp-OutputArea .tkx-headline');"
+                               " return h && h.innerText.startsWith('fuse_epilogues=False: '); }",
+                               timeout=UPDATE_S * 1000, polling=200)
+        headline_text = headline.inner_text()
+        assert "barrier" in headline_text and "recomputed nothing" not in headline_text, headline_text
+        headline.scroll_into_view_if_needed()
+        shots.append(_headline_shot(page, headline))
+        # each control's help is on the page, not only in a tooltip
+        area_text = page.locator(".jp-NotebookPanel").first.inner_text()
+        for help_text in ("grid-barrier spins before the kernel gives up", "how the kernel is compiled",
+                          "resident blocks per SM in the cooperative grid"):
+            assert help_text in area_text, help_text
         print(f"\nrun by: {ran_by}; tabs: {widget['tabs']}; checkboxes: {widget['checkboxes']}\n"
-              f"status: {status}\n"
+              f"status: {status}\nheadline: {headline_text}\n"
               f"schedule text: {len(before)} -> {len(after)} chars\nscreenshots: {', '.join(map(str, shots))}")
         assert "fuse_epilogues is off" not in before
         assert "fuse_epilogues=False" in status, status[-500:]

@@ -22,6 +22,7 @@ from tkx.errors import SourceLine
 from tkx.ir import InputSpec, Op, OutputSpec, Program, StateUpdate, TensorSpec, validate
 from tkx.passes import PassTrace, run_passes
 from tkx.render import ir_views
+from tkx.render import program as program_views
 
 EXAMPLES = ["linear_regression", "digits_mlp"]
 needs_dot = pytest.mark.skipif(not tkx.render.dot_available(), reason="Graphviz's dot binary is not installed")
@@ -196,11 +197,11 @@ def test_views_never_raise(monkeypatch):
     def broken(*a, **k):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(ir_views, "program_graph", broken)         # the graph fails: the table stays
+    monkeypatch.setattr(program_views, "program_graph", broken)         # the graph fails: the table stays
     text = program._repr_mimebundle_()["text/html"]
     assert "could not draw the graph (RuntimeError: boom)" in text and 'data-tkx-key="op:' in text
     check_html(text)
-    monkeypatch.setattr(ir_views, "_program_rows", broken)         # the view fails: the text is shown
+    monkeypatch.setattr(program_views, "_program_rows", broken)         # the view fails: the text is shown
     bundle = program._repr_mimebundle_()
     assert "could not render" in bundle["text/html"] and "RuntimeError: boom" in bundle["text/html"]
     assert tkx.render.esc(str(program).splitlines()[1]) in bundle["text/html"]
@@ -208,7 +209,7 @@ def test_views_never_raise(monkeypatch):
 
 
 def test_without_dot_shows_dot_source(monkeypatch):
-    monkeypatch.setattr(tkx.render, "dot_available", lambda: False)
+    monkeypatch.setattr(tkx.render.base, "dot_available", lambda: False)
     text = html_of(captured("linear_regression").program)
     check_html(text)
     assert "DOT source" in text and "digraph" in text and "<img" not in text

@@ -138,7 +138,7 @@ def test_schedule_text_golden():
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_schedule_graph_source(name):
     s = explored(name).schedule
-    g = s.graph()
+    g = s.graph(collapse="none")
     src = g.source
     assert src.count("subgraph cluster_") == len(s.groups)
     for gid in s.groups:
@@ -152,13 +152,37 @@ def test_schedule_graph_source(name):
 def test_schedule_graph_renders(name):
     from tkx.render import graph_svg
 
-    svg = graph_svg(explored(name).schedule.graph())
+    svg = graph_svg(explored(name).schedule.graph(collapse="none"))
     ET.fromstring(svg.split("\n", 1)[1] if svg.startswith("<?xml") else svg)  # the browser parses it as XML
     assert svg.count('class="cluster"') == len(explored(name).schedule.groups)
 
 
+@pytest.mark.skipif(not dot_available(), reason="Graphviz's dot is not installed")
+def test_big_schedule_graph_collapses_and_expands():
+    import re
+
+    from tkx.render import graph_svg
+
+    s = explored("digits_mlp").schedule
+
+    def area(**kw) -> int:  # pt^2 of the drawing
+        m = re.search(r'width="(\d+)pt" height="(\d+)pt"', graph_svg(s.graph(**kw)))
+        return int(m[1]) * int(m[2])
+
+    assert s.graph().source == s.graph(collapse="group").source  # 16 groups, more than 30 ops: one node each
+    assert "subgraph cluster_" not in s.graph(collapse="group").source
+    assert area(collapse="stage") < area(collapse="group") < area(collapse="none") / 1.5
+    src = s.graph(collapse="stage").source
+    assert src.count("stage_node_") >= len(s.stages) and "1 group" in src or "groups" in src
+    opened = s.graph(collapse="group", expand=(s.stages[1][0],)).source
+    assert opened.count("subgraph cluster_") == 1
+    assert s.graph(collapse="stage", expand=(1,)).source.count("subgraph cluster_") == len(s.stages[1])
+    with pytest.raises(ValueError, match="collapse='ops': use 'auto', 'none'"):
+        s.graph(collapse="ops")
+
+
 def test_schedule_html_without_dot(monkeypatch):
-    monkeypatch.setattr(tkx.render, "dot_available", lambda: False)
+    monkeypatch.setattr(tkx.render.base, "dot_available", lambda: False)
     h = html_of(explored("linear_regression").schedule)
     parse(h)
     assert "DOT source" in h and "subgraph cluster_g0" in h
@@ -170,7 +194,7 @@ def test_repr_never_raises(monkeypatch):
     def boom(*args, **kwargs):
         raise RuntimeError("renderer broke")
 
-    monkeypatch.setattr(stage_views, "schedule_html", boom)
+    monkeypatch.setitem(tkx.display._VIEWS, (type(s), "html"), boom)
     h = html_of(s)
     assert "renderer broke" in h and stage_views.esc(str(s).splitlines()[0]) in h
     assert s._repr_mimebundle_(include={"text/plain"}) == {"text/plain": repr(s)}

@@ -16,9 +16,10 @@ import torch
 
 import tkx
 from tkx.bench.report import BenchmarkReport, Row
+from tkx.render import bench as bench_views
 from tkx.render import report as report_mod
 from tkx.render import runtime_views
-from tkx.runtime import Comparison, CompiledRunner, Resources, Verification
+from tkx.runtime import Comparison, Resources, Verification
 
 ROOT = Path(__file__).resolve().parents[1]
 VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "param", "source", "track",
@@ -254,10 +255,10 @@ def recorded_benchmark(workload: str = "medium", failed: str | None = None) -> B
 
 def test_runner_view():
     runner = stand_in_runner(stand_in_verification())
-    bundle = CompiledRunner._repr_mimebundle_(runner)
+    bundle = runtime_views.runner_bundle(runner)  # a stand-in runner: the view itself
     html_text = bundle["text/html"]
     assert set(bundle) == {"text/plain", "text/html"}
-    for needle in ("132 blocks x 256 threads (grid mode)", "80</span> / thread", "0 B", "3 block(s) / SM x 132 SMs",
+    for needle in ("132 blocks x 256 threads (grid mode)", "80</span> / thread", "0 B", "3 blocks / SM x 132 SMs",
                    "5,805,184 B (5.5 MiB)", "10,372 B (10.1 KiB)", "cache hit", "PASSED", "momentum_buf"):
         assert needle in html_text, needle
     assert parse(html_text).stack == []
@@ -266,7 +267,7 @@ def test_runner_view():
     assert "cache hit" not in quiet and "0.12 s" not in quiet
     unverified = runtime_views.runner_html(stand_in_runner())
     assert "not verified yet" in unverified
-    assert CompiledRunner._repr_mimebundle_(runner, include=["text/html"]).keys() == {"text/html"}
+    assert runtime_views.runner_bundle(runner, include=["text/html"]).keys() == {"text/html"}
 
 
 def test_runner_view_flags_spills():
@@ -318,16 +319,16 @@ def test_benchmark_view_from_recorded_numbers():
 def test_benchmark_view_linear_scale_and_failures():
     rep = recorded_benchmark("online", failed="inductor")
     rep = BenchmarkReport(rep.name, tuple(r for r in rep.rows if r.name != "eager"), rep.verification)
-    svg = runtime_views.benchmark_svg(rep)
+    svg = bench_views.benchmark_svg(rep)
     assert "linear scale" in svg and "failed: RuntimeError: out of memory" in svg and "more" not in svg
-    assert runtime_views.benchmark_svg(rep) == svg  # deterministic
+    assert bench_views.benchmark_svg(rep) == svg  # deterministic
     wrong = BenchmarkReport("w", (Row.measured("eager", [10, 11, 12], 1),
                                   Row.measured("tkx", [5, 6, 7], 1, ok=False, note="wrong results")),
                             {"passed": False})
     html_text = wrong._repr_mimebundle_()["text/html"]
-    assert "WRONG RESULTS" in html_text and "WRONG" in runtime_views.benchmark_svg(wrong)
+    assert "WRONG RESULTS" in html_text and "WRONG" in bench_views.benchmark_svg(wrong)
     empty = BenchmarkReport("e", (Row.failed("tkx", "no GPU"),))
-    assert "no candidate ran" in runtime_views.benchmark_svg(empty)
+    assert "no candidate ran" in bench_views.benchmark_svg(empty)
 
 
 def test_report_with_a_runner_section():

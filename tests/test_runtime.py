@@ -166,7 +166,8 @@ def test_compile_cubin_cache_miss_hit_refresh_and_flags(cache_home):
 
 def test_compile_cubin_reads_exact_from_the_source_options(cache_home):
     nvrtc_or_skip()
-    source = types.SimpleNamespace(text=TINY_KERNEL, options=Options(exact=True))
+    config = abi.KernelConfig(threads=32, mode="block", blocks=1, exact=True)
+    source = types.SimpleNamespace(text=TINY_KERNEL, launch=abi.LaunchContract("k", (), config, 0))
     binary = K.compile_cubin(source, "sm_90")
     key, flags = K.nvrtc_cache_key(TINY_KERNEL, "sm_90", exact=True)
     assert binary.key == key and "--fmad=false" in flags
@@ -648,6 +649,7 @@ class CpuKernel:
 @pytest.fixture
 def cpu_runner(monkeypatch):
     from tkx.arena import plan
+    from tkx.codegen import generate
     from tkx.passes import run_passes
     from tkx.runtime import runner as R
     from tkx.schedule import schedule
@@ -662,9 +664,7 @@ def cpu_runner(monkeypatch):
         program = run_passes(tkx.capture(ex.step_fn, ex.example_inputs, loss=ex.loss_output).lower()).output
         sched = schedule(program, Options())
         arena = plan(sched)
-        source = types.SimpleNamespace(program=program, schedule=sched, arena=arena, options=Options(),
-                                       params=abi.kernel_params(program), arena_bytes=arena.size_bytes,
-                                       threads=256, mode="block", blocks=1, shared_bytes=0, text="")
+        source = generate(sched, arena)
         monkeypatch.setattr(R, "compile",
                             lambda src, device, backend=None, cache=True: CpuKernel(src, fail_stage))
         return ex, R.CompiledRunner(source, step_fn=ex.step_fn)

@@ -2,12 +2,13 @@
 
 Stages: :func:`capture` -> :class:`CapturedGraph` -> ``.lower()`` -> :class:`Program` ->
 passes -> schedule -> arena -> CUDA source -> compiled runner -> benchmark.
-:func:`report` writes every stage to one self-contained HTML file.
+:func:`report` writes every stage to one self-contained HTML file. :mod:`tkx.pipeline` lists the
+stages (one table); :mod:`tkx.display` is the registry through which each stage finds its views.
 """
 
 from __future__ import annotations
 
-from . import bench, examples, ir, ops, reference, runtime
+from . import bench, display, examples, ir, ops, pipeline, reference, runtime
 from .arena import ArenaPlan
 from .capture import CapturedGraph, capture
 from .capture.decompositions import register_decomposition, unregister_decomposition
@@ -27,7 +28,8 @@ __all__ = [
     "Options", "OptionsError", "register_pass", "run_passes", "PassTrace", "FusedSchedule",
     "fusion_rule", "fuse", "keep", "ArenaPlan", "report",
     "register_lowering", "unregister_lowering", "register_decomposition", "unregister_decomposition",
-    "TkxError", "UnsupportedError", "KernelError", "SourceLine", "ir", "ops", "reference", "examples", "runtime", "bench", "__version__",
+    "TkxError", "UnsupportedError", "KernelError", "SourceLine", "ir", "ops", "reference", "examples", "runtime",
+    "bench", "pipeline", "display", "__version__",
 ]
 
 # The widgets need ipywidgets and anywidget: imported on first use, so `import tkx` works without them.

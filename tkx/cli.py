@@ -1,4 +1,10 @@
-"""The ``tkx`` command: ``tkx tour [--example NAME] [--html PATH]``, ``tkx bench`` and ``tkx --version``."""
+"""The ``tkx`` command.
+
+* ``tkx tour [--example NAME] [--brief] [--html PATH]``: one zoo example through every stage;
+* ``tkx report FILE.py:STEP --inputs FILE.py:MAKE_INPUTS [-o report.html] [--option k=v ...]``:
+  your own step, every stage written to one HTML file (no GPU needed);
+* ``tkx bench`` (needs a GPU) and ``tkx --version``.
+"""
 
 from __future__ import annotations
 
@@ -33,6 +39,23 @@ def _parser() -> argparse.ArgumentParser:
     tour.add_argument(
         "--html", metavar="PATH",
         help="also write every stage to PATH as one self-contained HTML file (open it in any browser)")
+    tour.add_argument("--brief", action="store_true",
+                      help="one screen per stage: summaries and the first kernel lines, not the full listings")
+    report = commands.add_parser(
+        "report", help="compile your own step (FILE.py:FUNCTION) and write every stage to one HTML file",
+        description="Capture, optimise, schedule and generate the kernel of your own training step, and write "
+                    "every stage to one self-contained HTML file. No GPU needed.")
+    report.add_argument("step", metavar="FILE.py:STEP",
+                        help="the step function: a Python file and the name of a function in it")
+    report.add_argument("--inputs", metavar="FILE.py:MAKE_INPUTS", required=True,
+                        help="a function returning the step's example inputs (a tuple of its positional "
+                             "arguments); called with no arguments")
+    report.add_argument("-o", "--output", metavar="PATH", default=None,
+                        help="where to write the report (default: <FILE>-<STEP>.html)")
+    report.add_argument("--option", metavar="K=V", action="append", default=[],
+                        help="a tkx.Options field, e.g. --option mode=grid --option tile_m=32 (repeatable)")
+    report.add_argument("--loss", type=int, default=None, metavar="N",
+                        help="flat index of the loss among the step's outputs (default: found by capture)")
     bench = commands.add_parser(
         "bench", help="time the megakernel against eager, CUDA graphs and torch.compile (needs a GPU)")
     bench.add_argument("suite", nargs="?", default="mlp", choices=sorted(SUITES))
@@ -53,9 +76,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"unknown example {args.example!r}; choose from: {', '.join(names())}")
         from tkx.tour import run_tour
 
-        if args.html:
-            return run_tour(example=args.example, html=args.html)
-        return run_tour(example=args.example)
+        return run_tour(example=args.example, html=args.html, brief=args.brief)
+    if args.command == "report":
+        from tkx.errors import TkxError
+        from tkx.user_step import report_command
+
+        try:
+            return report_command(args.step, args.inputs, args.output, args.option, loss=args.loss,
+                                  error=parser.error)
+        except TkxError as exc:  # the step itself: one message naming the op and line, no traceback
+            print(f"tkx report: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return 1
     if args.command == "bench":
         from tkx.bench.__main__ import main as bench_main
 

@@ -18,34 +18,28 @@ the change cannot affect (toggling a tile size does not re-capture or re-run pas
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from . import pipeline
 from .options import Options
 
-#: The stages in pipeline order.
-STAGES = ("captured", "program", "passes", "schedule", "arena", "cuda", "runner")
+#: The cached stages in pipeline order (:data:`tkx.pipeline.NAMES`).
+STAGES = pipeline.NAMES
 
-#: The first stage each option affects (everything downstream is recomputed too).
-STAGE_OF_OPTION = {
-    "passes": "passes", "rules": "schedule",
-    "fuse_pointwise": "schedule", "fuse_epilogues": "schedule", "fuse_reductions": "schedule",
-    "tile_m": "schedule", "tile_n": "schedule", "tile_k": "schedule",
-    "threads_per_block": "schedule", "blocks_per_sm": "schedule", "max_blocks": "schedule",
-    "split_k": "schedule", "mode": "schedule", "fp32_math": "schedule", "arch": "schedule",
-    # Code generation and the runtime read the options from the schedule, which is cheap to
-    # recompute: these re-run it too, so every later stage sees the new value.
-    "spin_limit": "schedule", "exact": "schedule", "backend": "schedule",
-}
+#: The first stage each option affects (everything downstream is recomputed too):
+#: :data:`tkx.pipeline.STAGE_OF_OPTION`, read from the pipeline table.
+STAGE_OF_OPTION = pipeline.STAGE_OF_OPTION
 
 
 def _registry_fingerprints() -> dict[str, tuple]:
-    """What the cached ``passes`` and ``schedule`` stages depend on besides the options: the pass
-    registry and the user fusion rules (both can change while a notebook runs)."""
-    from .passes.registry import registry_fingerprint
-    from .schedule.rules import rules_fingerprint
-    return {"passes": registry_fingerprint(), "schedule": rules_fingerprint()}
+    """What cached stages depend on besides the options (the pass registry, the user fusion
+    rules: both can change while a notebook runs), from the pipeline table."""
+    return {s.name: s.fingerprint() for s in pipeline.STAGES if s.fingerprint is not None}
+
+
+#: The cached stages that depend on a registry besides the options.
+_FINGERPRINTED = tuple(s.name for s in pipeline.STAGES if s.fingerprint is not None)
 
 
 class Exploration:
@@ -60,8 +54,7 @@ class Exploration:
 
     def __init__(self, step_fn: Callable[..., Any], example_inputs: Sequence[Any],
                  options: Options | None = None, *, name: str | None = None,
-                 loss: int | None = None, _cache: dict[str, Any] | None = None,
-                 _fingerprints: dict[str, tuple] | None = None) -> None:
+                 loss: int | None = None) -> None:
         self.step_fn = step_fn
         if not isinstance(example_inputs, (tuple, list)):
             example_inputs = (example_inputs,)  # one positional argument, as tkx.capture accepts
@@ -69,80 +62,84 @@ class Exploration:
         self.options = options or Options()
         self.name = name or getattr(step_fn, "__name__", "step")
         self.loss = loss
-        self._cache: dict[str, Any] = dict(_cache or {})
+        self._cache: dict[str, Any] = {}
         self.timings: dict[str, float] = {}
         #: The registry fingerprints the cached ``passes``/``schedule`` stages were computed with.
-        self._fingerprints: dict[str, tuple] = dict(_fingerprints or {})
+        self._fingerprints: dict[str, tuple] = {}
         #: One line per stale stage dropped because a pass or fusion rule changed since it was computed.
         self.recomputed: list[str] = []
 
     # -- stages -----------------------------------------------------------------------
     def _drop_stale(self) -> None:
         now = _registry_fingerprints()
-        for stage, what in (("passes", "the registered passes"), ("schedule", "the user fusion rules")):
-            if stage in self._cache and self._fingerprints.get(stage) != now[stage]:
-                first = STAGES.index(stage)
+        for name, print_ in now.items():
+            if name in self._cache and self._fingerprints.get(name) != print_:
+                first = STAGES.index(name)
                 dropped = [s for s in STAGES[first:] if s in self._cache]
                 for s in dropped:
                     del self._cache[s]
-                self.recomputed.append(f"{what} changed: recomputing {', '.join(dropped)}")
-        for stage in ("passes", "schedule"):
-            if stage not in self._cache:
-                self._fingerprints[stage] = now[stage]
+                self.recomputed.append(f"{pipeline.stage(name).depends_on} changed: recomputing {', '.join(dropped)}")
+        for name, print_ in now.items():
+            if name not in self._cache:
+                self._fingerprints[name] = print_
 
-    def _stage(self, name: str, make: Callable[[], Any]) -> Any:
-        if STAGES.index(name) >= STAGES.index("passes"):
+    def _get(self, name: str) -> Any:
+        """Stage ``name`` (a row of :data:`tkx.pipeline.STAGES`), made on first access."""
+        row = pipeline.stage(name)
+        if row.derived:
+            return row.make(self._context, self._get)
+        if pipeline.index(name) >= min((STAGES.index(n) for n in _FINGERPRINTED), default=len(STAGES)):
             self._drop_stale()
-        if name not in self._cache:
-            t0 = time.perf_counter()
-            self._cache[name] = make()
-            self.timings[name] = (time.perf_counter() - t0) * 1e3
-        return self._cache[name]
+        return pipeline.compute(name, self._context, self._cache, self.timings)
+
+    @property
+    def _context(self) -> pipeline.Context:
+        return pipeline.Context(self.step_fn, self.example_inputs, self.options, self.name, self.loss)
 
     @property
     def captured(self):
-        from .capture import capture
-        return self._stage("captured", lambda: capture(self.step_fn, self.example_inputs,
-                                                       loss=self.loss, name=self.name))
+        """:class:`tkx.CapturedGraph`: the traced step."""
+        return self._get("captured")
 
     @property
     def program(self):
-        return self._stage("program", lambda: self.captured.lower())
+        """:class:`tkx.Program`: the IR as lowered from the capture."""
+        return self._get("program")
 
     @property
     def passes(self):
-        from .passes import run_passes
-        return self._stage("passes", lambda: run_passes(self.program, self.options.passes))
+        """:class:`tkx.PassTrace`: one Program per pass."""
+        return self._get("passes")
 
     @property
     def optimized(self):
         """The program after all passes (``passes.output``)."""
-        return self.passes.output
+        return self._get("optimized")
 
     @property
     def schedule(self):
-        from .schedule import schedule
-        return self._stage("schedule", lambda: schedule(self.optimized, self.options))
+        """:class:`tkx.FusedSchedule`: groups, stages, barriers, fusion decisions."""
+        return self._get("schedule")
 
     @property
     def arena(self):
-        from .arena import plan
-        return self._stage("arena", lambda: plan(self.schedule))
+        """:class:`tkx.ArenaPlan`: offsets and lifetimes in the one workspace."""
+        return self._get("arena")
 
     @property
     def cuda(self):
-        from .codegen import generate
-        return self._stage("cuda", lambda: generate(self.schedule, self.arena))
+        """:class:`tkx.codegen.CudaSource`: the kernel text and its source map."""
+        return self._get("cuda")
 
     @property
     def runner(self):
-        from .runtime import CompiledRunner
-        return self._stage("runner", lambda: CompiledRunner(self.cuda))
+        """:class:`tkx.runtime.CompiledRunner` (needs a GPU)."""
+        return self._get("runner")
 
     def widget(self, **kwargs: Any) -> Any:
         """An interactive :class:`tkx.Explorer` over this exploration (needs ipywidgets)."""
-        from .explorer import widget
-        return widget(self, **kwargs)
+        from . import display
+        return display.widget(self, **kwargs)
 
     @property
     def computed(self) -> tuple[str, ...]:
@@ -163,12 +160,18 @@ class Exploration:
         Raises :class:`tkx.options.OptionsError` for an invalid value.
         """
         options = self.options.replace(**changes)
-        first = min((STAGES.index(STAGE_OF_OPTION.get(k, "passes")) for k, v in changes.items()
-                     if getattr(self.options, k) != v), default=len(STAGES))
+        first = pipeline.invalidated_by(changes, self.options)
         self._drop_stale()
         keep = {k: v for k, v in self._cache.items() if STAGES.index(k) < first}
-        return Exploration(self.step_fn, self.example_inputs, options, name=self.name, loss=self.loss,
-                           _cache=keep, _fingerprints={k: v for k, v in self._fingerprints.items() if k in keep})
+        return self._derive(options, keep)
+
+    def _derive(self, options: Options, keep: dict[str, Any]) -> Exploration:
+        """A new exploration of the same step under ``options`` holding the stages ``keep``
+        (those the change does not touch) and their registry fingerprints."""
+        new = Exploration(self.step_fn, self.example_inputs, options, name=self.name, loss=self.loss)
+        new._cache.update(keep)
+        new._fingerprints.update({k: v for k, v in self._fingerprints.items() if k in keep})
+        return new
 
     def __repr__(self) -> str:
         done = [s for s in STAGES if s in self._cache]

@@ -216,33 +216,34 @@ class Program:
         return replace(self, **changes)
 
     def __str__(self) -> str:
-        from .printer import format_program
-        return format_program(self)
+        from . import display
+        return display.text(self)
 
     def __repr__(self) -> str:
-        return (f"<tkx.Program {self.name}: {len(self.inputs)} inputs, {len(self.ops)} ops, "
-                f"{len(self.outputs)} outputs, {len(self.updates)} in-place updates>")
+        from .words import plural
+        return (f"<tkx.Program {self.name}: {plural(len(self.inputs), 'input')}, {plural(len(self.ops), 'op')}, "
+                f"{plural(len(self.outputs), 'output')}, {plural(len(self.updates), 'in-place update')}>")
 
+    # -- views, looked up in tkx.display (the printer and tkx.render register them) --
     def __rich__(self) -> Any:
-        from .printer import rich_program
-        return rich_program(self)
+        from . import display
+        return display.rich(self)
 
-    # -- views (tkx.render.ir_views; imported lazily so the core needs no graphviz) --
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        from .render.ir_views import program_mimebundle
-        return program_mimebundle(self, include, exclude)
+        from . import display
+        return display.mimebundle(self, include, exclude)
 
     def graph(self, **kw: Any) -> Any:
         """The dataflow graph as a ``graphviz.Digraph`` (``collapse="auto"|"region"|"none"``,
-        ``expand=(regions...)``); see :func:`tkx.render.ir_views.program_graph`."""
-        from .render.ir_views import program_graph
-        return program_graph(self, **kw)
+        ``expand=(regions...)``); see :func:`tkx.render.program.program_graph`."""
+        from . import display
+        return display.graph(self, **kw)
 
     def diff(self, other: Any) -> Any:
-        """A :class:`~tkx.render.ir_views.ProgramDiff` of this program against ``other``:
+        """A :class:`~tkx.passes.diff.ProgramDiff` of this program against ``other``:
         added/removed/changed op ids, ``str()`` a unified diff, side by side in notebooks."""
-        from .render.ir_views import program_diff
-        return program_diff(self, other)
+        from . import display
+        return display.diff(self, other)
 
 
 class IRValidationError(TkxError):

@@ -10,12 +10,13 @@ trailing comment. Nothing printed depends on object identity or memory addresses
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .ir import DTYPE_SHORT, Op, Operand, Program, TensorSpec
 
-if TYPE_CHECKING:
-    from .capture import CapturedGraph
+#: A :class:`tkx.capture.CapturedGraph` (the printer sits below the capture package, so it
+#: does not import it: the capture's views call the printer, never the other way round).
+CapturedGraph = Any
 
 REGION_STYLE = {"forward": "bold blue", "backward": "bold magenta", "optimizer": "bold green"}
 COMMENT_COLUMN = 64

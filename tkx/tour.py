@@ -39,11 +39,25 @@ def _stage(console: Any, title: str, renderable: Any, seconds: float, legend: st
     console.print(Text(renderable) if isinstance(renderable, str) else renderable)
 
 
-def run_tour(example: str = "digits_mlp", console: Any = None, html: str | None = None) -> int:
+#: Kernel lines ``--brief`` shows (from the kernel's entry).
+BRIEF_KERNEL_LINES = 40
+#: Lines of the schedule's text ``--brief`` shows.
+BRIEF_SCHEDULE_LINES = 14
+
+
+def _head(text: str, n: int) -> str:
+    lines = text.split("\n")
+    return "\n".join(lines[:n] + ([f"... {len(lines) - n} more lines"] if len(lines) > n else []))
+
+
+def run_tour(example: str = "digits_mlp", console: Any = None, html: str | None = None, *,
+             brief: bool = False) -> int:
     """Print every stage of ``example``; returns a process exit code (0 on success).
 
     ``html``: also write the report of every stage to this path (the GPU section reuses the
-    runner and verification of stage 7 when there is a GPU)."""
+    runner and verification of stage 7 when there is a GPU). ``brief``: one screen per stage
+    at most (the stage's summary line, the pass table, the first lines of the schedule and
+    of the kernel body) instead of the full listings."""
     import sys
 
     from rich.console import Console
@@ -55,34 +69,41 @@ def run_tour(example: str = "digits_mlp", console: Any = None, html: str | None 
     ex = tkx.examples.get(example)
     console.print(f"[bold]tkx tour[/bold]: {ex.name} - {ex.description}")
     exp = tkx.explore(ex.step_fn, ex.example_inputs, name=ex.name, loss=ex.loss_output)
-    _stage(console, f"1. captured graph  {exp.captured!r}", exp.captured, exp.timings["captured"] / 1e3,
-           LEGENDS["captured"])
-    _stage(console, f"2. IR  {exp.program!r}", exp.program, exp.timings["program"] / 1e3, LEGENDS["program"])
+    captured = exp.captured
+    _stage(console, f"1. captured graph  {captured!r}", _head(str(captured), 12) if brief else captured,
+           exp.timings["captured"] / 1e3, LEGENDS["captured"])
+    program = exp.program
+    _stage(console, f"2. IR  {program!r}", _head(str(program), 12) if brief else program,
+           exp.timings["program"] / 1e3, LEGENDS["program"])
     _stage(console, f"3. passes  {exp.passes!r}", str(exp.passes), exp.timings["passes"] / 1e3, LEGENDS["passes"])
-    console.print(exp.optimized)
-    _stage(console, f"4. fused schedule  {exp.schedule!r}", str(exp.schedule), exp.timings["schedule"] / 1e3,
-           LEGENDS["schedule"])
+    if not brief:
+        console.print(exp.optimized)
+    schedule_text = str(exp.schedule)
+    _stage(console, f"4. fused schedule  {exp.schedule!r}",
+           _head(schedule_text, BRIEF_SCHEDULE_LINES) if brief else schedule_text,
+           exp.timings["schedule"] / 1e3, LEGENDS["schedule"])
     _stage(console, f"5. arena  {exp.arena!r}", str(exp.arena), exp.timings["arena"] / 1e3, LEGENDS["arena"])
     cuda = exp.cuda
-    kernel_start = cuda.text.index("#define TKX_POINTERS")
-    first_line = cuda.text[:kernel_start].count("\n") + 1
+    first_line = cuda.kernel_start
     from rich.syntax import Syntax
     from rich.text import Text
 
-    # The kernel's entry and its first stages; the whole source is in exp.cuda.text and --html.
-    shown = cuda.text[kernel_start:]
-    entry = shown.find("extern \"C\"")
-    second_barrier = shown.find("// ---- barrier before stage 2", entry)
+    # The kernel's entry and its first stages (not the prelude's helpers); the whole source is
+    # in exp.cuda.text and --html.
+    shown = "\n".join(cuda.text.split("\n")[first_line - 1:])
+    second_barrier = shown.find("// ---- barrier before stage 2")
     cut = second_barrier if second_barrier > 0 else len(shown)
+    if brief:
+        cut = min(cut, len("\n".join(shown.split("\n")[:BRIEF_KERNEL_LINES])))
     rest = shown[cut:].count("\n")
     _stage(console, f"6. CUDA source  {cuda!r}",
            Syntax(shown[:cut], "cuda", line_numbers=True, start_line=first_line),
            exp.timings["cuda"] / 1e3,
            "Device functions recompute inlined values; the kernel runs stage after stage with a barrier "
            "between stages; every address is a kernel argument.")
-    console.print(Text(f"(lines 1-{first_line - 1}: the fixed prelude - dtype helpers, barriers, reductions; "
-                       f"{rest} more kernel lines after stage 1: see exp.cuda.text, or tkx tour --html report.html)",
-                       style="dim"))
+    console.print(Text(f"(lines 1-{first_line - 1}: the fixed prelude - dtype helpers, barriers, reductions - and "
+                       f"the device functions of inlined values; {rest} more kernel lines: see exp.cuda.body(), "
+                       "or tkx tour --html report.html)", style="dim"))
     from .codegen.nvrtc import nvrtc_available
 
     ok, why = nvrtc_available()

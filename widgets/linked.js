@@ -3,8 +3,9 @@
 // Model traits (see tkx/explorer/linked.py):
 //   data      {ir_rows:[{text,op,region}], cuda_lines:[str], line_ops:{line:op}, stages:[{stage,groups:[...]}],
 //              slots:[{buffer,offset,nbytes,first,last,kind}], arena_bytes, num_stages, title}
-//   selected  the selected op id; a click sets it and Python answers with `highlight`
-//   highlight {op, cuda_lines:[int], arena:{...}|null, group, stage, groups:[str], text}
+//   selected  the selection: an op id, "line:<n>" or "slot:<buffer>"; a click sets it and Python
+//             answers with `highlight`
+//   highlight {op, ops:[str], cuda_lines:[int], arena:{...}|null, slots:[str], group, stage, groups:[str], text}
 
 function h(tag, cls, text) {
   const e = document.createElement(tag);
@@ -74,8 +75,9 @@ function render({ model, el }) {
       if (op) {
         row.classList.add("tkx-linked-op");
         row.title = "op " + op;
-        row.addEventListener("click", () => select(op));
       }
+      // every line links: its ops, its group and the arena slots it touches
+      row.addEventListener("click", () => select("line:" + n));
       cuda.appendChild(row);
       cudaRows.push(row);
     });
@@ -96,7 +98,7 @@ function render({ model, el }) {
       b.style.top = (100 * s.first / nst) + "%";
       b.style.height = (100 * (s.last - s.first + 1) / nst) + "%";
       b.title = `${s.buffer}: bytes ${s.offset}..${s.offset + s.nbytes}, stages ${s.first}..${s.last}`;
-      b.addEventListener("click", () => select(s.buffer));
+      b.addEventListener("click", () => select("slot:" + s.buffer));
       map.appendChild(b);
       slotEls.set(s.buffer, b);
     }
@@ -126,17 +128,23 @@ function render({ model, el }) {
   function paint() {
     const hl = model.get("highlight") || {};
     root.querySelectorAll(".tkx-linked-hl").forEach((e) => e.classList.remove("tkx-linked-hl"));
-    if (!hl.op) return;
+    if (!hl.op && !(hl.cuda_lines || []).length && !(hl.slots || []).length) return;
     if (root.__info) root.__info.textContent = hl.text || hl.op;
-    const row = irRows.get(hl.op);
-    if (row) { row.classList.add("tkx-linked-hl"); reveal(row); }
+    let firstIr = null;
+    for (const op of (hl.ops && hl.ops.length ? hl.ops : [hl.op])) {
+      const row = irRows.get(op);
+      if (row) { row.classList.add("tkx-linked-hl"); firstIr = firstIr || row; }
+    }
+    if (firstIr) reveal(firstIr);
     let first = null;
     for (const n of hl.cuda_lines || []) {
       const r = cudaRows[n - 1];
       if (r) { r.classList.add("tkx-linked-hl"); first = first || r; }
     }
     if (first) reveal(first);
-    if (hl.arena && slotEls.get(hl.arena.buffer)) slotEls.get(hl.arena.buffer).classList.add("tkx-linked-hl");
+    for (const b of (hl.slots && hl.slots.length ? hl.slots : (hl.arena ? [hl.arena.buffer] : []))) {
+      if (slotEls.get(b)) slotEls.get(b).classList.add("tkx-linked-hl");
+    }
     for (const g of hl.groups || []) if (groupEls.get(g)) groupEls.get(g).classList.add("tkx-linked-hl");
     if (hl.stage >= 0 && stageEls[hl.stage]) stageEls[hl.stage].classList.add("tkx-linked-hl");
   }

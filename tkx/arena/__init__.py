@@ -19,8 +19,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import display
 from ..errors import TkxError
 from ..schedule.model import FusedSchedule
+from ..words import plural
 
 #: Byte alignment of every slot (a 128-byte line keeps each value on its own cache lines).
 ALIGN = 128
@@ -100,7 +102,7 @@ class ArenaPlan:
     def __str__(self) -> str:
         def kib(n: int) -> str:
             return f"{n / 1024:.1f} KiB" if n >= 1024 else f"{n} B"
-        lines = [f"arena: {kib(self.size_bytes)} for {len(self.slots)} values "
+        lines = [f"arena: {kib(self.size_bytes)} for {plural(len(self.slots), 'value')} "
                  f"(lower bound {kib(self.lower_bound_bytes)}, without reuse {kib(self.no_reuse_bytes)}), "
                  f"{self.alignment}-byte aligned"]
         if self.in_place:
@@ -113,30 +115,24 @@ class ArenaPlan:
                          + ("  (scratch)" if s.kind == "scratch" else ""))
         return "\n".join(lines)
 
-    # -- views (tkx.render.stage_views) ---------------------------------------------------
+    # -- views, looked up in tkx.display (tkx.render registers them) ----------------------
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        try:
-            from ..render import stage_views
-        except Exception:  # never a traceback in a notebook cell
-            return {"text/plain": repr(self)}
-        return stage_views.bundle(self, lambda: stage_views.arena_html(self), include, exclude)
+        return display.mimebundle(self, include, exclude)
 
     def svg(self) -> str:
         """The memory timeline as SVG text (x = stage, y = byte offset)."""
-        from ..render.stage_views import arena_svg
-        return arena_svg(self)
+        return display.lookup(self, "svg")(self)
 
     def diff(self, other: ArenaPlan) -> Any:
-        """Size, lower bound and slot changes (added, removed, moved)."""
-        from ..render.stage_views import arena_diff
-        return arena_diff(self, other)
+        """A :class:`~tkx.diff.StageDiff` (computed in :mod:`tkx.arena.diff`): size, lower bound
+        and slot changes (added, removed, moved)."""
+        return display.diff(self, other)
 
     def __rich__(self) -> Any:
-        from ..render.stage_views import arena_rich
-        return arena_rich(self)
+        return display.rich(self)
 
     def __repr__(self) -> str:
-        return (f"<tkx.ArenaPlan {len(self.slots)} slots, {self.size_bytes} B "
+        return (f"<tkx.ArenaPlan {plural(len(self.slots), 'slot')}, {self.size_bytes} B "
                 f"(lower bound {self.lower_bound_bytes} B, no reuse {self.no_reuse_bytes} B)>")
 
 

@@ -202,6 +202,6 @@ class BenchmarkReport:
         return table
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        from ..render.runtime_views import benchmark_bundle
+        from .. import display
 
-        return benchmark_bundle(self, include, exclude)
+        return display.mimebundle(self, include, exclude)

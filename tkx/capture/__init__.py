@@ -22,6 +22,7 @@ from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicO
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._pytree import tree_flatten, tree_flatten_with_path, tree_unflatten
 
+from .. import display
 from ..errors import SourceLine, TkxError, UnsupportedError
 from ..ir import Program, validate
 from .decompositions import decomposition_table
@@ -81,30 +82,25 @@ class CapturedGraph:
         return (f"<tkx.CapturedGraph {self.name}: {len(self.nodes)} FX nodes "
                 f"(forward {c['forward']}, backward {c['backward']}, optimizer {c['optimizer']})>")
 
+    # -- views, looked up in tkx.display (the printer and tkx.render register them) --
     def __str__(self) -> str:
-        from ..printer import format_captured
-        return format_captured(self)
+        return display.text(self)
 
     def __rich__(self) -> Any:
-        from ..printer import rich_captured
-        return rich_captured(self)
+        return display.rich(self)
 
-    # -- views (tkx.render.ir_views; imported lazily so the core needs no graphviz) --
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        from ..render.ir_views import captured_mimebundle
-        return captured_mimebundle(self, include, exclude)
+        return display.mimebundle(self, include, exclude)
 
     def graph(self, **kw: Any) -> Any:
         """The FX graph as a ``graphviz.Digraph`` (``collapse``/``expand`` as for
         :meth:`tkx.ir.Program.graph`)."""
-        from ..render.ir_views import captured_graph
-        return captured_graph(self, **kw)
+        return display.graph(self, **kw)
 
     def diff(self, other: Any) -> Any:
-        """The :class:`~tkx.render.ir_views.ProgramDiff` of the two lowered programs
+        """The :class:`~tkx.passes.diff.ProgramDiff` of the two lowered programs
         (``other``: a CapturedGraph or a Program)."""
-        from ..render.ir_views import captured_diff
-        return captured_diff(self, other)
+        return display.diff(self, other)
 
 
 def _arg_names(step_fn: Callable, n: int) -> list[str]:

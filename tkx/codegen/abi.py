@@ -13,36 +13,63 @@ in this order:
    zeroed once when the runtime creates them and never again - the barrier leaves the
    count at zero after every use;
 5. ``int* status``: four words, zeroed once by the runtime. The kernel writes them only on
-   error: ``status[0]`` an error code (:data:`ERRORS`), ``status[1]`` the stage whose barrier
-   failed (for an index out of range: the op's position in ``program.ops``), ``status[2]``
-   the block that saw it. The runtime reads and clears them.
+   error: ``status[0]`` an error code (:data:`ERROR_CODES`), ``status[1]`` the stage whose
+   barrier failed (for an index out of range: the op's position in ``program.ops``),
+   ``status[2]`` the block that saw it. The runtime reads and clears them.
 
 Tensor addresses are arguments, never constants in the source, so one binary serves any
 buffers of the compiled shapes, dtypes and strides (CUDA graphs re-launch it as is).
 Grid size is chosen at launch time: one block in ``block`` mode, up to the number of
 co-resident blocks (from the occupancy of the compiled kernel) in ``grid`` mode; the code
 is correct for any grid size >= 1 (all loops are grid-stride loops over work items).
+
+The contract between the code generator and the runtime is typed: a
+:class:`~tkx.codegen.CudaSource` carries a :class:`LaunchContract` (entry point, parameters
+with their roles, arena bytes, error codes) holding a :class:`KernelConfig` (threads, mode,
+preferred grid, shared memory, register cap, spin limit, numerics, back end). The runtime
+reads these fields and nothing else.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from ..ir import Program
 
 KERNEL_NAME = "tkx_step"
 
-C_TYPES = {"float32": "float", "bfloat16": "__nv_bfloat16", "float16": "__half",
-           "int64": "long long", "int32": "int", "bool": "bool"}
+#: C storage type of each IR dtype (the prelude defines ``tkx_bf16``/``tkx_f16`` as 2-byte
+#: structs). The one table: parameters, arena casts and the prelude's helpers all read it.
+C_TYPES: Mapping[str, str] = MappingProxyType({
+    "float32": "float", "bfloat16": "tkx_bf16", "float16": "tkx_f16",
+    "int64": "long long", "int32": "int", "bool": "bool",
+})
 
-#: status[0] error codes written by the kernel.
-ERRORS = {1: "grid barrier timed out (spin limit reached)",
-          3: "an index out of range (a label or index outside its table; status[1] holds the op's position)"}
+#: Error code in ``status[0]`` written by the kernel -> what it means (``status[1]`` holds the
+#: stage index, or for an index out of range the op's position). The one table: the prelude's
+#: ``#define``s and the runtime's messages read it.
+ERROR_CODES: Mapping[int, str] = MappingProxyType({
+    0: "ok",
+    1: "grid barrier timed out (a block never arrived: grid larger than the GPU can hold at once?)",
+    2: "kernel launched with a block size other than the one it was generated for",
+    3: "an index out of range (a label or index outside its table; status[1] holds the op's position)",
+})
+ERR_BARRIER_TIMEOUT = 1
+ERR_BAD_LAUNCH = 2
+ERR_INDEX = 3
+#: Former name of :data:`ERROR_CODES` without the ``0: ok`` entry (kept for callers of 0.1).
+ERRORS: Mapping[int, str] = MappingProxyType({k: v for k, v in ERROR_CODES.items() if k})
+
+#: Parameter roles, in ABI order.
+ROLES = ("input", "output", "arena", "sync", "status")
 
 
 @dataclass(frozen=True)
 class Param:
-    """One kernel parameter: C name, C type, role (input/output/arena/sync/status), index."""
+    """One kernel parameter: C name, C type, role (one of :data:`ROLES`), index (the position
+    among the program's inputs or outputs; ``-1`` for arena/sync/status)."""
 
     name: str
     ctype: str
@@ -66,3 +93,63 @@ def kernel_params(program: Program) -> list[Param]:
     params.append(Param("sync", "unsigned int*", "sync"))
     params.append(Param("status", "int*", "status"))
     return params
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """How the kernel was generated to run: what the runtime must launch it with.
+
+    * ``threads``: threads per block (the kernel checks it at entry, error 2 otherwise);
+    * ``mode``: ``"block"`` (one block, ``__syncthreads``) or ``"grid"`` (a cooperative grid
+      with grid barriers); ``blocks``: the grid the schedule would like (the runtime caps it
+      by the compiled kernel's occupancy and ``max_blocks``);
+    * ``shared_bytes``: shared workspace per block (static up to 48 KiB, else dynamic);
+    * ``max_registers``: the ``__maxnreg__`` cap per thread;
+    * ``spin_limit``: grid-barrier spins before error 1; ``exact``: compiled without FMA
+      contraction; ``max_blocks``: cap on the grid (``None``: as many as fit);
+      ``backend``: ``"nvrtc"`` or ``"torch-extension"``.
+    """
+
+    threads: int
+    mode: str
+    blocks: int
+    shared_bytes: int = 0
+    max_registers: int = 255
+    spin_limit: int = 2_000_000
+    exact: bool = False
+    max_blocks: int | None = None
+    backend: str = "nvrtc"
+
+    @property
+    def dynamic_shared_bytes(self) -> int:
+        """Dynamic shared memory to pass at launch (0 when the workspace is static, <= 48 KiB)."""
+        n = max(16, (self.shared_bytes + 15) // 16 * 16)
+        return n if self.shared_bytes and n > STATIC_SHARED_LIMIT else 0
+
+    @property
+    def cooperative(self) -> bool:
+        """Whether the launch must be cooperative (grid mode)."""
+        return self.mode != "block"
+
+
+#: Largest static ``__shared__`` allocation; above it a kernel needs dynamic shared memory.
+STATIC_SHARED_LIMIT = 48 * 1024
+
+
+@dataclass(frozen=True)
+class LaunchContract:
+    """Everything the runtime needs to call the kernel: the entry point ``kernel_name``, the
+    ``params`` in ABI order (with their roles), the ``arena_bytes`` to allocate (at least 1
+    is allocated), the :class:`KernelConfig` and the ``errors`` table the kernel reports in."""
+
+    kernel_name: str
+    params: tuple[Param, ...]
+    config: KernelConfig
+    arena_bytes: int
+    errors: Mapping[int, str] = field(default_factory=lambda: ERROR_CODES, compare=False)
+
+    def role(self, role: str) -> tuple[Param, ...]:
+        """The parameters of one role (``"input"``, ``"output"``, ...) in order."""
+        if role not in ROLES:
+            raise ValueError(f"unknown parameter role {role!r}: the roles are {', '.join(ROLES)}")
+        return tuple(p for p in self.params if p.role == role)

@@ -30,29 +30,20 @@ Contracts a kernel must keep (the code generator's side):
 
 from __future__ import annotations
 
+# The error codes and the C storage types live in one table each, in the ABI module.
+from .abi import (  # noqa: F401 - the prelude's names for them
+    C_TYPES,
+    ERR_BAD_LAUNCH,
+    ERR_BARRIER_TIMEOUT,
+    ERR_INDEX,
+    ERROR_CODES,
+    STATIC_SHARED_LIMIT,
+)
 from .text import dedent
 
-#: Error codes a kernel writes into ``status[0]`` (``status[1]`` holds the stage index).
-ERROR_CODES = {
-    0: "ok",
-    1: "grid barrier timed out (a block never arrived: grid larger than the GPU can hold at once?)",
-    2: "kernel launched with a block size other than the one it was generated for",
-    3: "an index out of range (status[1] holds the op's number)",
-}
-ERR_BARRIER_TIMEOUT = 1
-ERR_BAD_LAUNCH = 2
-
-#: C storage type of each IR dtype.
-C_TYPES = {
-    "float32": "float", "bfloat16": "tkx_bf16", "float16": "tkx_f16",
-    "int64": "long long", "int32": "int", "bool": "bool",
-}
 #: Suffix of the ``tkx_ld_*``/``tkx_st_*``/``tkx_round_*`` helpers of each dtype.
 SUFFIX = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "int64": "i64", "int32": "i32",
           "bool": "bool"}
-
-#: Largest static ``__shared__`` allocation; above it a kernel needs dynamic shared memory.
-STATIC_SHARED_LIMIT = 48 * 1024
 
 
 DTYPES = dedent(r"""

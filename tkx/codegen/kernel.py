@@ -94,7 +94,7 @@ class _Emitter:
         self.p = s.program
         self.ops = {op.id: op for op in self.p.ops}
         self.inputs = {i.value.buffer: k for k, i in enumerate(self.p.inputs)}
-        self.exact = bool(getattr(s.options, "exact", False))
+        self.exact = bool(s.options.exact)
         self.threads = s.threads
         self.plan = KernelPlan()
 
@@ -526,12 +526,6 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
     _check_supported(s)
     em = _Emitter(s, arena)
     params = abi.kernel_params(s.program)
-    for prm in params:  # the prelude's storage types (2-byte structs for bf16/fp16)
-        if prm.role in ("input", "output"):
-            dtype = (s.program.inputs[prm.index].value.dtype if prm.role == "input"
-                     else s.program.outputs[prm.index].value.dtype)
-            base = C_TYPES[dtype]
-            object.__setattr__(prm, "ctype", prm.ctype.replace(abi.C_TYPES[dtype], base, 1))
     stage_code: list[tuple[int, list[tuple[Group, str, int]]]] = []
     shared = 0
     for si, stage in enumerate(s.stages):
@@ -543,7 +537,7 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
             parts.append((g, code, n))
         stage_code.append((si, parts))
     mode = s.mode
-    spin = getattr(s.options, "spin_limit", 2_000_000)
+    spin = s.options.spin_limit
     pointers = [p for p in params if p.role in ("input", "output", "arena", "status")]
     body: list[str] = [
         f"if (!tkx_check_launch(status, {s.threads})) return;",
@@ -563,8 +557,8 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
     # Register budget of the requested occupancy (blocks_per_sm blocks of s.threads threads on
     # a 64K-register SM). An explicit cap also keeps ptxas from its small default budget for
     # very large kernels, which made it spill.
-    max_regs = max_registers(s.threads, getattr(s.options, "blocks_per_sm", 1))
-    why_regs = register_note(s.threads, getattr(s.options, "blocks_per_sm", 1))
+    max_regs = max_registers(s.threads, s.options.blocks_per_sm)
+    why_regs = register_note(s.threads, s.options.blocks_per_sm)
     if why_regs:
         em.plan.notes["kernel"] = {"registers": max_regs, "why": why_regs}
     kernel = block(
@@ -622,8 +616,11 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
                if no not in claimed and lines[no - 1].strip().replace("else", "").strip("{} ")
                and not lines[no - 1].lstrip().startswith("//")]
         op_lines[anchor] = sorted(set(op_lines.get(anchor, [])) | set(own))
-    return CudaSource(text=text, kernel_name=abi.KERNEL_NAME, params=tuple(params), threads=s.threads,
-                      mode=mode, blocks=1 if mode == "block" else s.blocks, shared_bytes=shared,
-                      arena_bytes=arena.size_bytes, schedule=s, arena=arena,
+    config = abi.KernelConfig(threads=s.threads, mode=mode, blocks=1 if mode == "block" else s.blocks,
+                              shared_bytes=shared, max_registers=max_regs, spin_limit=int(s.options.spin_limit),
+                              exact=bool(s.options.exact), max_blocks=s.options.max_blocks,
+                              backend=s.options.backend)
+    launch = abi.LaunchContract(abi.KERNEL_NAME, tuple(params), config, arena.size_bytes)
+    return CudaSource(text=text, launch=launch, schedule=s, arena=arena,
                       op_lines={k: tuple(v) for k, v in op_lines.items()}, group_lines=group_lines,
                       tensor_cores=em.plan.tensor_cores, notes=em.plan.notes)

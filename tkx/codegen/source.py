@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
+from .. import display
 from . import abi
 
 
@@ -14,31 +17,61 @@ class CudaSource:
     """The CUDA source of one cooperative persistent kernel.
 
     * ``text``: the whole translation unit (prelude, device functions, the kernel);
-    * ``kernel_name``/``params``: the entry point and its parameters (:mod:`tkx.codegen.abi`);
-    * ``threads`` per block, ``mode`` (``block``: one block, ``__syncthreads``; ``grid``: a
-      cooperative grid with grid barriers), ``blocks`` the grid the schedule would like (the
-      runtime caps it by the compiled kernel's occupancy);
-    * ``shared_bytes``: the shared workspace per block (static up to 48 KiB, else dynamic);
-    * ``arena_bytes``: the workspace the runtime allocates;
+    * ``launch``: the typed contract with the runtime, :class:`~tkx.codegen.abi.LaunchContract`:
+      the entry point ``kernel_name``, the ``params`` (:mod:`tkx.codegen.abi`), ``arena_bytes``
+      (the workspace the runtime allocates), the error codes, and ``launch.config``
+      (:class:`~tkx.codegen.abi.KernelConfig`): ``threads`` per block, ``mode`` (``block``: one
+      block, ``__syncthreads``; ``grid``: a cooperative grid with grid barriers), ``blocks`` the
+      grid the schedule would like (the runtime caps it by the compiled kernel's occupancy),
+      ``shared_bytes`` the shared workspace per block (static up to 48 KiB, else dynamic). The
+      same names are properties of the source (``source.threads`` ...);
     * ``op_lines``: IR op id -> 1-based line numbers that compute or store it;
       ``group_lines``: schedule group id -> (first, last) line of its code;
     * ``schedule``/``arena``: the stages this source implements (provenance).
     """
 
     text: str
-    kernel_name: str
-    params: tuple[abi.Param, ...]
-    threads: int
-    mode: str
-    blocks: int
-    shared_bytes: int
-    arena_bytes: int
+    launch: abi.LaunchContract
     schedule: Any = field(repr=False, compare=False)
     arena: Any = field(repr=False, compare=False)
     op_lines: Mapping[str, tuple[int, ...]] = field(default_factory=dict, repr=False, compare=False)
     group_lines: Mapping[str, tuple[int, int]] = field(default_factory=dict, repr=False, compare=False)
     tensor_cores: bool = False
     notes: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    # -- the launch contract, by its old names ---------------------------------------------------
+    @property
+    def config(self) -> abi.KernelConfig:
+        """:class:`~tkx.codegen.abi.KernelConfig` (``launch.config``)."""
+        return self.launch.config
+
+    @property
+    def kernel_name(self) -> str:
+        return self.launch.kernel_name
+
+    @property
+    def params(self) -> tuple[abi.Param, ...]:
+        return self.launch.params
+
+    @property
+    def threads(self) -> int:
+        return self.launch.config.threads
+
+    @property
+    def mode(self) -> str:
+        return self.launch.config.mode
+
+    @property
+    def blocks(self) -> int:
+        return self.launch.config.blocks
+
+    @property
+    def shared_bytes(self) -> int:
+        return self.launch.config.shared_bytes
+
+    @property
+    def arena_bytes(self) -> int:
+        return self.launch.arena_bytes
 
     @property
     def program(self):
@@ -51,13 +84,70 @@ class CudaSource:
     @property
     def dynamic_shared_bytes(self) -> int:
         """Dynamic shared memory to pass at launch (0 when the workspace is static)."""
-        from .cuda_prelude import STATIC_SHARED_LIMIT
-        n = max(16, (self.shared_bytes + 15) // 16 * 16)
-        return n if self.shared_bytes and n > STATIC_SHARED_LIMIT else 0
+        return self.launch.config.dynamic_shared_bytes
 
     @property
     def num_lines(self) -> int:
         return self.text.count("\n")
+
+    @property
+    def kernel_start(self) -> int:
+        """1-based line of the kernel's entry (``extern "C" __global__ ...``): above it are the
+        fixed prelude and the device functions of inlined values."""
+        for no, line in enumerate(self.text.split("\n"), start=1):
+            if line.startswith('extern "C"'):
+                return no
+        return 1
+
+    def body(self, lines: int | None = None, *, numbered: bool = True) -> str:
+        """The kernel itself, from its entry (:attr:`kernel_start`) on: what the schedule's
+        stages and barriers became, without the prelude's helpers. ``lines`` caps the number
+        of lines shown (a last line says how many more there are); ``numbered`` prefixes each
+        line with its number in the whole text (as the views and :meth:`lines_of` count)."""
+        all_lines = self.text.split("\n")
+        start = self.kernel_start
+        shown = all_lines[start - 1:]
+        if shown and shown[-1] == "":
+            shown = shown[:-1]
+        more = 0
+        if lines is not None and len(shown) > lines:
+            more, shown = len(shown) - lines, shown[:lines]
+        width = len(str(start + len(shown)))
+        out = [f"{start + i:>{width}}  {x}" if numbered else x for i, x in enumerate(shown)]
+        if more:
+            out.append(f"... {more} more kernel lines (the whole text: str(source); the prelude: lines 1-{start - 1})")
+        return "\n".join(out)
+
+    @cached_property
+    def arena_lines(self) -> Mapping[str, tuple[int, ...]]:
+        """Arena slot (its buffer name, as in :attr:`ArenaPlan.slots`) -> the 1-based lines that
+        read or write it (``arena + <offset>`` in the text).
+
+        A line inside a group's code belongs to the slot at that offset that is live in the
+        group's stage (the arena reuses offsets once a value is dead); a line outside every group
+        (a device function recomputing an inlined op, called from several stages) is attributed
+        only when one slot alone has that offset."""
+        slots = list(self.arena.slots.values()) if self.arena is not None else []
+        by_offset: dict[int, list] = {}
+        for sl in slots:
+            by_offset.setdefault(sl.offset, []).append(sl)
+        stage_at: dict[int, int] = {}
+        for gid, (a, b) in self.group_lines.items():
+            st = self.schedule.stage_of(gid)
+            for k in range(a, b + 1):
+                stage_at[k] = st
+        out: dict[str, list[int]] = {}
+        for no, line in enumerate(self.text.split("\n"), start=1):
+            for m in re.finditer(r"\barena \+ (\d+)\)", line):
+                cands = by_offset.get(int(m.group(1)), [])
+                st = stage_at.get(no)
+                if st is not None:
+                    cands = [sl for sl in cands if sl.first <= st <= sl.last]
+                if len(cands) == 1 or (st is not None and cands):
+                    for sl in cands:
+                        if no not in out.setdefault(sl.buffer, []):
+                            out[sl.buffer].append(no)
+        return {k: tuple(v) for k, v in out.items()}
 
     def lines_of(self, op_or_group: str) -> tuple[int, ...]:
         """The line numbers implementing an IR op or a schedule group (``()`` for one with no
@@ -67,7 +157,7 @@ class CudaSource:
             return tuple(range(a, b + 1))
         if op_or_group in self.op_lines:
             return tuple(self.op_lines[op_or_group])
-        groups = getattr(self.schedule, "groups", {})
+        groups = self.schedule.groups
         if op_or_group in groups or any(o.id == op_or_group for o in self.program.ops):
             return ()
         from ..schedule.model import unknown_op_error
@@ -80,7 +170,7 @@ class CudaSource:
         Raises :class:`tkx.codegen.nvrtc.CudaCompileError` with the offending lines quoted.
         """
         from .nvrtc import compile_cuda
-        return compile_cuda(self.text, arch, exact=bool(getattr(self.options, "exact", False)), **kwargs)
+        return compile_cuda(self.text, arch, exact=self.launch.config.exact, **kwargs)
 
     def __str__(self) -> str:
         return self.text
@@ -89,23 +179,18 @@ class CudaSource:
         return (f"<tkx.CudaSource {self.kernel_name}: {self.num_lines} lines, {self.mode} mode, "
                 f"{self.threads} threads, shared {self.shared_bytes} B, arena {self.arena_bytes} B>")
 
+    # -- views, looked up in tkx.display (tkx.render registers them) ----------------------
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        try:
-            from ..render import stage_views
-        except Exception:  # never a traceback in a notebook cell
-            return {"text/plain": repr(self)}
-        return stage_views.bundle(self, lambda: stage_views.cuda_html(self), include, exclude)
+        return display.mimebundle(self, include, exclude)
 
     def html(self, check: bool = True) -> str:
         """The HTML view; ``check=False`` leaves out the NVRTC report (no compile)."""
-        from ..render.stage_views import cuda_html
-        return cuda_html(self, check=check)
+        return display.html_of(self, check=check)
 
     def diff(self, other: CudaSource) -> Any:
-        """A unified diff of the kernel text with line counts."""
-        from ..render.stage_views import cuda_diff
-        return cuda_diff(self, other)
+        """A :class:`~tkx.diff.StageDiff` (computed in :mod:`tkx.codegen.diff`): a unified diff
+        of the kernel text with line counts."""
+        return display.diff(self, other)
 
     def __rich__(self) -> Any:
-        from rich.syntax import Syntax
-        return Syntax(self.text, "cuda", line_numbers=True, word_wrap=False)
+        return display.rich(self)

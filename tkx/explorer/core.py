@@ -24,11 +24,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
 
+from .. import pipeline
 from ..explore import STAGES, Exploration
 from ..options import Options
 
 #: Stages the explorer computes on every update (``runner`` needs a GPU and is computed on demand).
-CPU_STAGES = STAGES[: STAGES.index("cuda") + 1]
+CPU_STAGES = pipeline.CPU_STAGES
 
 #: Whether :class:`tkx.Options` has a ``rules`` field (per-exploration user fusion rules). Until
 #: it does, rule toggles go through :func:`scoped_rules` (see its docstring).
@@ -215,7 +216,7 @@ def restart_from(ex: Exploration, stage: str) -> Exploration:
     """A copy of ``ex`` keeping only the stages before ``stage`` (for changes that are not
     options, such as a user fusion rule switched off)."""
     keep = {k: v for k, v in ex._cache.items() if STAGES.index(k) < STAGES.index(stage)}
-    return Exploration(ex.step_fn, ex.example_inputs, ex.options, name=ex.name, loss=ex.loss, _cache=keep)
+    return ex._derive(ex.options, keep)
 
 
 # --------------------------------------------------------------------------------------------

@@ -49,18 +49,25 @@ def link_data(ex: Any) -> dict[str, Any]:
               "kind": s.kind} for s in sorted(arena.slots.values(), key=lambda s: (s.offset, s.first))]
     return {"ir_rows": ir_rows, "cuda_lines": cuda.text.split("\n"), "line_ops": line_ops, "stages": stages,
             "slots": slots, "arena_bytes": int(arena.size_bytes), "num_stages": len(sched.stages),
-            "title": f"{program.name}: {len(program.ops)} ops, {len(sched.groups)} groups, "
-                     f"{len(sched.stages)} stages, arena {arena.size_bytes} B, {cuda.num_lines} CUDA lines"}
+            "title": f"{program.name}: {_plural(len(program.ops), 'op')}, {_plural(len(sched.groups), 'group')}, "
+                     f"{_plural(len(sched.stages), 'stage')}, arena {arena.size_bytes} B, "
+                     f"{_plural(cuda.num_lines, 'CUDA line')}"}
 
 
 def link_info(ex: Any, op_id: str) -> dict[str, Any]:
     """What selecting ``op_id`` highlights: ``cuda_lines`` (1-based), ``arena`` (its slot as a
     dict, or ``None``), ``home`` (where its value lives), ``group``/``stage`` (the group that
-    stores or computes it), ``groups`` (every group computing or inlining it), ``text``."""
+    stores or computes it), ``groups`` (every group computing or inlining it), ``ops`` and
+    ``slots`` (every op and arena slot lit), ``text``. ``"line:<n>"`` selects a CUDA line (its
+    ops, group and arena slots) and ``"slot:<buffer>"`` an arena slot (its op and lines)."""
     sched, arena, cuda = _stages_of(ex)
     if not op_id:
         return {"op": "", "cuda_lines": [], "arena": None, "home": "", "group": "", "stage": -1, "groups": [],
-                "text": ""}
+                "text": "", "ops": [], "slots": []}
+    if op_id.startswith("line:"):
+        return _line_info(sched, arena, cuda, op_id)
+    if op_id.startswith("slot:"):
+        return _slot_info(sched, arena, cuda, op_id[5:])
     try:
         op = sched.program.op(op_id)
     except Exception:
@@ -86,17 +93,67 @@ def link_info(ex: Any, op_id: str) -> dict[str, Any]:
         group = ""
     stage = sched.stage_of(group) if group else -1
     text = (f"{op_id} ({op.kind}, {op.region}): group {group or '-'}, stage {stage if stage >= 0 else '-'}, "
-            f"value in {where}, {len(lines)} CUDA line(s)")
+            f"value in {where}, {_plural(len(lines), 'CUDA line')}")
     return {"op": op_id, "cuda_lines": lines, "arena": slot_d, "home": where, "group": group, "stage": stage,
-            "groups": groups, "text": text}
+            "groups": groups, "text": text, "ops": [op_id], "slots": [slot.buffer] if slot else []}
+
+
+def _slot_dict(slot: Any) -> dict[str, Any]:
+    return {"buffer": slot.buffer, "offset": slot.offset, "nbytes": slot.nbytes, "first": slot.first,
+            "last": slot.last, "kind": slot.kind}
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def _line_info(sched: Any, arena: Any, cuda: Any, key: str) -> dict[str, Any]:
+    """What selecting CUDA line ``line:N`` highlights: its ops, its group(s), the arena slots it
+    reads or writes."""
+    try:
+        n = int(key[5:])
+    except ValueError:
+        return {"op": "", "cuda_lines": [], "arena": None, "home": "", "group": "", "stage": -1, "groups": [],
+                "text": f"{key}: not a CUDA line (use line:<number>)", "ops": [], "slots": []}
+    ops = sorted(o for o, nums in cuda.op_lines.items() if n in nums)
+    groups = [g for g, (a, b) in cuda.group_lines.items() if a <= n <= b]
+    slots = sorted(b for b, nums in cuda.arena_lines.items() if n in nums)
+    group = groups[0] if groups else ""
+    stage = sched.stage_of(group) if group else -1
+    text = (f"CUDA line {n}: " + (f"op {', '.join(ops)}" if ops else "no op of its own")
+            + (f", group {group} (stage {stage})" if group else ", outside every group (a prelude or helper line)")
+            + (f", arena {', '.join(slots)}" if slots else ""))
+    slot = _slot_dict(arena.slots[slots[0]]) if slots else None
+    return {"op": ops[0] if ops else "", "cuda_lines": [n], "arena": slot, "home": "", "group": group,
+            "stage": stage, "groups": groups, "text": text, "ops": ops, "slots": slots}
+
+
+def _slot_info(sched: Any, arena: Any, cuda: Any, buffer: str) -> dict[str, Any]:
+    """What selecting arena slot ``slot:BUF`` highlights: the op that produced it, the CUDA
+    lines that read or write it, the groups that write and read it."""
+    slot = arena.slots.get(buffer)
+    if slot is None:
+        return {"op": "", "cuda_lines": [], "arena": None, "home": "", "group": "", "stage": -1, "groups": [],
+                "text": f"{buffer}: not an arena slot (the slots: {', '.join(arena.slots) or 'none'})",
+                "ops": [], "slots": []}
+    ops = [buffer] if any(o.id == buffer for o in sched.program.ops) else []
+    lines = sorted(cuda.arena_lines.get(buffer, ()))
+    groups = [g.id for g in sched.groups_in_order() if buffer in g.stores or buffer in g.reads]
+    group = next((g.id for g in sched.groups_in_order() if buffer in g.stores), groups[0] if groups else "")
+    stage = sched.stage_of(group) if group else -1
+    text = (f"arena slot {buffer}: bytes {slot.offset}..{slot.offset + slot.nbytes}, stages {slot.first}..{slot.last}"
+            f", written by {group or '-'}, {_plural(len(lines), 'CUDA line')}")
+    return {"op": ops[0] if ops else "", "cuda_lines": lines, "arena": _slot_dict(slot), "home": "arena",
+            "group": group, "stage": stage, "groups": groups, "text": text, "ops": ops, "slots": [buffer]}
 
 
 class LinkedView(anywidget.AnyWidget):
-    """IR | CUDA side by side, arena and schedule below; click an op to see where it went.
+    """IR | CUDA side by side, arena and schedule below; click anything to see what it links to.
 
     ``LinkedView(exploration)`` (or a :class:`~tkx.codegen.CudaSource`). Set ``selected`` to an
-    op id to select it from Python; read ``highlight`` (see :func:`link_info`) or
-    :attr:`highlighted_lines`.
+    op id, ``"line:<n>"`` (a CUDA line: its ops, group and arena slots) or ``"slot:<buffer>"``
+    (an arena slot: its op and the CUDA lines that touch it) to select it from Python; read
+    ``highlight`` (see :func:`link_info`) or :attr:`highlighted_lines`.
     """
 
     _esm = read_asset("linked.js")

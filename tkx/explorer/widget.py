@@ -19,6 +19,7 @@ from typing import Any
 import ipywidgets as W
 import traitlets
 
+from .. import display, pipeline
 from ..explore import Exploration
 from ..options import Options
 from . import benchmark as B
@@ -41,10 +42,11 @@ from .core import (
     user_passes,
     user_rules,
 )
+from .headline import Facts, facts_of, failure_headline, headline
 
 #: (tab title, stage attribute) in display order; ``benchmark`` is not a stage of the exploration.
-STAGE_TABS = (("graph", "captured"), ("IR", "program"), ("passes", "passes"), ("schedule", "schedule"),
-              ("arena", "arena"), ("CUDA", "cuda"), ("runner", "runner"), ("benchmark", "benchmark"))
+#: The stage tabs come from the pipeline table (:data:`tkx.pipeline.STAGES`, rows with a ``tab``).
+STAGE_TABS = tuple((s.tab, s.name) for s in pipeline.STAGES if s.tab) + (("benchmark", "benchmark"),)
 #: Tabs after the stage tabs.
 EXTRA_TABS = ("pass stepper", "linked views")
 
@@ -143,7 +145,8 @@ class Explorer(W.VBox):
     def __init__(self, step_fn: Callable[..., Any] | Exploration, example_inputs: Sequence[Any] | None = None, *,
                  name: str | None = None, loss: int | None = None, make_inputs: Callable[..., Any] | None = None,
                  bench_fn: Callable[..., Any] | None = None, debounce_s: float = 0.3,
-                 scheduler: Scheduler | None = None, lazy_render: bool = True, **options: Any) -> None:
+                 scheduler: Scheduler | None = None, lazy_render: bool = True,
+                 registers_in_headline: bool = True, **options: Any) -> None:
         if isinstance(step_fn, Exploration):
             ex = step_fn.with_options(**options) if options else step_fn
         else:
@@ -173,12 +176,17 @@ class Explorer(W.VBox):
 
         self.title = W.HTML()
         self.controls: dict[str, W.Widget] = {}
+        #: Each control's help (from :meth:`tkx.Options.fields_info`), shown under it.
+        self.help: dict[str, W.HTML] = {}
+        cells = []
         for fname, _default, allowed, help_text in Options.fields_info():
             c = make_control(fname, getattr(ex.options, fname), allowed, help_text, _none_ok(fname))
             if c is not None:
                 self.controls[fname] = c
                 c.observe(self._on_change, names="value")
-        self.controls_box = W.GridBox(list(self.controls.values()),
+                self.help[fname] = W.HTML(help_html(help_text, allowed))
+                cells.append(W.VBox([c, self.help[fname]], layout=W.Layout(margin="0 0 4px 0")))
+        self.controls_box = W.GridBox(cells,
                                       layout=W.Layout(grid_template_columns="repeat(3, minmax(230px, 1fr))",
                                                       grid_gap="2px 12px"))
         self.pass_toggles: dict[str, W.Checkbox] = {}
@@ -193,6 +201,11 @@ class Explorer(W.VBox):
 
         self.message = W.HTML()
         self.status = W.HTML()
+        #: The one-line headline of what the last change moved (see :mod:`tkx.explorer.headline`).
+        self.headline = W.HTML()
+        self.headline_text = ""
+        self.facts: Facts | None = None
+        self.registers_in_headline = registers_in_headline
 
         # stage tabs
         self.outputs: dict[str, W.Output] = {}
@@ -222,11 +235,17 @@ class Explorer(W.VBox):
                           W.HBox([W.HTML("<b>passes</b>&nbsp;", layout=W.Layout(width="auto")), self.passes_box]),
                           W.HBox([W.HTML("<b>your passes &amp; rules</b>&nbsp;", layout=W.Layout(width="auto")),
                                   self.user_box, self.refresh_button]),
-                          self.message, self.status, self.tabs])
+                          self.headline, self.message, self.status, self.tabs])
 
         upd = self.session.start()
         self.last_update = upd.as_dict()
         self._show_update(upd, first=True)
+
+    def _facts_now(self) -> Facts:
+        """The facts of the current state (µs per step from its last benchmark, if any)."""
+        ex = self.session.current
+        report = self.last_report if getattr(self, "_report_options", None) == ex.options else None
+        return facts_of(ex, registers=self.registers_in_headline, report=report)
 
     @classmethod
     def from_exploration(cls, exploration: Exploration, **kwargs: Any) -> Explorer:
@@ -347,13 +366,21 @@ class Explorer(W.VBox):
             self.message.value = note_html(f"{where}: {upd.error}{kept}", "error")
         else:
             self.message.value = ""
-        if first or (upd.changed and not upd.error):
+        if upd.error and (first or upd.changed):
+            text = failure_headline(upd.changed, upd.failed_stage, upd.ms, upd.recomputed, first=first)
+            self.headline.value = _headline_html(text, error=True)
+            self.status.value = ""
+        elif first or upd.changed:
             changed = ", ".join(f"{k}={v!r}" for k, v in upd.changed.items()) or "start"
             reused = [s for s in CPU_STAGES if s not in upd.recomputed]
             text = (f"{changed}: recomputed {', '.join(upd.recomputed) or 'nothing'} in {upd.ms:.1f} ms"
                     + (f"; reused {', '.join(reused)}" if reused and not first else ""))
             self.status.value = ('<div style="font-family:system-ui,sans-serif;color:#57606a;font-size:12px">'
                                  f'{html.escape(text)}</div>')
+            before = self.facts
+            self.facts = self._facts_now()
+            self.headline_text = headline(upd.changed, None if first else before, self.facts)
+            self.headline.value = _headline_html(self.headline_text)
         if upd.error and not first:
             return  # the previous good state stays on screen
         t0 = time.perf_counter()
@@ -575,6 +602,12 @@ class Explorer(W.VBox):
         else:
             row = B.history_row(report, config, fake=fake)
             self.previous_report, self.last_report = self.last_report, report
+            before = self.facts
+            self._report_options = ex.options
+            self.facts = self._facts_now()
+            changed = {"benchmark": config} if isinstance(config, str) else {"benchmark": "run"}
+            self.headline_text = headline(changed, before, self.facts)
+            self.headline.value = _headline_html(self.headline_text)
             self.progress.value, self.progress.bar_style, self.progress.description = 1.0, "success", "done"
         self.history.append(row)
         self.history_table.value = B.history_html(self.history)
@@ -583,6 +616,24 @@ class Explorer(W.VBox):
         self.bench_button.disabled = self._bench_reason() is not None
 
 
+def help_html(help_text: str, allowed: Any) -> str:
+    """The visible help under a control: its sentence from ``Options.fields_info`` and, for a
+    range, the bounds."""
+    extra = ""
+    if isinstance(allowed, tuple) and len(allowed) == 3 and allowed[0] == "range":
+        _, lo, hi = allowed
+        extra = f" ({lo} or more)" if hi is None else f" ({lo} to {hi})"
+    return (f'<div style="font-family:system-ui,sans-serif;font-size:11px;line-height:1.25;color:#57606a;'
+            f'max-width:300px;white-space:normal">{html.escape(help_text)}{html.escape(extra)}</div>')
+
+
+def _headline_html(text: str, *, error: bool = False) -> str:
+    color = "#cf222e" if error else "#1f2328"
+    return (f'<div class="tkx-headline" style="font-family:system-ui,sans-serif;font-size:14px;font-weight:600;'
+            f'color:{color};margin:4px 0">{html.escape(text)}</div>')
+
+
+@display.register(Exploration, "widget")
 def widget(exploration: Exploration, **kwargs: Any) -> Explorer:
     """``tkx.explore(...).widget()``: an :class:`Explorer` over an existing exploration."""
     return Explorer.from_exploration(exploration, **kwargs)

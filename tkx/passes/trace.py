@@ -7,8 +7,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from .. import display
 from ..ir import Program
 from ..printer import format_program
+from ..words import plural
 
 
 def op_delta(before: Program, after: Program) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
@@ -67,18 +69,15 @@ class PassStep:
         return f"<tkx.PassStep {self.summary()}>"
 
     def diff(self) -> Any:
-        """This pass as a :class:`~tkx.render.ir_views.ProgramDiff` (before -> after)."""
-        from ..render.ir_views import step_diff
-        return step_diff(self)
+        """This pass as a :class:`~tkx.passes.diff.ProgramDiff` (before -> after)."""
+        return display.lookup(self, "diff")(self)
 
     def graph(self, **kw: Any) -> Any:
         """Before and after in one ``graphviz.Digraph``: added ops green, removed red, changed yellow."""
-        from ..render.ir_views import diff_graph
-        return diff_graph(self.before, self.after, **kw)
+        return display.graph(self, **kw)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        from ..render.ir_views import step_mimebundle
-        return step_mimebundle(self, include, exclude)
+        return display.mimebundle(self, include, exclude)
 
 
 @dataclass(frozen=True)
@@ -121,7 +120,7 @@ class PassTrace:
         return iter(self.steps)
 
     def __repr__(self) -> str:
-        return (f"<tkx.PassTrace {len(self.steps)} passes: {len(self.input.ops)} -> "
+        return (f"<tkx.PassTrace {plural(len(self.steps), 'pass')}: {len(self.input.ops)} -> "
                 f"{len(self.output.ops)} ops, {self.ms:.2f} ms>")
 
     def rows(self) -> list[tuple[str, str, str, str, str, str]]:
@@ -136,30 +135,26 @@ class PassTrace:
         rows = self.rows()
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines = [f"PassTrace of {self.input.name}: {len(self.input.ops)} -> {len(self.output.ops)} ops "
-                 f"in {len(self.steps)} passes, {self.ms:.2f} ms"]
+                 f"in {plural(len(self.steps), 'pass')}, {self.ms:.2f} ms"]
         for r in rows:
             lines.append("  " + r[0].ljust(widths[0]) + "".join(
                 "  " + c.rjust(w) for c, w in zip(r[1:], widths[1:])))
         return "\n".join(lines)
 
-    # -- views (tkx.render.ir_views; imported lazily so the core needs no graphviz) --
+    # -- views, looked up in tkx.display (tkx.render registers them) --
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        from ..render.ir_views import trace_mimebundle
-        return trace_mimebundle(self, include, exclude)
+        return display.mimebundle(self, include, exclude)
 
     def __rich__(self) -> Any:
-        from ..render.ir_views import trace_rich
-        return trace_rich(self)
+        return display.rich(self)
 
     def graph(self, step: int | str | None = None, **kw: Any) -> Any:
         """The pass pipeline as a ``graphviz.Digraph`` (one node per pass with its op delta);
         with ``step`` (position or pass name), that pass's before/after graph (added ops
         green, removed red, changed yellow)."""
-        from ..render.ir_views import trace_graph
-        return trace_graph(self, step, **kw)
+        return display.graph(self, step, **kw)
 
     def diff(self, other: PassTrace) -> Any:
-        """A :class:`~tkx.render.ir_views.TraceDiff`: the two traces step by step, and the
+        """A :class:`~tkx.passes.diff.TraceDiff`: the two traces step by step, and the
         diff of their output programs."""
-        from ..render.ir_views import trace_diff
-        return trace_diff(self, other)
+        return display.diff(self, other)

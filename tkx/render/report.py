@@ -28,34 +28,11 @@ import platform
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import dot_available, esc, view
+from .. import pipeline
+from .base import dot_available, esc, view
 
-#: (stage id, title, what a first-time reader needs to know about it)
-SECTIONS = (
-    ("captured", "Captured graph",
-     "The training step traced by torch.fx on fake tensors (no data, no GPU): forward, backward "
-     "(from torch.func) and the optimizer update as one flat graph of aten ops, each knowing the line "
-     "of your Python it came from."),
-    ("program", "IR",
-     "The graph lowered to tkx's own IR: every value is a TensorSpec (shape, dtype, strides, buffer), "
-     "views are metadata only, and the ops are pointwise maps, reductions, matmuls, fills and casts."),
-    ("passes", "Pass trace",
-     "Named Program -> Program rewrites, in the order they ran, with what each added, removed or changed."),
-    ("optimized", "IR after the passes",
-     "The program the scheduler works on. Its op ids are the ones the schedule, the arena and the "
-     "CUDA source refer to."),
-    ("schedule", "Fused schedule",
-     "Which ops are computed together in one loop (fusion groups), which values must be written to "
-     "memory, where a barrier separates stages, and why each candidate fusion did or did not happen."),
-    ("arena", "Arena",
-     "Where every value that lives in memory is placed in the one workspace: offsets, lifetimes, reuse "
-     "after the last reader, and the peak against the lower bound (bytes live at once)."),
-    ("cuda", "CUDA source",
-     "The generated source of ONE cooperative persistent kernel that runs the whole training step."),
-    ("runner", "Compiled runner and verification",
-     "The kernel compiled with NVRTC and loaded on the GPU: registers, shared memory, spills, occupancy, "
-     "and a check of its results against eager PyTorch and the reference interpreter."),
-)
+#: (stage id, title, what a first-time reader needs to know about it), from the pipeline table.
+SECTIONS = tuple((s.name, s.title, s.about) for s in pipeline.STAGES)
 
 PAGE_STYLE = """
 body{margin:0;font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#24292f;
@@ -282,8 +259,10 @@ def report_html(exploration: Any, *, description: str | None = None, timings: bo
     head_table = "".join(f"<tr><th>{esc(k)}</th><td>{v}</td></tr>" for k, v in head_rows)
     howto = ('<div class="tkx-r-howto"><b>How to read it.</b> Sections follow the compiler, top to bottom. '
              "Click an op, a fusion group, a buffer or a CUDA line: everything linked to it on this page "
-             "(the FX node it came from, its group, its place in the arena, the CUDA lines that compute it) "
-             "turns yellow, and the side bar lists where.</div>")
+             "(the FX node it came from, its group, its place in the arena, the CUDA lines that compute it; "
+             "for a CUDA line, its ops, group and arena slot) turns yellow, each box scrolls to it, and the "
+             "side bar lists where. Graphs zoom and pan: + / &#8722; / 100% / fit, drag to pan, "
+             "Ctrl+wheel to zoom.</div>")
     header = (f'<header class="tkx-r-head"><h1>tkx report: {esc(name)}</h1>'
               f"<table>{head_table}</table>{howto}</header>")
     side = ('<nav class="tkx-r-side"><div class="tkx-r-brand">tkx report</div>'

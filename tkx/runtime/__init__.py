@@ -25,11 +25,13 @@ fit), :class:`KernelError` (the kernel reported an error, e.g. a grid barrier ti
 
 from __future__ import annotations
 
+from ..pipeline import build, lower  # the pipeline table makes every stage up to the runner
+from .backends import compile
 from .cache import cache_dir, cache_key, clear_cache
 from .device import CudaCoreMissingError, NoDeviceError
 from .inputs import InputMismatchError
-from .kernel import Binary, CompiledKernel, KernelLoadError, Resources, compile, compile_cubin
-from .runner import CompiledRunner, GraphRunner, build, lower, pack_args
+from .kernel import Binary, CompiledKernel, KernelLoadError, Resources, compile_cubin
+from .runner import CompiledRunner, GraphRunner, pack_args
 from .status import KernelError
 from .verify import Comparison, Verification, VerificationError, relative_error
 

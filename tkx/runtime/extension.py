@@ -37,8 +37,8 @@ from .kernel import (
     arena_bytes_of,
     choose_grid,
     kernel_name,
+    launch_contract,
     occupancy_error,
-    source_options,
 )
 
 
@@ -220,7 +220,7 @@ class ExtensionKernel:
         if self.occupancy <= 0:
             raise occupancy_error(self.registers, self.shared_bytes, dyn, threads, self.local_bytes)
         self.grid = choose_grid(mode, blocks, self.occupancy, self.sm_count,
-                                getattr(source_options(source), "max_blocks", None))
+                                launch_contract(source).config.max_blocks)
         self.cooperative = mode != "block"
 
     def _check(self, err: int, what: str) -> None:
@@ -239,7 +239,7 @@ class ExtensionKernel:
         from torch.utils import cpp_extension
 
         arch = kernel_arch(device)
-        exact = bool(getattr(source_options(source), "exact", False))
+        exact = launch_contract(source).config.exact
         flags = nvcc_flags(arch, exact=exact)
         name = extension_name(source.text, arch, flags)
         folder = _cache.cache_dir() / "torch-extension" / name

@@ -23,7 +23,7 @@ import torch
 
 from ..errors import TkxError
 from . import cache as _cache
-from .device import cuda_core, kernel_arch, make_current, require_cuda, sm_count
+from .device import cuda_core, make_current, sm_count
 
 #: Dynamic shared memory a kernel may use without opting in (bytes).
 DEFAULT_DYNAMIC_SHARED_LIMIT = 48 * 1024
@@ -34,34 +34,32 @@ class KernelLoadError(TkxError):
 
 
 # --------------------------------------------------------------------------------------
-# What a CudaSource must provide (read defensively: the code generator owns the class)
+# What the runtime reads of a CudaSource: its typed launch contract (tkx.codegen.abi)
 # --------------------------------------------------------------------------------------
-def source_options(source: Any) -> Any:
-    """The :class:`tkx.Options` a source was generated under (defaults if it carries none)."""
-    options = getattr(source, "options", None)
-    if options is None and getattr(source, "schedule", None) is not None:
-        options = getattr(source.schedule, "options", None)
-    if options is None:
-        from ..options import Options
+def launch_contract(source: Any) -> Any:
+    """The :class:`~tkx.codegen.abi.LaunchContract` of ``source`` (a :class:`~tkx.codegen.CudaSource`
+    or any object with a ``launch`` contract); :class:`TypeError` naming what was given otherwise."""
+    from ..codegen.abi import LaunchContract
 
-        options = Options()
-    return options
+    launch = getattr(source, "launch", None)
+    if not isinstance(launch, LaunchContract):
+        raise TypeError(f"the runtime runs a tkx.codegen.CudaSource (tkx.runtime.lower or ex.cuda), not a "
+                        f"{type(source).__name__} without a LaunchContract")
+    return launch
+
+
+def source_options(source: Any) -> Any:
+    """The :class:`tkx.Options` a source was generated under (``source.options``)."""
+    return source.options
 
 
 def source_program(source: Any) -> Any:
-    """The (optimised) :class:`tkx.Program` a source implements."""
-    program = getattr(source, "program", None)
-    if program is None and getattr(source, "schedule", None) is not None:
-        program = source.schedule.program
-    if program is None:
-        raise TkxError("this CudaSource carries no program (source.program / source.schedule.program)")
-    return program
+    """The (optimised) :class:`tkx.Program` a source implements (``source.program``)."""
+    return source.program
 
 
 def kernel_name(source: Any) -> str:
-    from ..codegen import abi
-
-    return getattr(source, "kernel_name", None) or abi.KERNEL_NAME
+    return launch_contract(source).kernel_name
 
 
 # --------------------------------------------------------------------------------------
@@ -137,7 +135,7 @@ def compile_cubin(source: Any, arch: str = "sm_90", *, exact: bool | None = None
 
     text = source if isinstance(source, str) else source.text
     if exact is None:
-        exact = False if isinstance(source, str) else bool(getattr(source_options(source), "exact", False))
+        exact = False if isinstance(source, str) else launch_contract(source).config.exact
     start = time.perf_counter()
     key, flags = nvrtc_cache_key(text, arch, exact=exact)
     if cache is True:
@@ -240,22 +238,13 @@ def _attr(obj: Any, name: str, default: int = 0) -> int:
 
 
 def _launch_shape(source: Any) -> tuple[int, str, int, int]:
-    """(threads, mode, preferred blocks, dynamic shared bytes) of a CudaSource."""
-    schedule = getattr(source, "schedule", None)
-    threads = int(getattr(source, "threads", None) or getattr(schedule, "threads", 256))
-    mode = str(getattr(source, "mode", None) or getattr(schedule, "mode", "grid"))
-    blocks = int(getattr(source, "blocks", None) or getattr(schedule, "blocks", 1))
-    # only a workspace above the static limit is dynamic (passed at launch); a static one is in the cubin
-    dyn = getattr(source, "dynamic_shared_bytes", None)
-    shared = int(dyn if dyn is not None else (getattr(source, "shared_bytes", 0) or 0))
-    return threads, mode, blocks, shared
+    """(threads, mode, preferred blocks, dynamic shared bytes) of a CudaSource's launch contract."""
+    c = launch_contract(source).config
+    return c.threads, c.mode, c.blocks, c.dynamic_shared_bytes
 
 
 def arena_bytes_of(source: Any) -> int:
-    value = getattr(source, "arena_bytes", None)
-    if value is None and getattr(source, "arena", None) is not None:
-        value = source.arena.size_bytes
-    return int(value or 0)
+    return launch_contract(source).arena_bytes
 
 
 class CompiledKernel:
@@ -310,18 +299,15 @@ class CompiledKernel:
         self.sm_count = sm_count(device)
         if self.occupancy <= 0:
             raise occupancy_error(self.registers, self.shared_bytes, dyn, threads, self.local_bytes)
-        options = source_options(source)
         self.grid = choose_grid(mode, blocks, self.occupancy, self.sm_count,
-                                getattr(options, "max_blocks", None))
+                                launch_contract(source).config.max_blocks)
         self.cooperative = mode != "block"
         self._config = core.LaunchConfig(grid=self.grid, block=threads, shmem_size=dyn,
                                          is_cooperative=self.cooperative)
 
     # -- loading helpers --------------------------------------------------------------------
     def _check_signature(self, source: Any) -> None:
-        params = getattr(source, "params", None)
-        if params is None:
-            return
+        params = launch_contract(source).params
         try:
             count = int(self._kernel.num_arguments)
             info = list(self._kernel.arguments_info)
@@ -385,24 +371,3 @@ class CompiledKernel:
 
     def __repr__(self) -> str:
         return f"<tkx.CompiledKernel {self.resources.summary()}>"
-
-
-def compile(source: Any, device: Any = None, *, cache: bool | str = True, backend: str | None = None) -> Any:
-    """Compile ``source`` for ``device``'s own architecture and load it.
-
-    ``backend`` defaults to ``source.options.backend``: ``"nvrtc"`` gives a
-    :class:`CompiledKernel` (cubin cached on disk, see :func:`compile_cubin`),
-    ``"torch-extension"`` an :class:`~tkx.runtime.extension.ExtensionKernel` built with
-    nvcc through ``torch.utils.cpp_extension``. Raises :class:`~tkx.runtime.device.NoDeviceError`
-    without a GPU, :class:`KernelLoadError` if the kernel cannot run as generated.
-    """
-    dev = require_cuda(device)
-    backend = backend or getattr(source_options(source), "backend", "nvrtc")
-    if backend == "torch-extension":
-        from .extension import ExtensionKernel
-
-        return ExtensionKernel.build(source, dev, cache=cache)
-    if backend != "nvrtc":
-        raise TkxError(f"unknown backend {backend!r}: use 'nvrtc' or 'torch-extension'")
-    binary = compile_cubin(source, kernel_arch(dev), cache=cache)
-    return CompiledKernel(source, binary, dev)

@@ -18,13 +18,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten
 
 from ..errors import TkxError
 from . import inputs as _inputs
 from . import status as _status
+from .backends import compile
 from .device import require_cuda
-from .kernel import arena_bytes_of, compile, source_options, source_program
+from .kernel import arena_bytes_of, launch_contract, source_options, source_program
 
 
 def _stream_handle(device: torch.device) -> int:
@@ -69,10 +69,10 @@ class CompiledRunner:
         self.device = require_cuda(device)
         self.source = source
         self.program = source_program(source)
-        self.schedule = getattr(source, "schedule", None)
+        self.schedule = source.schedule
         self.options = source_options(source)
         self.step_fn = step_fn
-        self.params = list(getattr(source, "params", None) or self._default_params())
+        self.params = list(launch_contract(source).params)
         self.arena_bytes = arena_bytes_of(source)
         self.kernel = compile(source, self.device, backend=backend, cache=cache)
         self._words = _status.new_words(self.device)
@@ -81,11 +81,6 @@ class CompiledRunner:
         self.timings: dict[str, float] = {}
         #: The :class:`~tkx.runtime.verify.Verification` of the last :meth:`verify` call (``None`` before).
         self.last_verification: Any = None
-
-    def _default_params(self) -> list[Any]:
-        from ..codegen import abi
-
-        return abi.kernel_params(self.program)
 
     # -- facts ------------------------------------------------------------------------------
     @property
@@ -111,9 +106,9 @@ class CompiledRunner:
         return f"<tkx.CompiledRunner {self.program.name}: {self.launch_description()}>"
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        from ..render.runtime_views import runner_bundle
+        from .. import display
 
-        return runner_bundle(self, include, exclude)
+        return display.mimebundle(self, include, exclude)
 
     # -- building blocks ---------------------------------------------------------------------
     def flatten(self, args: Sequence[Any]) -> list[Any]:
@@ -323,61 +318,3 @@ class GraphRunner:
 
     def __repr__(self) -> str:
         return f"<tkx.GraphRunner {self.runner.program.name}: {self.runner.launch_description()}>"
-
-
-def lower(step_fn: Callable[..., Any], example_inputs: Sequence[Any], options: Any = None, *,
-          name: str | None = None, loss: int | None = None) -> Any:
-    """Capture, optimise, schedule, plan and generate: the :class:`~tkx.codegen.CudaSource` of a step."""
-    from ..arena import plan
-    from ..capture import capture
-    from ..codegen import generate
-    from ..options import Options
-    from ..passes import run_passes
-    from ..schedule import schedule
-
-    options = options or Options()
-    if not isinstance(example_inputs, (tuple, list)):
-        example_inputs = (example_inputs,)
-    captured = capture(step_fn, example_inputs, loss=loss, name=name)
-    program = run_passes(captured.lower(), options.passes).output
-    sched = schedule(program, options)
-    return generate(sched, plan(sched))
-
-
-def _options_for_device(options: Any, dev: Any) -> Any:
-    """``options`` with ``arch="auto"`` resolved for ``dev`` (:func:`tkx.target.resolve_arch`):
-    sm_90a (wgmma GEMMs) on Hopper, the device's own architecture elsewhere."""
-    from ..options import Options
-    from ..target import resolve_arch
-    from .device import arch_of
-
-    options = options or Options()
-    if getattr(options, "arch", "auto") == "auto":
-        options = options.replace(arch=resolve_arch("auto", arch_of(dev)))
-    return options
-
-
-def build(step_fn: Callable[..., Any], example_inputs: Sequence[Any], options: Any = None, *,
-          name: str | None = None, loss: int | None = None, device: Any = None,
-          cache: bool | str = True) -> CompiledRunner:
-    """Compile ``step_fn`` for the shapes, dtypes and strides of ``example_inputs``.
-
-    Runs on the device of the example inputs when they are CUDA tensors, else ``device`` (or
-    PyTorch's current CUDA device). ``options``: a :class:`tkx.Options` (``backend`` picks
-    NVRTC or the torch-extension build). ``loss``: flat index of the loss among the outputs.
-
-    Raises :class:`~tkx.runtime.device.NoDeviceError` (no GPU: says what works without one),
-    :class:`tkx.UnsupportedError` (capture), :class:`~tkx.codegen.nvrtc.CudaCompileError`.
-    """
-    from .device import device_of
-
-    if not isinstance(example_inputs, (tuple, list)):
-        example_inputs = (example_inputs,)
-    dev = device_of(tree_flatten(tuple(example_inputs))[0], device)
-    options = _options_for_device(options, dev)
-    t0 = time.perf_counter()
-    source = lower(step_fn, example_inputs, options, name=name, loss=loss)
-    lowered = time.perf_counter() - t0
-    runner = CompiledRunner(source, device=dev, step_fn=step_fn, cache=cache)
-    runner.timings["lower_seconds"] = lowered
-    return runner

@@ -4,7 +4,7 @@ One ``int32`` tensor of :data:`WORDS` words per runner (and per captured graph),
 
 * words ``0..1`` - ``sync``: the grid barrier's arrival count and generation (the barrier
   leaves them ready for the next launch; they are re-zeroed only after an error);
-* words ``4..7`` - ``status``: ``status[0]`` the error code (:data:`tkx.codegen.abi.ERRORS`),
+* words ``4..7`` - ``status``: ``status[0]`` the error code (:data:`tkx.codegen.abi.ERROR_CODES`),
   ``status[1]`` the stage whose barrier failed, ``status[2]`` the block that saw it.
 
 ``status`` starts 16 bytes into the tensor, so both pointers are 16-byte aligned.
@@ -25,19 +25,10 @@ STATUS_OFFSET = 4    # words
 
 
 def error_names() -> dict[int, str]:
-    """Error code -> meaning: the ABI's table, completed by the prelude's where it has more."""
+    """Error code -> meaning, from the one table :data:`tkx.codegen.abi.ERROR_CODES` (``0``, ok, left out)."""
     from ..codegen import abi
 
-    names = dict(abi.ERRORS)
-    try:
-        from ..codegen import cuda_prelude
-
-        for code, text in getattr(cuda_prelude, "ERROR_CODES", {}).items():
-            if code and code not in names:
-                names[code] = text
-    except ImportError:  # pragma: no cover - the prelude is part of tkx
-        pass
-    return names
+    return {code: text for code, text in abi.ERROR_CODES.items() if code}
 
 
 def new_words(device: torch.device) -> torch.Tensor:

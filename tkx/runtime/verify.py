@@ -25,6 +25,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from ..errors import TkxError
+from ..words import plural
 from .inputs import TORCH_DTYPES
 
 #: Default tolerance on the relative error, by IR dtype.
@@ -118,7 +119,7 @@ class Verification:
         """One paragraph: verdict, worst value, failures."""
         verdict = "PASSED" if self.passed else "FAILED"
         n = len({c.name for c in self.comparisons})
-        head = f"verification {verdict}: {n} values x {len(self.seeds)} seeds"
+        head = f"verification {verdict}: {plural(n, 'value')} x {plural(len(self.seeds), 'seed')}"
         if self.worst is not None:
             c = self.worst_comparison
             head += f"; worst {c.name} ({c.dtype}) rel. error {c.error:.3g} (tolerance {c.tolerance:.0e})"
@@ -137,9 +138,9 @@ class Verification:
         return f"<tkx.Verification {verdict}: worst {self.worst} {self.worst_error:.3g}>"
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        from ..render.runtime_views import verification_bundle
+        from .. import display
 
-        return verification_bundle(self, include, exclude)
+        return display.mimebundle(self, include, exclude)
 
     def as_dict(self) -> dict[str, Any]:
         return {"passed": self.passed, "worst": self.worst, "worst_error": self.worst_error,

@@ -23,8 +23,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import display
 from ..errors import UnknownOpError
 from ..ir import OPS, Op, Program, TensorSpec
+from ..words import plural
 
 #: Group kinds.
 GROUP_KINDS = ("gemm", "gemm_partial", "reduction", "reduction_partial", "pointwise", "copy")
@@ -64,6 +66,44 @@ class FusionDecision:
     rule: str
     code: str
     reason: str
+
+    @property
+    def sentence(self) -> str:
+        """The decision as one sentence: what was (not) fused, why, and which rule said so
+        (``"mul is not inlined into mm_2: a GEMM re-reads ... (rule gemm-operand, code gemm-operand)."``)."""
+        p, c = self.producer, self.consumer
+        what = {
+            "inline": f"{p} is {'' if self.fused else 'not '}inlined into {c}",
+            "epilogue": f"{c} {'runs' if self.fused else 'does not run'} in the epilogue of {p}",
+            "side_output": f"{c} is {'' if self.fused else 'not '}stored from the tile of {p}",
+            "loop": f"{p} and {c} {'share' if self.fused else 'do not share'} one loop",
+            "in-place": f"{c} is {'written in place into' if self.fused else 'staged, then copied into'} {p}",
+        }.get(self.kind, f"{self.kind} {p} -> {c}: {'fused' if self.fused else 'not fused'}")
+        why = self.reason
+        for prefix in ("not fused: ", "fused: ", "written in place: ", "staged commit: "):
+            if why.startswith(prefix):
+                why = why[len(prefix):]
+                break
+        return f"{what}: {why} (rule {self.rule}, code {self.code})."
+
+    def __str__(self) -> str:
+        return self.sentence
+
+    def __repr__(self) -> str:
+        return f"<FusionDecision {self.sentence}>"
+
+
+class Decisions(list):
+    """A list of :class:`FusionDecision` that prints as sentences, one per line (what
+    :meth:`FusedSchedule.why_not_fused` returns; a plain ``list`` otherwise)."""
+
+    def __str__(self) -> str:
+        if not self:
+            return "no decision"
+        return "\n".join(f"{i}. {d.sentence}" for i, d in enumerate(self, 1))
+
+    def __repr__(self) -> str:
+        return plural(len(self), "decision") + (":\n" + str(self) if self else "")
 
 
 @dataclass(frozen=True)
@@ -202,13 +242,14 @@ class FusedSchedule:
         """GEMM group id -> its epilogue op ids (domain ops after the GEMM)."""
         return {g.id: g.ops[1:] for g in self.groups.values() if g.kind == "gemm"}
 
-    def why_not_fused(self, op_id: str | None = None) -> list[FusionDecision]:
+    def why_not_fused(self, op_id: str | None = None) -> Decisions:
         """Decisions that did not fuse (optionally only those involving ``op_id``, an op id of
-        :attr:`program`: another name raises :class:`~tkx.errors.UnknownOpError`)."""
+        :attr:`program`: another name raises :class:`~tkx.errors.UnknownOpError`). A list of
+        :class:`FusionDecision` that prints as numbered sentences."""
         if op_id is not None:
             self._check_op(op_id)
-        return [d for d in self.decisions if not d.fused and
-                (op_id is None or op_id in (d.producer, d.consumer))]
+        return Decisions(d for d in self.decisions if not d.fused and
+                         (op_id is None or op_id in (d.producer, d.consumer)))
 
     def groups_in_order(self) -> list[Group]:
         """Groups stage by stage."""
@@ -222,27 +263,23 @@ class FusedSchedule:
     def materialized(self) -> tuple[str, ...]:
         return tuple(s for g in self.groups.values() for s in g.stores)
 
-    # -- views (tkx.render.stage_views) ---------------------------------------------------
+    # -- views, looked up in tkx.display (tkx.render registers them) ----------------------
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        try:
-            from ..render import stage_views
-        except Exception:  # never a traceback in a notebook cell
-            return {"text/plain": repr(self)}
-        return stage_views.bundle(self, lambda: stage_views.schedule_html(self), include, exclude)
+        return display.mimebundle(self, include, exclude)
 
-    def graph(self) -> Any:
-        """A ``graphviz.Digraph``: one cluster per group, ordered by stage, barriers between."""
-        from ..render.stage_views import schedule_graph
-        return schedule_graph(self)
+    def graph(self, **kw: Any) -> Any:
+        """A ``graphviz.Digraph``: one cluster per group, ordered by stage, barriers between;
+        ``collapse="auto"|"none"|"group"|"stage"`` and ``expand=(stage index or group id, ...)``
+        (see :func:`tkx.render.schedule.schedule_graph`): a big schedule is collapsed by default."""
+        return display.graph(self, **kw)
 
     def diff(self, other: FusedSchedule) -> Any:
-        """Groups added/removed/changed (matched by anchor op), decisions flipped, counts."""
-        from ..render.stage_views import schedule_diff
-        return schedule_diff(self, other)
+        """A :class:`~tkx.diff.StageDiff` (computed in :mod:`tkx.schedule.diff`): groups
+        added/removed/changed (matched by anchor op), decisions flipped, counts."""
+        return display.diff(self, other)
 
     def __rich__(self) -> Any:
-        from ..render.stage_views import schedule_rich
-        return schedule_rich(self)
+        return display.rich(self)
 
 
 def _few(names: Iterable[str], n: int = 8) -> str:
@@ -305,8 +342,9 @@ def _schedule_str(self: FusedSchedule) -> str:
 
 
 def _schedule_repr(self: FusedSchedule) -> str:
-    return (f"<tkx.FusedSchedule {self.program.name}: {len(self.groups)} groups, {len(self.stages)} stages, "
-            f"{self.num_barriers} barriers, mode={self.mode}, {self.blocks}x{self.threads}>")
+    return (f"<tkx.FusedSchedule {self.program.name}: {plural(len(self.groups), 'group')}, "
+            f"{plural(len(self.stages), 'stage')}, {plural(self.num_barriers, 'barrier')}, mode={self.mode}, "
+            f"{self.blocks}x{self.threads}>")
 
 
 FusedSchedule.__str__ = _schedule_str  # type: ignore[method-assign]

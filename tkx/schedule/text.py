@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from .model import FusedSchedule, Group
+from typing import Any
+
+from ..words import plural
+
+#: :class:`~tkx.schedule.model.FusedSchedule` and :class:`~tkx.schedule.model.Group` (not imported:
+#: the model's ``__str__`` calls this module, so it must not import the model back).
+FusedSchedule = Group = Any
 
 
 def _shape(shape: tuple[int, ...]) -> str:
@@ -27,12 +33,12 @@ def describe_group(s: FusedSchedule, g: Group) -> str:
                      else f" (adds {p['split_k']} split-K slices)")
     elif g.kind in ("reduction", "reduction_partial"):
         what = "partial " if g.kind == "reduction_partial" else ""
-        head = (f"{what}{anchor.kind} {anchor.id} {p['rows']} rows x {p['size']}  {p['strategy']}"
+        head = (f"{what}{anchor.kind} {anchor.id} {plural(p['rows'], 'row')} x {p['size']}  {p['strategy']}"
                 + (f" ({p['parts']} parts)" if "parts" in p else "")
                 + ("" if g.kind == "reduction_partial" or "parts" not in p else " final"))
     else:
         head = f"pointwise {anchor.id} {_shape(anchor.out.shape)}"
-    parts = [head, f"{g.work_items} items"]
+    parts = [head, plural(g.work_items, "item")]
     extra = [o for o in g.ops[1:]] if g.kind != "pointwise" else list(g.ops[1:])
     if extra:
         parts.append(("epilogue " if g.kind != "pointwise" else "+ loop ") + ", ".join(extra))
@@ -44,9 +50,9 @@ def describe_group(s: FusedSchedule, g: Group) -> str:
 
 
 def format_schedule(s: FusedSchedule) -> str:
-    lines = [f"schedule {s.program.name}: {len(s.groups)} groups in {len(s.stages)} stages, "
-             f"{s.num_barriers} barriers ({'__syncthreads' if s.mode == 'block' else 'grid barriers'}), "
-             f"{s.blocks} block(s) x {s.threads} threads",
+    lines = [f"schedule {s.program.name}: {plural(len(s.groups), 'group')} in {plural(len(s.stages), 'stage')}, "
+             f"{plural(s.num_barriers, 'barrier')} ({'__syncthreads' if s.mode == 'block' else 'grid barriers'}), "
+             f"{plural(s.blocks, 'block')} x {s.threads} threads",
              f"  mode: {s.mode_reason}"]
     for i, stage in enumerate(s.stages):
         if i > 0:

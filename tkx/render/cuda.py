@@ -1,0 +1,159 @@
+"""The views of :class:`~tkx.codegen.source.CudaSource`: launch summary, NVRTC report, group
+index and the highlighted source, one element per line carrying its ops, groups and arena slots."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+from .. import display
+from ..codegen.source import CudaSource
+from .base import attrs, esc
+from .stage_common import _kib, _view
+
+#: Highlighting the kernel text takes a fraction of a second for ~1000 lines; an NVRTC check ~1 s
+#: per architecture. Reports are cached by (source hash, arch, exact) so a re-display is instant.
+_COMPILE_CACHE: dict[tuple[str, str, bool], Any] = {}
+
+def highlight_lines(text: str) -> list[str]:
+    """The source as HTML, one string per line (one pygments pass, inline styles)."""
+    try:
+        from pygments import highlight
+        from pygments.formatters import HtmlFormatter
+        from pygments.lexers import CudaLexer
+    except ImportError:  # pragma: no cover
+        return [esc(x) for x in text.split("\n")]
+    out = highlight(text, CudaLexer(), HtmlFormatter(noclasses=True, nowrap=True, style="default"))
+    lines = out.split("\n")
+    n = text.count("\n") + 1
+    if len(lines) > n:
+        lines = lines[:n]
+    lines += [""] * (n - len(lines))
+    return lines
+
+
+def compile_reports(c: Any, arches: Sequence[str] = ("sm_90", "sm_80")) -> tuple[str, list[Any]]:
+    """``(note, reports)``: NVRTC reports for ``arches`` (cached by source hash), or a note why not.
+    A report that failed is the :class:`~tkx.codegen.nvrtc.CudaCompileError` itself."""
+    from ..codegen.nvrtc import nvrtc_available
+
+    ok, why = nvrtc_available()
+    if not ok:
+        return f"no NVRTC check: {why}", []
+    exact = bool(getattr(c.options, "exact", False))
+    digest = hashlib.sha256(c.text.encode()).hexdigest()
+    reports = []
+    for arch in arches:
+        key = (digest, arch, exact)
+        if key not in _COMPILE_CACHE:
+            try:
+                _COMPILE_CACHE[key] = c.check(arch)
+            except Exception as exc:
+                _COMPILE_CACHE[key] = exc
+        reports.append(_COMPILE_CACHE[key])
+    return why, reports
+
+
+def _report_table(note: str, reports: list[Any]) -> str:
+    if not reports:
+        return f'<div class="tkx-dim">{esc(note)}</div>'
+    rows = ['<tr><th>arch</th><th style="text-align:right">registers</th><th style="text-align:right">spills</th>'
+            '<th style="text-align:right">shared</th><th style="text-align:right">stack</th>'
+            '<th style="text-align:right">compile</th></tr>']
+    errors = []
+    for r in reports:
+        if isinstance(r, Exception):
+            arch = getattr(r, "arch", "?")
+            rows.append(f'<tr><td>{esc(arch)}</td><td colspan="5" class="tkx-no">failed to compile</td></tr>')
+            errors.append(f"<pre>{esc(r)}</pre>")
+            continue
+        spill = f'<span class="tkx-no">{r.spill_bytes} B</span>' if r.spill_bytes else "0 B"
+        rows.append(f'<tr><td>{esc(r.arch)}</td><td style="text-align:right">{r.registers}</td>'
+                    f'<td style="text-align:right">{spill}</td><td style="text-align:right">{r.shared_bytes} B</td>'
+                    f'<td style="text-align:right">{r.stack_bytes} B</td><td style="text-align:right">'
+                    f'<span class="tkx-volatile">{r.compile_seconds:.2f} s</span></td></tr>')
+    return (f'<div class="tkx-sub">NVRTC check <span class="tkx-dim">({esc(note)}; ptxas report, no GPU '
+            f'needed)</span></div><table>{"".join(rows)}</table>' + "".join(errors))
+
+
+@display.register(CudaSource, "html")
+def cuda_html(c: Any, check: bool = True) -> str:
+    """The kernel as HTML: launch summary, NVRTC report, group index, highlighted source with
+    one element per line carrying its ops and groups; the prelude folded in ``<details>``."""
+    lines = highlight_lines(c.text)
+    n_lines = len(lines)
+    ops_at: dict[int, list[str]] = {}
+    for op, nums in c.op_lines.items():
+        for k in nums:
+            ops_at.setdefault(k, []).append(op)
+    grp_at: dict[int, list[str]] = {}
+    first_of: dict[int, str] = {}
+    for gid, (a, b) in c.group_lines.items():
+        for k in range(a, b + 1):
+            grp_at.setdefault(k, []).append(gid)
+        first_of.setdefault(a, gid)
+    slot_at: dict[int, list[str]] = {}
+    for buf, nums in c.arena_lines.items():
+        for k in nums:
+            slot_at.setdefault(k, []).append(buf)
+    prelude_end = 0
+    for i, line in enumerate(c.text.split("\n"), start=1):
+        if line.startswith("#define TKX_POINTERS"):
+            prelude_end = i - 1
+            break
+
+    def row(k: int) -> str:
+        code = lines[k - 1]
+        ids = ([f"op:{o}" for o in sorted(ops_at.get(k, ()))] + [f"grp:{g}" for g in grp_at.get(k, ())]
+               + [f"buf:{b}" for b in sorted(slot_at.get(k, ()))])
+        gut = first_of.get(k)
+        gutter = (f'<span class="tkx-gut" {attrs(f"grp:{gut}")}>{esc(gut)}</span>' if gut else
+                  f'<span class="tkx-gut">{"│" if k in grp_at else ""}</span>')
+        cls = ' class="tkx-opl"' if k in ops_at else ""
+        return f'<div{cls} {attrs(f"line:{k}", ids)}><span class="tkx-ln">{k}</span>{gutter}{code}</div>'
+
+    pre = "".join(row(k) for k in range(1, prelude_end + 1))
+    main = "".join(row(k) for k in range(prelude_end + 1, n_lines + 1))
+    if check:
+        note, reports = compile_reports(c)
+        report = _report_table(note, reports)
+    else:
+        report = ""
+    mode = "one block, __syncthreads" if c.mode == "block" else "cooperative grid, grid barriers"
+    head = (
+        '<table class="tkx-kv">'
+        f'<tr><td>kernel</td><td><b>{esc(c.kernel_name)}</b>, {c.num_lines} lines</td></tr>'
+        f'<tr><td>launch</td><td>{c.blocks} block{"s" if c.blocks != 1 else ""} × {c.threads} threads '
+        f'({esc(mode)})</td></tr>'
+        f'<tr><td>memory</td><td>shared {esc(_kib(c.shared_bytes))} per block, arena {esc(_kib(c.arena_bytes))}'
+        f'</td></tr>'
+        f'<tr><td>GEMMs</td><td>{"tensor cores (WMMA)" if c.tensor_cores else "SIMT / GEMV"}</td></tr></table>')
+    sched = c.schedule
+    order = [g for st in sched.stages for g in st] if sched is not None else list(c.group_lines)
+    chips = []
+    for gid in order:
+        if gid not in c.group_lines:
+            continue
+        a, b = c.group_lines[gid]
+        g = sched.groups[gid] if sched is not None else None
+        label = f"{gid} {g.kind} {g.anchor}" if g is not None else gid
+        chips.append(f'<span class="tkx-chip" {attrs(f"grp:{gid}")}>{esc(label)} '
+                     f'<span class="tkx-dim">{a}–{b}</span></span>')
+    index = ('<div class="tkx-sub">Groups → lines <span class="tkx-dim">(click to highlight)</span></div>'
+             f'<div style="white-space:normal">{" ".join(chips)}</div>') if chips else ""
+    prelude = (f'<details><summary>prelude: lines 1–{prelude_end} (types, math helpers, barrier; same for every '
+               f'kernel)</summary><div class="tkx-src">{pre}</div></details>') if prelude_end else ""
+    src = (f'<div class="tkx-sub">Source <span class="tkx-dim">(grey background: a line that computes or stores '
+           f'an IR op; left gutter: the schedule group)</span></div>{prelude}'
+           f'<div class="tkx-src tkx-scroll">{main}</div>')
+    plain = repr(c)
+    return _view("cuda", f"CudaSource {c.kernel_name}", head + report + index + src, plain)
+
+
+
+
+@display.register(CudaSource, "rich")
+def cuda_rich(c: CudaSource) -> Any:
+    from rich.syntax import Syntax
+    return Syntax(c.text, "cuda", line_numbers=True, word_wrap=False)
