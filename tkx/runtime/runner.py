@@ -331,11 +331,11 @@ def lower(step_fn: Callable[..., Any], example_inputs: Sequence[Any], options: A
     from ..arena import plan
     from ..capture import capture
     from ..codegen import generate
-    from ..options import Options
+    from ..options import as_options
     from ..passes import run_passes
     from ..schedule import schedule
 
-    options = options or Options()
+    options = as_options(options)
     if not isinstance(example_inputs, (tuple, list)):
         example_inputs = (example_inputs,)
     captured = capture(step_fn, example_inputs, loss=loss, name=name)
