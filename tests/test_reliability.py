@@ -183,3 +183,85 @@ def test_loss_pointing_at_a_non_scalar_refused():
         tkx.capture(step_functional, _wx(), loss=1)
     assert "not a 0-d floating-point tensor" in str(info.value) and "(3, 3)" in str(info.value)
     assert tkx.capture(step_functional, _wx(), loss=0).loss_index == 0
+
+
+# -- item 4: cross-entropy with every target ignored --------------------------------------------
+
+def step_cross_entropy(w, x, y):
+    g, v = grad_and_value(lambda w: torch.nn.functional.cross_entropy(x @ w, y))(w)
+    return v, w - 0.1 * g
+
+
+@pytest.mark.parametrize("targets", [[-100, -100], [2, -100]], ids=["all-ignored", "one-ignored"])
+def test_cross_entropy_ignored_targets_give_eager_gradients(targets):
+    from tkx.schedule import interpreter
+    torch.manual_seed(0)
+    inputs = (torch.randn(3, 4), torch.randn(2, 3), torch.tensor(targets))
+    want_loss, want_w = step_cross_entropy(*inputs)
+    exp = tkx.explore(step_cross_entropy, inputs)
+    for run in (tkx.reference.run(exp.program, inputs), interpreter.run(exp.schedule, exp.arena, inputs)):
+        loss, w = run.outputs
+        assert torch.isfinite(w).all(), w
+        torch.testing.assert_close(w, want_w)
+        assert torch.isnan(loss) == torch.isnan(want_loss)
+
+
+# -- item 5: the schedule interpreter reads a view of an arena slot at its own offset ------------
+
+def step_sum_of_sums(a, b):
+    s = (a * a).sum() + (b * b).sum()
+    return s + (s * s).sum()
+
+
+def step_tiny_clipped_mlp(w1, b1, w2, b2, x, y):
+    def loss_fn(p):
+        w1, b1, w2, b2 = p
+        h = torch.relu(x @ w1 + b1)
+        return ((h @ w2 + b2 - y) ** 2).mean()
+    g, v = grad_and_value(loss_fn)((w1, b1, w2, b2))
+    norm = torch.sqrt(sum((gi * gi).sum() for gi in g))
+    scale = torch.clamp(1.0 / (norm + 1e-6), max=1.0)
+    return v, w1 - 0.1 * scale * g[0], b1 - 0.1 * scale * g[1], w2 - 0.1 * scale * g[2], b2 - 0.1 * scale * g[3]
+
+
+@pytest.mark.parametrize("case", ["sum_of_sums", "tiny_clipped_mlp"])
+@pytest.mark.parametrize("opts", [dict(fuse_pointwise=False), dict(fuse_pointwise=False, fuse_epilogues=False), {}],
+                         ids=["no-pointwise", "no-pointwise-no-epilogue", "default"])
+def test_schedule_interpreter_agrees_with_reference_on_views(case, opts):
+    from tkx.schedule import interpreter
+    from tkx.schedule.check import check_hazards
+    torch.manual_seed(0)
+    if case == "sum_of_sums":
+        fn, inputs = step_sum_of_sums, (torch.randn(3), torch.randn(4))
+    else:
+        fn = step_tiny_clipped_mlp
+        inputs = (torch.randn(1, 1), torch.randn(()), torch.randn(1, 1), torch.randn(()),
+                  torch.randn(4, 1), torch.randn(4, 1))
+    exp = tkx.explore(fn, inputs, **opts)
+    want = fn(*inputs)
+    want = list(want) if isinstance(want, tuple) else [want]
+    ref = tkx.reference.run(exp.program, inputs).outputs
+    got = interpreter.run(exp.schedule, exp.arena, inputs).outputs
+    for w, r, g in zip(want, ref, got):
+        torch.testing.assert_close(r, w)
+        torch.testing.assert_close(g, w)
+    assert check_hazards(exp.schedule, exp.arena) == []
+
+
+def test_check_hazards_sees_a_view_outside_its_buffer_and_a_short_slot():
+    import dataclasses
+
+    from tkx.schedule.check import check_hazards
+    exp = tkx.explore(step_sum_of_sums, (torch.randn(3), torch.randn(4)), fuse_pointwise=False)
+    sched, arena = exp.schedule, exp.arena
+    ops = list(sched.program.ops)
+    k = next(i for i, op in enumerate(ops) if op.id == "sum_3")
+    bad_in = dataclasses.replace(ops[k].inputs[0], offset=2)
+    ops[k] = ops[k].replace(inputs=(bad_in,))
+    bad_sched = dataclasses.replace(sched, program=sched.program.replace(ops=tuple(ops)))
+    problems = check_hazards(bad_sched, arena)
+    assert any("sum_3 reads mul_2 through a view (offset 2" in p for p in problems), problems
+    slots = dict(arena.slots)
+    slots["mul"] = dataclasses.replace(slots["mul"], nbytes=8)
+    problems = check_hazards(sched, dataclasses.replace(arena, slots=slots))
+    assert any("arena slot of mul holds 8 B but the value needs 12 B" in p for p in problems), problems
