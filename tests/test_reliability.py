@@ -265,3 +265,165 @@ def test_check_hazards_sees_a_view_outside_its_buffer_and_a_short_slot():
     slots["mul"] = dataclasses.replace(slots["mul"], nbytes=8)
     problems = check_hazards(sched, dataclasses.replace(arena, slots=slots))
     assert any("arena slot of mul holds 8 B but the value needs 12 B" in p for p in problems), problems
+
+
+# -- item 6: verify draws integer inputs from the range the step accepts ------------------------
+
+def readme_step(params, x, y):
+    def loss_fn(p):
+        return torch.nn.functional.cross_entropy(torch.tanh(x @ p["w1"]) @ p["w2"], y)
+    grads, loss = grad_and_value(loss_fn)(params)
+    return loss, {k: p - 0.1 * grads[k] for k, p in params.items()}
+
+
+def readme_inputs(device="cpu"):
+    params = {"w1": torch.randn(16, 32, device=device) * 0.25, "w2": torch.randn(32, 4, device=device) * 0.2}
+    return (params, torch.randn(8, 16, device=device), torch.randint(0, 4, (8,), device=device))
+
+
+def test_integer_inputs_drawn_from_the_classes_they_index():
+    from tkx.runtime import verify as V
+    exp = tkx.explore(readme_step, readme_inputs())
+    program = exp.optimized
+    ranges = V.integer_ranges(program)
+    (i, r), = ranges.items()
+    assert program.inputs[i].name == "y" and (r.low, r.high) == (0, 4) and r.also == (-100,)
+    assert "4 class indices" in r.why
+    for seed in range(20):
+        y = V.random_inputs(program, seed, torch.device("cpu"), ranges=ranges)[2]
+        assert 0 <= int(y.min()) and int(y.max()) < 4
+    # int_high may not widen a range the step's own shapes fix
+    assert V.integer_ranges(program, int_high=10)[i].high == 4
+
+
+def test_integer_range_falls_back_to_the_example_inputs():
+    from tkx.runtime import verify as V
+
+    def step(w, k):
+        return (w * k).sum()
+    exp = tkx.explore(step, (torch.randn(5), torch.randint(3, 7, (5,))))
+    r = V.integer_ranges(exp.optimized, [None, torch.tensor([3, 6, 4])])[1]
+    assert (r.low, r.high) == (3, 7) and "example" in r.why
+    assert (V.integer_ranges(exp.optimized, int_high=2)[1].high) == 2
+
+
+def test_out_of_range_integer_inputs_refused_before_running():
+    from tkx.runtime import verify as V
+
+    class NeverRun:
+        def __init__(self):
+            self.program = tkx.explore(readme_step, readme_inputs()).optimized
+            self.options = tkx.Options()
+            self.device = torch.device("cpu")
+            self.step_fn = readme_step
+
+        def flatten(self, args):
+            from tkx.runtime.inputs import flatten_args
+            return flatten_args(self.program, args)
+
+        def __getattr__(self, name):
+            if name == "example_integers":
+                raise AttributeError(name)
+            raise AssertionError(f"verify ran {name} on inputs it should have refused")
+
+    def bad_inputs(seed):
+        params, x, y = readme_inputs()
+        return params, x, torch.full((8,), 7)
+
+    runner = NeverRun()
+    runner.step_fn = lambda *a: (_ for _ in ()).throw(AssertionError("eager ran"))
+    with pytest.raises(V.InputRangeError, match=r"input y of seed 0 holds values in \[7, 7\].*\[0, 4\)"):
+        V.verify(runner, seeds=(0,), make_inputs=bad_inputs)
+
+
+@pytest.mark.gpu
+@gpu
+def test_verify_of_the_readme_example_does_not_break_the_cuda_context():
+    from tkx.runtime import verify as V
+    torch.manual_seed(0)
+    inputs = readme_inputs("cuda")
+    runner = tkx.runtime.build(readme_step, inputs)
+    result = runner.verify(seeds=(0, 1, 2, 3))
+    assert result.passed, result.summary()
+
+    def bad_inputs(seed, device=None):
+        params, x, y = readme_inputs("cuda")
+        return params, x, torch.full((8,), 9, device="cuda")
+    with pytest.raises(V.InputRangeError):
+        runner.verify(seeds=(0,), make_inputs=bad_inputs)
+    # the context still works: a cuBLAS call and the kernel
+    a = torch.randn(64, 64, device="cuda")
+    torch.testing.assert_close((a @ a).cpu(), a.cpu() @ a.cpu(), rtol=1e-3, atol=1e-3)
+    runner(*inputs)
+    torch.cuda.synchronize()
+
+
+# -- item 8: float64 arbitration -----------------------------------------------------------------
+
+def step_inverse_layer_norm(x, w):
+    y = torch.nn.functional.layer_norm(x * w, (x.shape[-1],))
+    return (1 / (y.abs() + 1e-6)).mean(), w * 1.0
+
+
+class Fp64Runner:
+    """A 'kernel' that computes in float64 and rounds once: the most accurate one possible
+    (``scale`` != 1 makes it wrong)."""
+
+    def __init__(self, fn, inputs, scale=1.0):
+        from tkx.runtime.inputs import allocate_outputs, flatten_args
+        self.program = tkx.explore(fn, inputs).optimized
+        self.options = tkx.Options()
+        self.device = torch.device("cpu")
+        self.step_fn = fn
+        self.scale = scale
+        self._alloc, self._flat = allocate_outputs, flatten_args
+
+    def flatten(self, args):
+        return self._flat(self.program, args)
+
+    def allocate_outputs(self):
+        return self._alloc(self.program, self.device)
+
+    def new_arena(self):
+        return torch.empty(16, dtype=torch.uint8)
+
+    def run_flat(self, flat, *, out=None, arena=None, check=True):
+        from tkx.runtime.verify import reference_fp64
+        exact = reference_fp64(self.program, flat)
+        for o, v in zip(out, exact):
+            o.copy_(v * self.scale)
+        return out
+
+
+def test_fp64_arbitration_passes_a_kernel_more_accurate_than_eager():
+    from tkx.runtime import verify as V
+    torch.manual_seed(0)
+
+    def make(seed):
+        g = torch.Generator().manual_seed(seed)
+        return torch.randn(64, 257, generator=g), torch.randn(257, generator=g)
+    runner = Fp64Runner(step_inverse_layer_norm, make(0))
+    plain = V.verify(runner, seeds=(0, 1, 2), make_inputs=make, fp64=False)
+    assert not plain.passed, "eager is within 1e-5 of float64 here: the case no longer shows the problem"
+    result = V.verify(runner, seeds=(0, 1, 2), make_inputs=make)
+    assert result.passed, result.summary()
+    c = max((c for c in result.comparisons if c.name == "out[0]"), key=lambda c: c.vs_eager)
+    assert c.arbitrated and c.closer == "kernel" and c.vs_fp64 < c.eager_vs_fp64
+    assert c.ulps is not None and c.ulps <= 1.0
+    assert "float64 arbitration passes it" in result.summary() and "kernel is closer" in result.summary()
+    wrong = V.verify(Fp64Runner(step_inverse_layer_norm, make(0), scale=1.001), seeds=(0,), make_inputs=make)
+    assert not wrong.passed and "eager is closer" in wrong.summary()
+
+
+def test_reference_fp64_is_float64_math_and_rounds_only_explicit_casts():
+    from tkx.runtime.verify import reference_fp64, ulp_distance
+
+    def step(x):
+        return (x * 3.0).sum(), (x.to(torch.bfloat16) * 1.0).float().sum()
+    x = torch.rand(1000) + 1.0
+    exp = tkx.explore(step, (x,))
+    s64, sbf = reference_fp64(exp.optimized, [x])[:2]
+    assert s64.dtype == torch.float64
+    assert abs(float(s64) - float((x.double() * 3).sum())) < 1e-9
+    assert abs(float(sbf) - float(x.to(torch.bfloat16).double().sum())) < 1e-9
+    assert ulp_distance(torch.tensor([1.0 + 2 ** -23]), torch.tensor([1.0], dtype=torch.float64), "float32") == 1.0
