@@ -427,3 +427,46 @@ def test_reference_fp64_is_float64_math_and_rounds_only_explicit_casts():
     assert abs(float(s64) - float((x.double() * 3).sum())) < 1e-9
     assert abs(float(sbf) - float(x.to(torch.bfloat16).double().sum())) < 1e-9
     assert ulp_distance(torch.tensor([1.0 + 2 ** -23]), torch.tensor([1.0], dtype=torch.float64), "float32") == 1.0
+
+
+# -- item 9: an oversubscribed cooperative launch is a tkx error ---------------------------------
+
+def test_cooperative_oversubscription_message_names_the_limit():
+    from tkx.runtime.kernel import KernelLoadError, cooperative_limit_error, occupancy_limits
+    assert cooperative_limit_error(132, 1, 132, 128, 0, 49152, 512) is None
+    limits = occupancy_limits(128, 1024, 49152, 512)
+    assert limits["registers"] == 1 and limits["shared memory"] == 4 and limits["threads"] == 4
+    err = cooperative_limit_error(133, 1, 132, 128, 1024, 49152, 512, limits)
+    assert isinstance(err, KernelLoadError) and isinstance(err, tkx.TkxError)
+    text = str(err)
+    assert "cooperative launch of 133 blocks" in text and "at most 132" in text
+    assert "set by registers" in text and "128 registers/thread x 512 threads" in text
+    assert "1024 B static + 49152 B dynamic shared memory" in text
+    err = cooperative_limit_error(300, 2, 132, 32, 0, 100_000, 256, occupancy_limits(32, 0, 100_000, 256))
+    assert "set by shared memory" in str(err)
+
+
+def _tiny_runner():
+    def step(w, x):
+        g, v = grad_and_value(lambda w: (x @ w).pow(2).mean())(w)
+        return v, w - 0.1 * g
+    inputs = (torch.randn(64, 64, device="cuda"), torch.randn(128, 64, device="cuda"))
+    return tkx.runtime.build(step, inputs, tkx.Options(mode="grid")), inputs
+
+
+@pytest.mark.gpu
+@gpu
+def test_oversubscribed_cooperative_launch_is_a_tkx_error():
+    from tkx.runtime.kernel import KernelLoadError
+    runner, inputs = _tiny_runner()
+    k = runner.kernel
+    most = k.occupancy * k.sm_count
+    k.grid = most + 1
+    k._config = k._core.LaunchConfig(grid=k.grid, block=k.block, shmem_size=k.dynamic_shared_bytes,
+                                     is_cooperative=True)
+    with pytest.raises(KernelLoadError, match=rf"cooperative launch of {most + 1} blocks.*at most {most}"):
+        runner(*inputs)
+    # cuda-core's own check (the occupancy tkx believes is too high): still the tkx error
+    k.occupancy += 1
+    with pytest.raises(KernelLoadError, match=r"registers/thread"):
+        runner(*inputs)

@@ -232,6 +232,42 @@ def occupancy_error(registers: int, shared_bytes: int, dynamic_shared_bytes: int
         "(tile_m, tile_n, tile_k)")
 
 
+def occupancy_limits(registers: int, shared_bytes: int, dynamic_shared_bytes: int, threads: int, *,
+                     regs_per_sm: int = 65536, shared_per_sm: int = 233472, threads_per_sm: int = 2048,
+                     blocks_per_sm: int = 32) -> dict[str, int]:
+    """Resident blocks per SM allowed by each resource: ``{"registers": n, "shared memory": n,
+    "threads": n, "blocks": n}`` (the occupancy is the smallest; defaults: an sm_90 SM)."""
+    per_block_regs = max(1, int(registers)) * int(threads)
+    shared = int(shared_bytes) + int(dynamic_shared_bytes)
+    return {
+        "registers": regs_per_sm // per_block_regs,
+        "shared memory": (shared_per_sm // shared) if shared else blocks_per_sm,
+        "threads": threads_per_sm // max(1, int(threads)),
+        "blocks": blocks_per_sm,
+    }
+
+
+def cooperative_limit_error(grid: int, occupancy: int, sms: int, registers: int, shared_bytes: int,
+                            dynamic_shared_bytes: int, threads: int,
+                            limits: dict[str, int] | None = None) -> KernelLoadError | None:
+    """The error for a cooperative launch of ``grid`` blocks when at most ``occupancy x sms``
+    can be resident at once (``None`` when the grid fits): it names both numbers and the
+    resource (registers, shared memory, threads per SM) that sets the limit."""
+    most = int(occupancy) * int(sms)
+    if grid <= most:
+        return None
+    limits = limits or occupancy_limits(registers, shared_bytes, dynamic_shared_bytes, threads)
+    binding = min(limits, key=lambda k: limits[k])
+    return KernelLoadError(
+        f"cooperative launch of {grid} blocks, but at most {most} can be resident at once "
+        f"({occupancy} block(s)/SM x {sms} SMs) and a cooperative kernel needs all of them resident; "
+        f"the limit is set by {binding}: {registers} registers/thread x {threads} threads = "
+        f"{registers * threads} registers and {shared_bytes} B static + {dynamic_shared_bytes} B dynamic "
+        f"shared memory per block (blocks/SM by registers {limits['registers']}, by shared memory "
+        f"{limits['shared memory']}, by threads {limits['threads']}); lower Options.max_blocks to {most} "
+        f"or below, or use fewer registers / less shared memory per block (smaller threads_per_block or tiles)")
+
+
 def _attr(obj: Any, name: str, default: int = 0) -> int:
     value = getattr(obj, name, None)
     if value is None:
@@ -367,8 +403,34 @@ class CompiledKernel:
         Each is passed as an explicit 64-bit value (``ctypes.c_uint64``)."""
         make_current(self.device)
         core = self._core
-        core.launch(core.Stream.from_handle(int(stream)), self._config, self._kernel,
-                    *[ctypes.c_uint64(int(a)) for a in args])
+        if self.cooperative:
+            err = cooperative_limit_error(self.grid, self.occupancy, self.sm_count, self.registers,
+                                          self.shared_bytes, self.dynamic_shared_bytes, self.block,
+                                          self._device_limits())
+            if err is not None:
+                raise err
+        try:
+            core.launch(core.Stream.from_handle(int(stream)), self._config, self._kernel,
+                        *[ctypes.c_uint64(int(a)) for a in args])
+        except ValueError as e:  # cuda-core's own grid check, should the driver's occupancy differ
+            if "grid" not in str(e):
+                raise
+            occ = self._occupancy(self.block, self.dynamic_shared_bytes)
+            err = cooperative_limit_error(self.grid, occ, self.sm_count, self.registers, self.shared_bytes,
+                                          self.dynamic_shared_bytes, self.block, self._device_limits())
+            raise (err or KernelLoadError(
+                f"cooperative launch of {self.grid} blocks refused by the driver ({e}); the kernel uses "
+                f"{self.registers} registers/thread x {self.block} threads and {self.shared_bytes} B static + "
+                f"{self.dynamic_shared_bytes} B dynamic shared memory per block, {occ} block(s)/SM x "
+                f"{self.sm_count} SMs; lower Options.max_blocks")) from e
+
+    def _device_limits(self) -> dict[str, int]:
+        p = torch.cuda.get_device_properties(self.device)
+        return occupancy_limits(
+            self.registers, self.shared_bytes, self.dynamic_shared_bytes, self.block,
+            regs_per_sm=int(getattr(p, "regs_per_multiprocessor", 65536)),
+            shared_per_sm=int(getattr(p, "shared_memory_per_multiprocessor", 233472)),
+            threads_per_sm=int(getattr(p, "max_threads_per_multi_processor", 2048)))
 
     @property
     def resources(self) -> Resources:
