@@ -4,6 +4,7 @@ user's line. One regression test per finding (the GPU ones are marked ``gpu``)."
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 
 import pytest
 import torch
@@ -470,3 +471,143 @@ def test_oversubscribed_cooperative_launch_is_a_tkx_error():
     k.occupancy += 1
     with pytest.raises(KernelLoadError, match=r"registers/thread"):
         runner(*inputs)
+
+
+# -- item 10: NVRTC headers -----------------------------------------------------------------------
+
+def _nvrtc_or_skip():
+    from tkx.codegen.nvrtc import nvrtc_available
+    ok, why = nvrtc_available()
+    if not ok:
+        pytest.skip(why)
+
+
+def _fake_headers(folder, version: int, body: str = "") -> str:
+    folder.mkdir(parents=True)
+    (folder / "cuda_runtime_api.h").write_text(f"#define CUDART_VERSION  {version}\n")
+    (folder / "cuda_bf16.h").write_text(f"// bf16 {body}\n")
+    return str(folder)
+
+
+def test_header_version_and_the_choice_of_headers_matching_nvrtc(tmp_path):
+    from tkx.codegen.nvrtc import HeaderSet, choose_headers, header_version
+    a = _fake_headers(tmp_path / "a", 13000)
+    b = _fake_headers(tmp_path / "b", 13050)
+    c = _fake_headers(tmp_path / "c", 12080)
+    assert header_version(a) == (13, 0) and header_version(b) == (13, 5) and header_version(str(tmp_path)) is None
+    cands = [(a, (13, 0)), (c, (12, 8)), (b, (13, 5))]
+    assert choose_headers(cands, (13, 5))[0] == b       # the exact match, wherever it is listed
+    assert choose_headers(cands, (13, 2))[0] == a       # else the newest same-major not newer
+    assert choose_headers(cands, (12, 9))[0] == c
+    assert choose_headers(cands, None)[0] == a
+    text = HeaderSet((a,), (13, 0), (13, 5)).describe()
+    assert "NVRTC 13.5" in text and a in text and "CUDA 13.0" in text and "do not match" in text
+    assert "do not match" not in HeaderSet((b,), (13, 5), (13, 5)).describe()
+
+
+def test_header_error_names_versions_and_quotes_the_header_line():
+    _nvrtc_or_skip()
+    from tkx.codegen import nvrtc as N
+    if not N.include_dirs():
+        pytest.skip("no CUDA headers")
+    src = "#define __half int\n#include <cuda_fp16.h>\n__global__ void k(float* x) { x[0] = 1.0f; }\n"
+    with pytest.raises(N.CudaCompileError) as info:
+        N.compile_cuda(src, "sm_90")
+    text = str(info.value)
+    major, minor = N.nvrtc_version()
+    assert f"NVRTC {major}.{minor}" in text and N.include_dirs()[0] in text
+    first = next(line for line in text.splitlines() if "error" in line and "cuda_fp16.h(" in line)
+    lineno = int(first.split("cuda_fp16.h(")[1].split(")")[0])
+    header_path = first.split("(")[0]
+    want = open(header_path).read().splitlines()[lineno - 1]
+    assert f">{lineno:5d} | {want}" in text, text[:2000]
+    assert "#define __half int" not in text.split(first, 1)[1].splitlines()[1]
+
+
+def test_kernel_errors_still_quote_the_kernel():
+    from tkx.codegen.nvrtc import quote_errors
+    log = "tkx_kernel.cu(2): error: identifier \"y\" is undefined\n"
+    text = quote_errors(log, "int a;\nint b = y;\nint c;\n")
+    assert ">    2 | int b = y;" in text, text
+
+
+# -- item 14: the compile cache --------------------------------------------------------------------
+
+TINY = r"""
+extern "C" __global__ void tkx_step(const float* in0, float* out0, unsigned char* arena, unsigned int* sync, int* status) {
+    int i = threadIdx.x;
+    if (i < 16) out0[i] = 2.0f * in0[i] + 1.0f;
+}
+"""
+
+
+@pytest.fixture
+def cache_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("TKX_CACHE_DIR", str(tmp_path / "tkx-cache"))
+    return tmp_path / "tkx-cache"
+
+
+@pytest.mark.parametrize("field,value", [("compile_seconds", "fast"), ("compile_seconds", None),
+                                         ("registers", "many"), ("spill_store_bytes", -4),
+                                         ("kernels", "x"), ("arch", 90)])
+def test_damaged_cache_entry_is_recompiled_not_served(cache_home, field, value):
+    _nvrtc_or_skip()
+    import json
+
+    from tkx.runtime import cache as C
+    from tkx.runtime import kernel as K
+    first = K.compile_cubin(TINY, "sm_90")
+    meta_path = cache_home / "nvrtc" / f"{first.key}.json"
+    meta = json.loads(meta_path.read_text())
+    if field == "compile_seconds":
+        meta["compile_seconds"] = value
+    else:
+        meta["report"][field] = value
+    meta_path.write_text(json.dumps(meta))
+    again = K.compile_cubin(TINY, "sm_90")
+    assert not again.cache_hit and again.report.registers == first.report.registers
+    assert isinstance(again.compile_seconds, float)
+    assert K.compile_cubin(TINY, "sm_90").cache_hit  # the entry was rewritten whole
+    assert C.load_entry(first.key) is not None
+
+
+def test_cache_key_follows_header_contents_not_their_folder(tmp_path, monkeypatch):
+    _nvrtc_or_skip()
+    from tkx.codegen import nvrtc as N
+    from tkx.runtime import kernel as K
+    one = _fake_headers(tmp_path / "one", 13000, "same")
+    two = _fake_headers(tmp_path / "two", 13000, "same")
+    monkeypatch.setattr(N, "include_dirs", lambda: (one,))
+    key_one, flags_one = K.nvrtc_cache_key(TINY, "sm_90")
+    assert f"-I{one}" in flags_one
+    monkeypatch.setattr(N, "include_dirs", lambda: (two,))
+    key_two, _ = K.nvrtc_cache_key(TINY, "sm_90")
+    assert key_one == key_two  # same headers elsewhere: shared entry
+    (tmp_path / "two" / "cuda_bf16.h").write_text("// bf16 replaced\n")
+    key_replaced, _ = K.nvrtc_cache_key(TINY, "sm_90")
+    assert key_replaced != key_two  # replaced headers: a new entry
+
+
+def test_refresh_never_deletes_the_shared_extension_folder(cache_home, monkeypatch):
+    import torch.utils.cpp_extension as cpp_extension
+
+    from tkx.runtime import extension as E
+    from tkx.runtime.cache import cache_dir
+    built = []
+    monkeypatch.setattr(E, "check_toolchain", lambda: None)
+    monkeypatch.setattr(E, "arch_of", lambda device: "sm_90")
+    monkeypatch.setattr(cpp_extension, "load", lambda **kw: built.append(kw) or object())
+    monkeypatch.setattr(E.ExtensionKernel, "__init__", lambda self, *a, **kw: None)
+
+    class Source:
+        text = "extern \"C\" __global__ void tkx_step() {}"
+        options = tkx.Options()
+    E.ExtensionKernel.build(Source(), torch.device("cpu"), cache=True)
+    shared = Path(built[0]["build_directory"])
+    (shared / "in-use-by-another-process").write_text("x")
+    E.ExtensionKernel.build(Source(), torch.device("cpu"), cache="refresh")
+    cold = Path(built[1]["build_directory"])
+    assert cold != shared and cold.parent == cache_dir() / "torch-extension"
+    assert built[1]["name"] != built[0]["name"]
+    assert (shared / "in-use-by-another-process").exists()
+    assert not cold.exists()  # the private cold-build folder is removed after loading

@@ -14,6 +14,7 @@ a cooperative launch needs every block resident at once.
 from __future__ import annotations
 
 import ctypes
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -102,12 +103,42 @@ def _report_to_json(report: Any) -> dict[str, Any]:
     return data
 
 
+_REPORT_INTS = ("registers", "spill_store_bytes", "spill_load_bytes", "shared_bytes", "stack_bytes", "cmem_bytes")
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _seconds(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
 def _report_from_json(data: dict[str, Any], cubin: bytes) -> Any:
+    """The :class:`~tkx.codegen.nvrtc.CompileReport` of a cache entry; raises ``ValueError``
+    when a field is missing or of the wrong type (the entry is then recompiled)."""
     from ..codegen.nvrtc import CompileReport, KernelResources
 
+    if not isinstance(data, dict):
+        raise ValueError("report is not an object")
     fields = dict(data)
-    fields["kernels"] = tuple(KernelResources(**k) for k in fields.get("kernels", ()))
-    fields["options"] = tuple(fields.get("options", ()))
+    for name in _REPORT_INTS:
+        if not _count(fields.get(name)):
+            raise ValueError(f"report field {name}={fields.get(name)!r} is not a count")
+    if not _seconds(fields.get("compile_seconds")):
+        raise ValueError(f"compile_seconds={fields.get('compile_seconds')!r} is not a number of seconds")
+    if not isinstance(fields.get("arch"), str):
+        raise ValueError("report has no arch")
+    kernels = fields.get("kernels", ())
+    if not isinstance(kernels, (list, tuple)) or not all(isinstance(k, dict) for k in kernels):
+        raise ValueError("report kernels are not a list of objects")
+    parsed = []
+    for k in kernels:
+        if not isinstance(k.get("name"), str) or not all(_count(v) for n, v in k.items() if n != "name"):
+            raise ValueError(f"kernel entry {k!r} is malformed")
+        parsed.append(KernelResources(**k))
+    fields["kernels"] = tuple(parsed)
+    fields["options"] = tuple(str(o) for o in fields.get("options", ()))
     known = CompileReport.__dataclass_fields__
     return CompileReport(**{k: v for k, v in fields.items() if k in known}, cubin=cubin)
 
@@ -117,8 +148,13 @@ def nvrtc_cache_key(text: str, arch: str, *, exact: bool = False) -> tuple[str, 
     from ..codegen import nvrtc
 
     major, minor = nvrtc.nvrtc_version()
-    flags = nvrtc.nvrtc_flags(arch, exact=exact, includes=nvrtc.include_dirs())
-    key = _cache.cache_key(text, arch, flags, tkx_version=_tkx_version(),
+    includes = nvrtc.include_dirs()
+    flags = nvrtc.nvrtc_flags(arch, exact=exact, includes=includes)
+    # The key holds the headers' contents, not their folder: replaced headers invalidate an
+    # entry, and the same headers installed elsewhere (another user, another venv) share it.
+    keyed = tuple(f for f in flags if not f.startswith("-I"))
+    keyed += (f"headers={nvrtc.headers_fingerprint(includes)}",) if includes else ()
+    key = _cache.cache_key(text, arch, keyed, tkx_version=_tkx_version(),
                            compiler_version=f"nvrtc {major}.{minor}")
     return key, flags
 
@@ -144,13 +180,15 @@ def compile_cubin(source: Any, arch: str = "sm_90", *, exact: bool | None = None
         hit = _cache.load_entry(key)
         if hit is not None:
             cubin, meta = hit
-            try:
+            try:  # every field is validated: a damaged or foreign entry is recompiled, never served
                 report = _report_from_json(meta["report"], cubin)
+                cold = meta.get("compile_seconds", report.compile_seconds)
+                if not _seconds(cold) or meta.get("arch", arch) != arch or report.arch != arch:
+                    raise ValueError("compile_seconds or arch of the entry is malformed")
             except (KeyError, TypeError, ValueError):
                 report = None
             if report is not None:
-                return Binary(arch, report, key, True, time.perf_counter() - start,
-                              float(meta.get("compile_seconds", report.compile_seconds)), flags)
+                return Binary(arch, report, key, True, time.perf_counter() - start, float(cold), flags)
     report = nvrtc.compile_cuda(text, arch, exact=exact)
     if cache:
         _cache.store_entry(key, report.cubin, {"report": _report_to_json(report),
