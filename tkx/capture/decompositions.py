@@ -142,9 +142,7 @@ def _nll_loss_backward(grad_output, self, target, weight, reduction, ignore_inde
         scale = grad_output / torch.where(total_weight == 0, torch.ones_like(total_weight), total_weight)
     else:
         scale = grad_output
-    # Where every target is ignored, total_weight is 0 and scale inf: select instead of
-    # multiplying so that an ignored row gets a zero gradient (as eager), not 0 * inf = NaN.
-    grad = torch.where(mask != 0, -scale, torch.zeros_like(logp))
+    grad = -mask * scale
     return grad.squeeze(0) if squeeze else grad
 
 
