@@ -611,3 +611,51 @@ def test_refresh_never_deletes_the_shared_extension_folder(cache_home, monkeypat
     assert built[1]["name"] != built[0]["name"]
     assert (shared / "in-use-by-another-process").exists()
     assert not cold.exists()  # the private cold-build folder is removed after loading
+
+
+# -- item 13: a user pass or fusion rule with an infinite loop -------------------------------------
+
+@pytest.fixture
+def short_limit(monkeypatch):
+    import tkx.watchdog as W
+    monkeypatch.setattr(W, "TIME_LIMIT_SECONDS", 0.3)
+    return W
+
+
+def test_looping_pass_is_stopped_and_named(short_limit):
+    import time
+
+    def spin_forever(program):
+        while True:
+            pass
+    start = time.monotonic()
+    with pytest.raises(short_limit.UserCodeTimeout, match=r"pass 'spin_forever' ran for more than 0.3 s"):
+        tkx.passes.run_passes(tkx.capture(step_functional, _wx()).program, [spin_forever])
+    assert time.monotonic() - start < 10
+    # the session goes on: the next run works and no stray exception is pending
+    tkx.passes.run_passes(tkx.capture(step_functional, _wx()).program)
+    time.sleep(0.7)
+
+
+def test_looping_fusion_rule_that_catches_exceptions_is_stopped(short_limit):
+    @tkx.fusion_rule("spin-rule", kinds=("inline", "loop", "epilogue"))
+    def spin(c):
+        while True:
+            try:
+                while True:
+                    pass
+            except Exception:  # catches the rule's own errors, not the time limit
+                pass
+    try:
+        with pytest.raises(short_limit.UserCodeTimeout, match="fusion rule 'spin-rule'"):
+            tkx.explore(step_functional, _wx()).schedule
+    finally:
+        tkx.schedule.remove_fusion_rule("spin-rule")
+    assert tkx.explore(step_functional, _wx()).schedule.groups
+
+
+def test_fast_user_code_is_untouched(short_limit):
+    import time
+    with short_limit.user_code("quick"):
+        time.sleep(0.05)
+    time.sleep(0.5)  # nothing fires after the block ended
