@@ -659,3 +659,61 @@ def test_fast_user_code_is_untouched(short_limit):
     with short_limit.user_code("quick"):
         time.sleep(0.05)
     time.sleep(0.5)  # nothing fires after the block ended
+
+
+# -- items 15, 16: graphviz escaping, dot's own errors, graphs that display without dot ------------
+
+def step_continued(a, b):
+    return (a * \
+            b).sum()  # the source line of the mul ends in a line-continuation backslash
+
+
+def _dot_or_skip():
+    from tkx.render import dot_available
+    if not dot_available():
+        pytest.skip("Graphviz's dot is not installed")
+
+
+def test_labels_with_backslashes_and_angle_brackets_render():
+    _dot_or_skip()
+    from tkx.render import run_dot
+    inputs = (torch.randn(3), torch.randn(3))
+    exp = tkx.explore(step_continued, inputs)
+    assert any(op.source and op.source.code.endswith("\\") for op in exp.program.ops)
+    for graph in (exp.program.graph(), exp.captured.graph(), exp.schedule.graph()):
+        svg, why = run_dot(graph)
+        assert svg is not None, why
+
+    def odd(program):
+        return program
+    odd.__name__ = "<lambda> <map>"
+
+    def slash(program):
+        return program
+    slash.__name__ = "a\\"
+    trace = tkx.passes.run_passes(exp.program, [odd, slash])
+    svg, why = run_dot(trace.graph())
+    assert svg is not None, why
+    assert "&lt;lambda&gt; &lt;map&gt;" in svg and "a\\" in svg
+
+
+def test_dot_failure_shows_dots_own_error():
+    _dot_or_skip()
+    from tkx.render import graph_html, run_dot, safe_digraph
+    g = safe_digraph(name="broken")
+    g.body.append("\tthis is { not dot ]\n")
+    svg, why = run_dot(g)
+    assert svg is None and why.startswith("Graphviz's dot failed:") and "syntax error" in why
+    assert "syntax error" in graph_html(g) and "DOT source" in graph_html(g)
+    bundle = g._repr_mimebundle_()
+    assert "syntax error" in bundle["text/plain"]
+
+
+def test_program_graph_displays_without_dot(monkeypatch):
+    import tkx.render as R
+    monkeypatch.setattr(R, "dot_available", lambda: False)
+    g = tkx.explore(step_functional, _wx()).program.graph()
+    bundle = g._repr_mimebundle_()  # what Jupyter calls: no ExecutableNotFound
+    assert "not installed" in bundle["text/plain"] and "apt-get install graphviz" in bundle["text/plain"]
+    assert "digraph" in bundle["text/plain"] and "DOT source" in bundle["text/html"]
+    assert "image/svg+xml" not in bundle

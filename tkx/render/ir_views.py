@@ -290,9 +290,9 @@ class _GSpec:
 
 
 def _digraph(name: str) -> graphviz.Digraph:
-    import graphviz
+    from . import safe_digraph
 
-    g = graphviz.Digraph(name=name)
+    g = safe_digraph(name=name)
     g.attr(rankdir="TB", nodesep="0.25", ranksep="0.35", fontname="Helvetica", fontsize="11")
     g.attr("node", fontname="Menlo,DejaVu Sans Mono,monospace", fontsize="10", margin="0.08,0.03", height="0.3")
     g.attr("edge", fontname="Helvetica", fontsize="9", color="#57606a", arrowsize="0.6")

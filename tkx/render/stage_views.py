@@ -306,11 +306,11 @@ def _node_id(gid: str, op: str) -> str:
 def schedule_graph(s: Any) -> Any:
     """A ``graphviz.Digraph``: one cluster per group (inlined ops dashed), stage labels and
     barrier separators on the left, memory reads between groups labelled with the buffer."""
-    import graphviz
+    from . import safe_digraph
 
     program = s.program
     ops = _op_ids(program)
-    dot = graphviz.Digraph(name=f"schedule_{program.name}", graph_attr={
+    dot = safe_digraph(name=f"schedule_{program.name}", graph_attr={
         "rankdir": "TB", "compound": "true", "fontname": "Helvetica", "fontsize": "11",
         "nodesep": "0.25", "ranksep": "0.35", "newrank": "true"},
         node_attr={"fontname": "Helvetica", "fontsize": "10", "shape": "box", "style": "rounded,filled",
