@@ -717,3 +717,67 @@ def test_program_graph_displays_without_dot(monkeypatch):
     assert "not installed" in bundle["text/plain"] and "apt-get install graphviz" in bundle["text/plain"]
     assert "digraph" in bundle["text/plain"] and "DOT source" in bundle["text/html"]
     assert "image/svg+xml" not in bundle
+
+
+# -- item 3: fp16 sums over huge tensors -------------------------------------------------------------
+
+def step_sum_mean(x):
+    return x.sum(), x.mean()
+
+
+HUGE = 2**31 - 2
+
+
+def test_huge_fp16_reduction_loops_use_64_bit_indices():
+    # capture and codegen need only shapes: meta tensors stand in for 4 GB of halves
+    exp = tkx.explore(step_sum_mean, (torch.empty(HUGE, dtype=torch.float16, device="meta"),))
+    text = exp.cuda.text
+    loops = [line.strip() for line in text.splitlines() if line.strip().startswith("for (") and " r " in line]
+    assert loops and all(line.startswith("for (long long r") for line in loops), loops
+    assert "int r_begin" not in text and "long long r_begin" in text
+    assert "float acc" in text  # partials accumulate in fp32, rounded to fp16 once at the end
+    # small reductions keep their 32-bit loops (and their stored CUDA text)
+    small = tkx.explore(step_sum_mean, (torch.randn(1000).half(),)).cuda.text
+    assert "long long r" not in small
+    from tkx.codegen.nvrtc import nvrtc_available
+    if nvrtc_available():
+        assert exp.cuda.check("sm_90").spill_bytes == 0
+
+
+def step_reshaped(x):
+    y = x.reshape(2, -1) * 2.0  # MARK
+    return y.sum()
+
+
+def test_too_large_tensor_refusal_names_the_tensor_and_the_line():
+    with pytest.raises(tkx.UnsupportedError) as info:
+        tkx.explore(step_reshaped, (torch.empty(2**31, dtype=torch.float16, device="meta"),)).cuda
+    err = info.value
+    assert "input x has 2147483648 elements" in str(err)
+    assert err.source is not None and err.source.line == _line_of(step_reshaped, "# MARK")
+
+
+def test_fp16_sums_accumulate_in_fp32_in_both_interpreters():
+    from tkx.schedule import interpreter
+    x = torch.ones(10_000, dtype=torch.float16)  # a float16 accumulator would stop at 2048
+    for opts in ({}, {"mode": "grid"}):
+        exp = tkx.explore(step_sum_mean, (x,), **opts)
+        for run in (tkx.reference.run(exp.program, (x,)), interpreter.run(exp.schedule, exp.arena, (x,))):
+            s, m = run.outputs
+            assert float(s) == 10_000.0 and float(m) == 1.0
+
+
+@pytest.mark.gpu
+@gpu
+def test_huge_fp16_sum_on_the_gpu():
+    if torch.cuda.get_device_properties(0).total_memory < 16 * 2**30:
+        pytest.skip("needs 16 GB of GPU memory")
+    x = torch.ones(HUGE, dtype=torch.float16, device="cuda")
+    x[1::2] = -1.0
+    runner = tkx.runtime.build(step_sum_mean, (x,))
+    s, m = runner(x)
+    torch.cuda.synchronize()
+    assert float(s) == 0.0 and float(m) == 0.0, (float(s), float(m))
+    y = torch.ones(1_000_000, dtype=torch.float16, device="cuda") * 0.01
+    s, m = tkx.runtime.build(step_sum_mean, (y,))(y)
+    torch.testing.assert_close(float(s), float(y.float().sum()), rtol=1e-3, atol=0)
