@@ -781,3 +781,37 @@ def test_huge_fp16_sum_on_the_gpu():
     y = torch.ones(1_000_000, dtype=torch.float16, device="cuda") * 0.01
     s, m = tkx.runtime.build(step_sum_mean, (y,))(y)
     torch.testing.assert_close(float(s), float(y.float().sum()), rtol=1e-3, atol=0)
+
+
+# -- item 17: the CUDA view of a long kernel -------------------------------------------------------
+
+def test_long_kernel_view_is_paged_and_never_compiles_to_render(monkeypatch):
+    import tkx.codegen.nvrtc as N
+    import tkx.render.stage_views as SV
+    monkeypatch.setenv("TKX_CACHE_DIR", str(Path(__file__).parent / ".no-such-cache-dir"))
+    cuda = tkx.explore(readme_step, readme_inputs()).cuda
+    monkeypatch.setattr(SV, "CUDA_VIEW_LINES", 60)
+    assert cuda.num_lines > 3 * 60
+    calls = []
+    real = N.compile_cuda
+    monkeypatch.setattr(N, "compile_cuda", lambda *a, **kw: calls.append(a[1]) or real(*a, **kw))
+    html = cuda._repr_mimebundle_()["text/html"]
+    assert calls == []  # a long kernel is not compiled just to be shown
+    assert "not compiled for the view" in html and "cuda.page(2)" in html
+    assert "showing lines" in html and html.count('class="tkx-ln"') <= 60 + 400  # prelude + one page
+    page2 = cuda.page(2)
+    text = str(page2)
+    assert len(text.splitlines()) == 60 and text.splitlines()[0] in cuda.text
+    assert "cuda.page(3)" in page2._repr_mimebundle_()["text/html"]
+    if N.nvrtc_available():
+        cuda.check("sm_90")
+        assert calls == ["sm_90"]
+        html = cuda._repr_mimebundle_()["text/html"]
+        assert calls == ["sm_90"] and "registers" in html  # the report, without a second compile
+
+
+def test_short_kernel_view_is_unchanged():
+    cuda = tkx.explore(step_functional, _wx()).cuda
+    html = cuda.html(check=False)
+    assert "showing lines" not in html
+    assert html.count('class="tkx-ln"') == len(cuda.text.split("\n"))

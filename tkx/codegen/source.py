@@ -80,7 +80,13 @@ class CudaSource:
         Raises :class:`tkx.codegen.nvrtc.CudaCompileError` with the offending lines quoted.
         """
         from .nvrtc import compile_cuda
-        return compile_cuda(self.text, arch, exact=bool(getattr(self.options, "exact", False)), **kwargs)
+        report = compile_cuda(self.text, arch, exact=bool(getattr(self.options, "exact", False)), **kwargs)
+        try:  # the view of this source shows the report without compiling again
+            from ..render.stage_views import remember_report
+            remember_report(self, arch, report)
+        except Exception:  # pragma: no cover - a render module that cannot load changes nothing here
+            pass
+        return report
 
     def __str__(self) -> str:
         return self.text
@@ -96,10 +102,22 @@ class CudaSource:
             return {"text/plain": repr(self)}
         return stage_views.bundle(self, lambda: stage_views.cuda_html(self), include, exclude)
 
-    def html(self, check: bool = True) -> str:
-        """The HTML view; ``check=False`` leaves out the NVRTC report (no compile)."""
+    def html(self, check: bool = True, start: int = 1, limit: int | None = None) -> str:
+        """The HTML view; ``check=False`` leaves out the NVRTC report (no compile). A kernel
+        longer than ``limit`` lines (default 2000) is shown from line ``start``, one piece at a
+        time (see :meth:`page`)."""
         from ..render.stage_views import cuda_html
-        return cuda_html(self, check=check)
+        return cuda_html(self, check=check, start=start, limit=limit)
+
+    def page(self, n: int = 1, *, lines: int | None = None) -> Any:
+        """Piece ``n`` (1-based) of a long kernel's view, ``lines`` source lines each (default
+        2000): an object that renders in a notebook; ``str()`` of it is its text."""
+        from ..render.stage_views import CUDA_VIEW_LINES
+        per = CUDA_VIEW_LINES if lines is None else int(lines)
+        prelude = next((i for i, line in enumerate(self.text.split("\n")) if line.startswith("#define TKX_POINTERS")),
+                       0)
+        start = prelude + 1 + (int(n) - 1) * per
+        return _CudaPage(self, start, per)
 
     def diff(self, other: CudaSource) -> Any:
         """A unified diff of the kernel text with line counts."""
@@ -109,3 +127,21 @@ class CudaSource:
     def __rich__(self) -> Any:
         from rich.syntax import Syntax
         return Syntax(self.text, "cuda", line_numbers=True, word_wrap=False)
+
+
+class _CudaPage:
+    """One piece of a long kernel's view (:meth:`CudaSource.page`)."""
+
+    def __init__(self, source: CudaSource, start: int, lines: int) -> None:
+        self.source, self.start, self.lines = source, start, lines
+
+    def __str__(self) -> str:
+        return "\n".join(self.source.text.split("\n")[self.start - 1:self.start - 1 + self.lines])
+
+    def __repr__(self) -> str:
+        end = min(self.source.num_lines, self.start + self.lines - 1)
+        return f"<tkx.CudaSource {self.source.kernel_name}: lines {self.start}-{end} of {self.source.num_lines}>"
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        return {"text/plain": repr(self),
+                "text/html": self.source.html(check=False, start=self.start, limit=self.lines)}
