@@ -301,9 +301,9 @@ def check(c: Config, *, nvrtc: bool = True, arch: str = "sm_90") -> Outcome:
                 errors[f"{stage_name}[{k}]"] = err
                 if not ok:
                     return done("wrong", f"value {k} differs from eager by {err:.3g}", errors=errors)
+        stage = "codegen"
+        source = exp.cuda
         if nvrtc:
-            stage = "codegen"
-            source = exp.cuda
             stage = "nvrtc"
             source.check(arch)
         stage = ""
@@ -353,7 +353,7 @@ def shrink(outcome: Outcome, *, nvrtc: bool = True, budget_s: float = 60.0) -> O
         for cand in _simpler(best.config):
             if time.perf_counter() > deadline:
                 break
-            o = check(cand, nvrtc=nvrtc and best.stage in ("codegen", "nvrtc"))
+            o = check(cand, nvrtc=nvrtc and best.stage == "nvrtc")
             if o.status == best.status and o.stage == best.stage:
                 best = o
                 improved = True
