@@ -365,14 +365,21 @@ def integer_ranges(program: Any, examples: Sequence[torch.Tensor | None] | None 
     for i, spec in enumerate(program.inputs):
         if spec.value.dtype not in _INT_DTYPES:
             continue
-        buf = spec.value.buffer
+        aliases = {spec.value.buffer}  # the input and its checked copies (index_check)
         lows, highs, also, whys = [], [], set(), []
         for op in program.ops:
             ins = op.inputs
-            pos = [k for k, x in enumerate(ins) if isinstance(x, TensorSpec) and x.buffer == buf]
+            pos = [k for k, x in enumerate(ins) if isinstance(x, TensorSpec) and x.buffer in aliases]
             if not pos:
                 continue
-            if op.kind == "eq" and len(ins) == 2:
+            if op.kind == "index_check":
+                aliases.add(op.id)
+                lows.append(int(op.attr("lo", 0)))
+                highs.append(int(op.attr("hi", 0)))
+                if op.attr("ignore", None) is not None:
+                    also.add(int(op.attr("ignore")))
+                whys.append(f"checked by {op.id} ({op.attr('what', 'an index')})")
+            elif op.kind == "eq" and len(ins) == 2:
                 other = ins[1 - pos[0]]
                 src = ops.get(other.buffer) if isinstance(other, TensorSpec) else None
                 if src is not None and src.kind == "iota":
@@ -386,7 +393,7 @@ def integer_ranges(program: Any, examples: Sequence[torch.Tensor | None] | None 
                 also.add(int(ins[1 - pos[0]]))
             elif op.kind in INDEX_KINDS:
                 dim = op.attr("dim", 0)
-                table = next((x for x in ins if isinstance(x, TensorSpec) and x.buffer != buf), None)
+                table = next((x for x in ins if isinstance(x, TensorSpec) and x.buffer not in aliases), None)
                 if table is not None and table.shape:
                     size = table.shape[dim if op.kind != "embedding" else 0]
                     lows.append(0)
