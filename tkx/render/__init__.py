@@ -175,13 +175,15 @@ def _graph_class() -> type:
             super().attr(kw, _attributes, **_escaped(attrs))
 
         def _repr_mimebundle_(self, include: Any = None, exclude: Any = None, **kw: Any) -> dict[str, str]:
-            svg, why = run_dot(self)
-            if svg is not None:
-                bundle = {"image/svg+xml": svg, "text/plain": f"<graph {self.name}: {len(self.body)} lines of DOT>"}
-            else:
-                bundle = {"text/plain": f"{why}.\nDOT source of graph {self.name}:\n{self.source}",
-                          "text/html": (f'<div class="tkx-dim">{esc(why)}: showing the DOT source.</div>'
-                                        f'<pre>{esc(self.source)}</pre>')}
+            if dot_available():
+                try:  # graphviz's own display, unchanged, wherever dot works
+                    return super()._repr_mimebundle_(include, exclude, **kw)
+                except Exception:  # ExecutableNotFound, CalledProcessError: say why below
+                    pass
+            why = run_dot(self)[1] or "Graphviz's dot could not lay this graph out"
+            bundle = {"text/plain": f"{why}.\nDOT source of graph {self.name}:\n{self.source}",
+                      "text/html": (f'<div class="tkx-dim">{esc(why)}: showing the DOT source.</div>'
+                                    f'<pre>{esc(self.source)}</pre>')}
             if include:
                 bundle = {k: v for k, v in bundle.items() if k in include}
             if exclude:
