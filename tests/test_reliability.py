@@ -534,7 +534,8 @@ def test_kernel_errors_still_quote_the_kernel():
 # -- item 14: the compile cache --------------------------------------------------------------------
 
 TINY = r"""
-extern "C" __global__ void tkx_step(const float* in0, float* out0, unsigned char* arena, unsigned int* sync, int* status) {
+extern "C" __global__ void tkx_step(const float* in0, float* out0, unsigned char* arena, unsigned int* sync,
+                                    int* status) {
     int i = threadIdx.x;
     if (i < 16) out0[i] = 2.0f * in0[i] + 1.0f;
 }
@@ -648,7 +649,7 @@ def test_looping_fusion_rule_that_catches_exceptions_is_stopped(short_limit):
                 pass
     try:
         with pytest.raises(short_limit.UserCodeTimeout, match="fusion rule 'spin-rule'"):
-            tkx.explore(step_functional, _wx()).schedule
+            _ = tkx.explore(step_functional, _wx()).schedule
     finally:
         tkx.schedule.remove_fusion_rule("spin-rule")
     assert tkx.explore(step_functional, _wx()).schedule.groups
@@ -751,7 +752,7 @@ def step_reshaped(x):
 
 def test_too_large_tensor_refusal_names_the_tensor_and_the_line():
     with pytest.raises(tkx.UnsupportedError) as info:
-        tkx.explore(step_reshaped, (torch.empty(2**31, dtype=torch.float16, device="meta"),)).cuda
+        _ = tkx.explore(step_reshaped, (torch.empty(2**31, dtype=torch.float16, device="meta"),)).cuda
     err = info.value
     assert "input x has 2147483648 elements" in str(err)
     assert err.source is not None and err.source.line == _line_of(step_reshaped, "# MARK")

@@ -228,12 +228,16 @@ def _tracing_error(e: BaseException, step_fn: Callable, example_inputs: Sequence
                                 source=src, hint="tkx traces static functional steps; see the message above")
     if _raised_by_user_code(e):
         return UnsupportedError("step-raised",
-                                f"the step itself raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+                                f"the step itself raised {type(e).__name__}: {_first_line(e)}",
                                 source=src, hint="fix the step so that step_fn(*example_inputs) runs in eager "
                                                  "PyTorch; the original exception is chained below")
     return UnsupportedError("unsupported-op",
                             f"tracing failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
                             source=src, hint="tkx traces static functional steps; see the message above")
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).splitlines()[0] if str(e) else ""
 
 
 FUNCTIONAL_HINT = ("the step must be functional: take the gradients from torch.func.grad_and_value "
@@ -250,7 +254,7 @@ def _imperative_training(e: BaseException) -> str | None:
     """What the step did that is imperative training (``loss.backward()``, ``opt.step()``,
     ``requires_grad_()``, assigning ``.grad``), read from the traceback's user frames; ``None``
     when the failure is something else."""
-    for frame, lineno in traceback.walk_tb(e.__traceback__):
+    for frame, _ in traceback.walk_tb(e.__traceback__):
         code = frame.f_code
         fname = code.co_filename
         if "torch" + os.sep + "optim" + os.sep in fname:
@@ -282,7 +286,8 @@ def _refuse_imperative_optimizer(gm: torch.fx.GraphModule) -> None:
         if node.op == "call_function" and "record_function" in str(node.target):
             label = next((a for a in node.args if isinstance(a, str)), "")
             if label.startswith("Optimizer."):
-                raise UnsupportedError("not-functional", f"the step calls a torch.optim optimizer ({label.split('#')[0]})",
+                raise UnsupportedError("not-functional",
+                                       f"the step calls a torch.optim optimizer ({label.split('#')[0]})",
                                        node=node.name, source=node_tag(node).get("source"),
                                        hint=FUNCTIONAL_HINT)
 
