@@ -165,14 +165,14 @@ def _graph_class() -> type:
         ``ExecutableNotFound``."""
 
         def node(self, name: str, label: str | None = None, _attributes: Any = None, **attrs: Any) -> None:
-            super().node(name, dot_escape(label), _attributes, **_escaped(attrs))
+            super().node(name, dot_escape(label), _attributes=_attributes, **_escaped(attrs))
 
         def edge(self, tail_name: str, head_name: str, label: str | None = None, _attributes: Any = None,
                  **attrs: Any) -> None:
-            super().edge(tail_name, head_name, dot_escape(label), _attributes, **_escaped(attrs))
+            super().edge(tail_name, head_name, dot_escape(label), _attributes=_attributes, **_escaped(attrs))
 
         def attr(self, kw: str | None = None, _attributes: Any = None, **attrs: Any) -> None:
-            super().attr(kw, _attributes, **_escaped(attrs))
+            super().attr(kw, _attributes=_attributes, **_escaped(attrs))
 
         def _repr_mimebundle_(self, include: Any = None, exclude: Any = None, **kw: Any) -> dict[str, str]:
             if dot_available():
