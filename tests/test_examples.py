@@ -217,7 +217,7 @@ def test_functional_steps_mutate_nothing(name):
     args = ex.make_inputs(0)
     saved = clone_tree(args)
     out = ex.step_fn(*args)
-    loss, new_params = out[0], out[1]
+    new_params = out[1]
     assert trees_equal(args, saved)
     assert list(new_params) == list(args[0])
     for k, p in args[0].items():

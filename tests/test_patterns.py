@@ -26,7 +26,6 @@ def snippets() -> list[tuple[str, str]]:
     for k, block in enumerate(re.findall(r"```python\n(.*?)```", text, flags=re.S)):
         if "tkx.explore(" not in block:
             continue
-        name = re.search(r"def (\w+)\(", block)
         head = text[:text.index(block)].rsplit("\n## ", 1)[-1].split("\n", 1)[0][:40]
         out.append((f"{k:02d}-{head.split(':')[0].strip().replace(' ', '_')}", block))
     return out

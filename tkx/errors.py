@@ -57,8 +57,12 @@ class UnsupportedError(TkxError):
     kind: short machine-readable category (``"unsupported-op"``, ``"dynamic-shape"``,
         ``"data-dependent-control-flow"``, ``"closed-over-tensor"``, ``"random-op"``,
         ``"unsupported-dtype"``, ``"bad-input"``, ``"bad-call"`` (``step_fn(*example_inputs)``
-        does not match ``step_fn``'s parameters), ``"device-mismatch"``, ``"integer-arithmetic"``
-        (an op that is not exact on integers), ``"unsupported-transform"`` (forward-mode AD)).
+        does not match ``step_fn``'s parameters, or ``step_fn`` is not callable),
+        ``"device-mismatch"``, ``"integer-arithmetic"`` (an op that is not exact on integers),
+        ``"unsupported-transform"`` (forward-mode AD), ``"not-functional"`` (``loss.backward()``,
+        ``requires_grad_()`` or a ``torch.optim`` optimizer inside the step), ``"step-raised"``
+        (the user's own code raised while tracing; the original exception is chained),
+        ``"overlapping-write"`` (an in-place update of an input whose elements share memory)).
     op: the PyTorch operation involved (e.g. ``aten.nonzero.default``) or ``None``.
     node: the FX node name, or ``None`` when the error precedes tracing.
     source: the user's :class:`SourceLine`, or ``None`` when unknown.

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import pipeline
-from .options import Options
+from .options import Options, as_options
 
 #: The cached stages in pipeline order (:data:`tkx.pipeline.NAMES`).
 STAGES = pipeline.NAMES
@@ -59,7 +59,7 @@ class Exploration:
         if not isinstance(example_inputs, (tuple, list)):
             example_inputs = (example_inputs,)  # one positional argument, as tkx.capture accepts
         self.example_inputs = tuple(example_inputs)
-        self.options = options or Options()
+        self.options = as_options(options)
         self.name = name or getattr(step_fn, "__name__", "step")
         self.loss = loss
         self._cache: dict[str, Any] = {}
@@ -183,5 +183,5 @@ def explore(step_fn: Callable[..., Any], example_inputs: Sequence[Any], *, name:
     """Start exploring ``step_fn``: see :class:`Exploration`. ``options`` is a :class:`tkx.Options`
     and ``changes`` are Options fields applied on top (an unknown or invalid one raises
     :class:`tkx.OptionsError` naming the field and the allowed values)."""
-    base = options if options is not None else Options()
+    base = as_options(options)
     return Exploration(step_fn, example_inputs, base.replace(**changes) if changes else base, name=name, loss=loss)

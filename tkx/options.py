@@ -36,6 +36,26 @@ class OptionsError(TkxError, ValueError):
         super().__init__(message or f"invalid option {field}={value!r}: allowed {allowed}")
 
 
+def as_options(value: Any) -> Options:
+    """``value`` as an :class:`Options`: ``None`` gives the defaults, an ``Options`` is returned
+    as is, a mapping ``{"tile_m": 32, ...}`` is validated field by field. Anything else raises
+    :class:`OptionsError`."""
+    if value is None:
+        return Options()
+    if isinstance(value, Options):
+        return value
+    from collections.abc import Mapping
+    if isinstance(value, Mapping):
+        bad = [k for k in value if not isinstance(k, str)]
+        if bad:
+            raise OptionsError("options", value, "a mapping from option names (str) to values")
+        return Options.make(**value)
+    raise OptionsError("options", value, "a tkx.Options, a dict of option names to values, or None",
+                       message=f"options must be a tkx.Options or a dict of option values, "
+                               f"not {type(value).__name__}: pass options=tkx.Options(tile_m=32) "
+                               f"or options={{'tile_m': 32}}")
+
+
 def _opt(default: Any, help: str, *, choices: tuple | None = None, range: tuple | None = None,
          none_ok: bool = False) -> Any:
     meta: dict[str, Any] = {"help": help}

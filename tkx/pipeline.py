@@ -237,11 +237,11 @@ def compute(upto: str, ctx: Context, cache: dict[str, Any] | None = None,
 
 def _context(step_fn: Callable[..., Any], example_inputs: Sequence[Any] | Any, options: Any,
              name: str | None, loss: int | None) -> Context:
-    from .options import Options
+    from .options import as_options
 
     if not isinstance(example_inputs, (tuple, list)):
         example_inputs = (example_inputs,)  # one positional argument, as tkx.capture accepts
-    return Context(step_fn, tuple(example_inputs), options or Options(), name, loss)
+    return Context(step_fn, tuple(example_inputs), as_options(options), name, loss)
 
 
 def lower(step_fn: Callable[..., Any], example_inputs: Sequence[Any], options: Any = None, *,
@@ -275,6 +275,7 @@ def build(step_fn: Callable[..., Any], example_inputs: Sequence[Any], options: A
     Raises :class:`~tkx.runtime.device.NoDeviceError` (no GPU: says what works without one),
     :class:`tkx.UnsupportedError` (capture), :class:`~tkx.codegen.nvrtc.CudaCompileError`.
     """
+    import torch
     from torch.utils._pytree import tree_flatten
 
     from .runtime.device import device_of
@@ -288,4 +289,7 @@ def build(step_fn: Callable[..., Any], example_inputs: Sequence[Any], options: A
     lowered = time.perf_counter() - t0
     runner = CompiledRunner(source, device=dev, step_fn=step_fn, cache=cache)
     runner.timings["lower_seconds"] = lowered
+    #: the example inputs' integer leaves (CPU copies), from which verify() takes their range
+    runner.example_integers = [t.detach().cpu() if isinstance(t, torch.Tensor) and not t.is_floating_point()
+                               and t.dtype != torch.bool else None for t in tree_flatten(ctx.example_inputs)[0]]
     return runner

@@ -11,7 +11,9 @@ Capture never touches the user's real tensors: tracing runs on fake tensors.
 from __future__ import annotations
 
 import inspect
+import os
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +29,7 @@ from ..errors import SourceLine, TkxError, UnsupportedError
 from ..ir import Program, validate
 from .decompositions import decomposition_table
 from .lower import TORCH_DTYPES, Lowering
-from .trace import SourceTagMode, node_tag, user_frame, user_frame_of_traceback
+from .trace import SourceTagMode, TorchStateGuard, node_tag, user_frame, user_frame_of_traceback
 
 __all__ = ["capture", "CapturedGraph", "FxNodeInfo"]
 
@@ -157,6 +159,11 @@ def _check_inputs(example_inputs: Sequence[Any], names: list[str]) -> tuple[list
         if leaf.dtype not in TORCH_DTYPES:
             raise UnsupportedError("unsupported-dtype", f"input {name} has dtype {leaf.dtype}",
                                    hint="use float32, bfloat16 or float16 (int64/int32/bool for indices)")
+        if leaf.numel() == 0:
+            raise UnsupportedError(
+                "bad-input", f"input {name} has shape {tuple(leaf.shape)}: no elements",
+                hint="pass at least one row (an empty batch leaves the kernel nothing to do and a "
+                     "mean over it divides by zero); drop empty tensors from the step")
         flat.append(leaf)
         flat_names.append(name)
     devices = {t.device for t in flat}
@@ -170,7 +177,7 @@ def _check_inputs(example_inputs: Sequence[Any], names: list[str]) -> tuple[list
             hint="move every input to one device before capturing")
     seen: dict[tuple, str] = {}
     for t, name in zip(flat, flat_names):
-        if t.numel() == 0:
+        if t.numel() == 0 or t.device.type == "meta":  # meta tensors have no memory to share
             continue
         key = (t.untyped_storage().data_ptr(), t.device)
         if key in seen:
@@ -178,6 +185,135 @@ def _check_inputs(example_inputs: Sequence[Any], names: list[str]) -> tuple[list
                                    hint="pass distinct tensors (clone one of them)")
         seen[key] = name
     return flat, flat_names, in_tree
+
+
+def _tracing_error(e: BaseException, step_fn: Callable, example_inputs: Sequence[Any],
+                   caller: SourceLine | None) -> TkxError | None:
+    """The tkx error for an exception raised while tracing ``step_fn`` (``None``: re-raise it)."""
+    if isinstance(e, TkxError):
+        return None if not isinstance(e, UnsupportedError) or e.source is not None else e
+    if not isinstance(e, Exception):  # KeyboardInterrupt, SystemExit
+        return None
+    if isinstance(e, DynamicOutputShapeException):
+        return UnsupportedError("dynamic-shape", f"an op with a data-dependent output shape ({e.func})",
+                                op=str(e.func), source=user_frame_of_traceback(e.__traceback__),
+                                hint="keep shapes static: use masks with torch.where instead of "
+                                     "boolean indexing / nonzero")
+    if isinstance(e, DataDependentOutputException):
+        return UnsupportedError("data-dependent-control-flow",
+                                "the step branches on (or reads) the value of a tensor",
+                                op=str(getattr(e, "func", None)) if getattr(e, "func", None) else None,
+                                source=user_frame_of_traceback(e.__traceback__),
+                                hint="replace Python if/while on tensor values with torch.where, "
+                                     "or pass the decision in as a static Python value")
+    if isinstance(e, TypeError) and (bad := _bad_call(step_fn, example_inputs, e)) is not None:
+        return UnsupportedError("bad-call", bad[0], source=caller, hint=bad[1])
+    src = user_frame_of_traceback(e.__traceback__)
+    if (imperative := _imperative_training(e)) is not None:
+        return UnsupportedError("not-functional", imperative, source=src, hint=FUNCTIONAL_HINT)
+    if "convert all Tensors to FakeTensors" in str(e):
+        return UnsupportedError(
+            "closed-over-tensor", "the step reads a tensor it did not receive as an input",
+            op=str(e).split("Found in ")[-1].split("(")[0] if "Found in " in str(e) else None,
+            source=src,
+            hint="pass every tensor as an argument of the step (closed-over tensors would be "
+                 "baked in as constants); Python floats are fine")
+    if "data-dependent" in str(e).lower() or "GuardOnDataDependent" in type(e).__name__:
+        return UnsupportedError("data-dependent-control-flow",
+                                f"tracing failed: {type(e).__name__}: {str(e).splitlines()[0]}",
+                                source=src, hint="tkx traces static functional steps; see the message above")
+    if _raised_by_user_code(e):
+        return UnsupportedError("step-raised",
+                                f"the step itself raised {type(e).__name__}: {_first_line(e)}",
+                                source=src, hint="fix the step so that step_fn(*example_inputs) runs in eager "
+                                                 "PyTorch; the original exception is chained below")
+    return UnsupportedError("unsupported-op",
+                            f"tracing failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+                            source=src, hint="tkx traces static functional steps; see the message above")
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).splitlines()[0] if str(e) else ""
+
+
+FUNCTIONAL_HINT = ("the step must be functional: take the gradients from torch.func.grad_and_value "
+                   "and return (or write in place) the new parameters, e.g.\n"
+                   "            grads, loss = torch.func.grad_and_value(loss_fn)(params)\n"
+                   "            new_params = {k: p - lr * grads[k] for k, p in params.items()}\n"
+                   "            return loss, new_params")
+
+_IMPERATIVE_MARKS = ("backward", "requires_grad_", "autograd.functional", "_record_function_enter",
+                     "torch.optim", "optimizer", ".grad ", ".grad=")
+
+
+def _imperative_training(e: BaseException) -> str | None:
+    """What the step did that is imperative training (``loss.backward()``, ``opt.step()``,
+    ``requires_grad_()``, assigning ``.grad``), read from the traceback's user frames; ``None``
+    when the failure is something else."""
+    for frame, _ in traceback.walk_tb(e.__traceback__):
+        code = frame.f_code
+        fname = code.co_filename
+        if "torch" + os.sep + "optim" + os.sep in fname:
+            return "the step calls a torch.optim optimizer's step()"
+        if fname.endswith(os.sep.join(("torch", "_tensor.py"))) and code.co_name == "backward":
+            return "the step calls loss.backward()"
+        if fname.endswith(os.sep.join(("autograd", "__init__.py"))) and code.co_name == "backward":
+            return "the step calls torch.autograd.backward()"
+    text = str(e)
+    if "requires_grad_()" in text:
+        return "the step calls requires_grad_() on a tensor"
+    return None
+
+
+def _raised_by_user_code(e: BaseException) -> bool:
+    """True when the innermost frame of the traceback is the user's own code (a ``raise`` or
+    a plain Python error in the step), not torch's."""
+    from .trace import is_user_file
+    last = None
+    for frame, _ in traceback.walk_tb(e.__traceback__):
+        last = frame
+    return last is not None and is_user_file(last.f_code.co_filename)
+
+
+def _refuse_imperative_optimizer(gm: torch.fx.GraphModule) -> None:
+    """A ``torch.optim`` optimizer's ``step()`` traced through: it leaves profiler
+    ``record_function`` nodes named ``Optimizer.step#...``; refuse it as not functional."""
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and "record_function" in str(node.target):
+            label = next((a for a in node.args if isinstance(a, str)), "")
+            if label.startswith("Optimizer."):
+                raise UnsupportedError("not-functional",
+                                       f"the step calls a torch.optim optimizer ({label.split('#')[0]})",
+                                       node=node.name, source=node_tag(node).get("source"),
+                                       hint=FUNCTIONAL_HINT)
+
+
+def _refuse_overlapping_writes(gm: torch.fx.GraphModule, flat: list[torch.Tensor], names: list[str]) -> None:
+    """Refuse an in-place update of an input in which several elements share one memory
+    location (an ``expand``-ed or stride-0 tensor): eager PyTorch refuses it, and on the GPU the
+    stores into the shared addresses would race."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    index = {n: i for i, n in enumerate(placeholders)}
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.aten.copy_.default and node.args[0] in index:
+            i = index[node.args[0]]
+            t = flat[i]
+            if t.device.type != "meta" and torch._debug_has_internal_overlap(t) == 1:
+                raise UnsupportedError(
+                    "overlapping-write",
+                    f"the step updates input {names[i]} in place, but more than one element of {names[i]} "
+                    f"refers to a single memory location (shape {tuple(t.shape)}, strides {tuple(t.stride())}, "
+                    f"e.g. made by expand()); the writes would race, and eager PyTorch refuses it too",
+                    op=str(node.target), node=node.name, source=_mutation_source(gm, node),
+                    hint=f"pass {names[i]}.clone() (or .contiguous()) so that every element has its own memory")
+
+
+def _mutation_source(gm: torch.fx.GraphModule, copy_node: torch.fx.Node) -> SourceLine | None:
+    """The user's line of an in-place update: the copy_ node's own tag, or that of the value it writes."""
+    src = node_tag(copy_node).get("source")
+    if src is None and len(copy_node.args) > 1 and isinstance(copy_node.args[1], torch.fx.Node):
+        src = node_tag(copy_node.args[1]).get("source")
+    return src
 
 
 def _label_regions(gm: torch.fx.GraphModule, loss_node: torch.fx.Node | None) -> dict[str, str]:
@@ -236,6 +372,10 @@ def capture(step_fn: Callable[..., Any], example_inputs: Sequence[Any], *, loss:
         parameters (``bad-call``) and mismatched devices.
     """
 
+    if not callable(step_fn):
+        raise UnsupportedError("bad-call", f"step_fn is {type(step_fn).__name__}, not a function",
+                               source=user_frame(sys._getframe(1)),
+                               hint="pass the training step itself: tkx.capture(step, example_inputs)")
     if not isinstance(example_inputs, (tuple, list)):
         example_inputs = (example_inputs,)
     name = name or getattr(step_fn, "__name__", "step")
@@ -255,43 +395,22 @@ def capture(step_fn: Callable[..., Any], example_inputs: Sequence[Any], *, loss:
         return out_flat
 
     from torch.func import functionalize
+    guard = TorchStateGuard().__enter__()
     try:
         with fx_traceback.preserve_node_meta():
             gm = make_fx(functionalize(flat_step, remove="mutations"),
                          decomposition_table=decomposition_table(), tracing_mode="fake")(*flat)
-    except UnsupportedError:
-        raise
-    except DynamicOutputShapeException as e:
-        raise UnsupportedError("dynamic-shape", f"an op with a data-dependent output shape ({e.func})",
-                               op=str(e.func), source=user_frame_of_traceback(e.__traceback__),
-                               hint="keep shapes static: use masks with torch.where instead of "
-                                    "boolean indexing / nonzero") from None
-    except DataDependentOutputException as e:
-        raise UnsupportedError("data-dependent-control-flow",
-                               "the step branches on (or reads) the value of a tensor",
-                               op=str(getattr(e, "func", None)) if getattr(e, "func", None) else None,
-                               source=user_frame_of_traceback(e.__traceback__),
-                               hint="replace Python if/while on tensor values with torch.where, "
-                                    "or pass the decision in as a static Python value") from None
-    except TkxError:
-        raise
-    except Exception as e:  # anything else torch raised while tracing the user's code
-        if isinstance(e, TypeError) and (bad := _bad_call(step_fn, example_inputs, e)) is not None:
-            raise UnsupportedError("bad-call", bad[0], source=user_frame(sys._getframe(1)), hint=bad[1]) from None
-        src = user_frame_of_traceback(e.__traceback__)
-        if "convert all Tensors to FakeTensors" in str(e):
-            raise UnsupportedError(
-                "closed-over-tensor", "the step reads a tensor it did not receive as an input",
-                op=str(e).split("Found in ")[-1].split("(")[0] if "Found in " in str(e) else None,
-                source=src,
-                hint="pass every tensor as an argument of the step (closed-over tensors would be "
-                     "baked in as constants); Python floats are fine") from None
-        kind = "data-dependent-control-flow" if "data-dependent" in str(e).lower() or \
-            "GuardOnDataDependent" in type(e).__name__ else "unsupported-op"
-        raise UnsupportedError(kind, f"tracing failed: {type(e).__name__}: {str(e).splitlines()[0]}",
-                               source=src,
-                               hint="tkx traces static functional steps; see the message above") from e
-
+    except BaseException as e:
+        error = _tracing_error(e, step_fn, example_inputs, user_frame(sys._getframe(1)))
+        # Frames of the failed trace hold torch's C++ guard objects (functorch layers, excluded
+        # dispatch keys); freeing them later would restore a half-traced state and poison every
+        # later capture. Free them now, then put torch's state back as it was on entry.
+        traceback.clear_frames(e.__traceback__)
+        guard.__exit__(None, None, None)
+        if error is None:
+            raise
+        raise error from (e if error.kind in ("unsupported-op", "step-raised") else None)
+    guard.__exit__(None, None, None)
     out_tree = out_tree_box[-1]
     out_paths = [p for p, _ in tree_flatten_with_path(tree_unflatten([0] * out_tree.num_leaves, out_tree))[0]]
     from torch.utils._pytree import keystr
@@ -313,6 +432,18 @@ def capture(step_fn: Callable[..., Any], example_inputs: Sequence[Any], *, loss:
     loss_node = out_args[loss_index] if loss_index is not None else None
     if not isinstance(loss_node, torch.fx.Node):
         loss_node = None
+    if loss is not None:
+        val = loss_node.meta.get("val") if loss_node is not None else None
+        if not (isinstance(val, torch.Tensor) and val.dim() == 0 and val.is_floating_point()):
+            what = (f"shape {tuple(val.shape)}, dtype {val.dtype}" if isinstance(val, torch.Tensor)
+                    else "not a tensor computed by the step")
+            raise UnsupportedError(
+                "bad-input", f"loss={loss} points at output {output_names[loss_index]}, which is "
+                             f"not a 0-d floating-point tensor ({what})",
+                source=user_frame(sys._getframe(1)),
+                hint="pass the flat index of the scalar loss among the outputs (or reduce it with .sum()/.mean())")
+    _refuse_imperative_optimizer(gm)
+    _refuse_overlapping_writes(gm, flat, flat_names)
     regions = _label_regions(gm, loss_node)
 
     program = Lowering(gm, flat_names, output_names, regions, name).run()

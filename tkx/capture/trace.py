@@ -133,3 +133,62 @@ def node_tag(node: torch.fx.Node) -> dict[str, Any]:
     """The tkx tag of an FX node: ``{"backward": bool, "source": SourceLine | None}``."""
     custom = node.meta.get("custom") or {}
     return custom.get(TAG, {})
+
+
+class TorchStateGuard:
+    """Leave torch's thread-local tracing state as it was found, whatever happens inside.
+
+    A transform that fails half-way (e.g. a PyTorch INTERNAL ASSERT inside
+    ``vmap(hessian(f))``) can leave functorch's dynamic layer stack, the dispatch keys that
+    functorch excludes, a torch-function / torch-dispatch mode (fake tensors, the proxy
+    tracer) or grad mode behind; every later capture in the process then fails. On exit this
+    guard undoes all of them to the state seen on entry.
+    """
+
+    def __enter__(self) -> TorchStateGuard:
+        C = torch._C
+        self._keys_text = self._dispatch_keys()
+        self._keys = C._PreserveDispatchKeyGuard()  # restores both TLS key sets on __exit__
+        self._keys.__enter__()
+        self._depth = C._functorch.get_dynamic_layer_stack_depth()
+        self._dispatch_len = C._len_torch_dispatch_stack()
+        self._function_len = C._len_torch_function_stack()
+        self._grad = torch.is_grad_enabled()
+        self._fwd_grad = C._functorch.get_fwd_grad_enabled() if hasattr(C._functorch, "get_fwd_grad_enabled") else None
+        return self
+
+    def restored(self, *, final: bool = False) -> list[str]:
+        """Restore the state; the names of what had to be undone (empty when nothing leaked).
+        Call it again after freeing the frames of a failed trace (see :func:`tkx.capture`);
+        ``final=True`` (what ``__exit__`` does) ends the guard."""
+        C = torch._C
+        undone = []
+        if C._functorch.get_dynamic_layer_stack_depth() > self._depth:
+            undone.append("functorch layers")
+            C._functorch.pop_dynamic_layer_stack_and_undo_to_depth(self._depth)
+        while C._len_torch_dispatch_stack() > self._dispatch_len:
+            undone.append("dispatch mode")
+            C._pop_torch_dispatch_stack()
+        while C._len_torch_function_stack() > self._function_len:
+            undone.append("function mode")
+            C._pop_torch_function_stack()
+        if self._dispatch_keys() != self._keys_text:
+            undone.append("dispatch keys")
+        self._keys.__exit__(None, None, None)
+        if not final:
+            self._keys = C._PreserveDispatchKeyGuard()
+            self._keys.__enter__()
+        if torch.is_grad_enabled() != self._grad:
+            undone.append("grad mode")
+            torch.set_grad_enabled(self._grad)
+        if self._fwd_grad is not None and C._functorch.get_fwd_grad_enabled() != self._fwd_grad:
+            undone.append("forward grad mode")
+            C._functorch.set_fwd_grad_enabled(self._fwd_grad)
+        return undone
+
+    @staticmethod
+    def _dispatch_keys() -> tuple[str, str]:
+        return (str(torch._C._dispatch_tls_local_include_set()), str(torch._C._dispatch_tls_local_exclude_set()))
+
+    def __exit__(self, *exc: Any) -> None:
+        self.restored(final=True)

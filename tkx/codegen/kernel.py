@@ -480,14 +480,22 @@ def _check_supported(s: FusedSchedule) -> None:
     """Refuse what the kernel would get wrong, with the op and the user's line."""
     from ..errors import UnsupportedError
 
-    values = [i.value for i in s.program.inputs] + [op.out for op in s.program.ops]
-    for v in values:
+    first_reader = {}
+    for op in s.program.ops:
+        for x in op.tensor_inputs:
+            first_reader.setdefault(x.buffer, op)
+    values = [(i.value, f"input {i.name}", first_reader.get(i.value.buffer)) for i in s.program.inputs] + \
+        [(op.out, f"the result of {op.kind} ({op.id})", op) for op in s.program.ops]
+    for v, what, op in values:
+        where = dict(op=op.kind, node=op.fx_node, source=op.source) if op is not None else {}
         if v.numel >= 2**31 or v.extent >= 2**31:
-            raise UnsupportedError("unsupported-shape", f"a tensor of {v.numel} elements ({list(v.shape)})",
-                                   hint="the generated kernel indexes with 32-bit offsets: keep tensors below "
-                                        "2**31 elements")
+            raise UnsupportedError("unsupported-shape",
+                                   f"{what} has {max(v.numel, v.extent)} elements ({list(v.shape)}), "
+                                   f"2**31 or more", **where,
+                                   hint="the generated kernel indexes tensors with 32-bit counts: keep every "
+                                        "tensor below 2**31 elements (split the batch into smaller steps)")
         if v.numel == 0:
-            raise UnsupportedError("unsupported-shape", f"a zero-size tensor {list(v.shape)}",
+            raise UnsupportedError("unsupported-shape", f"{what} is a zero-size tensor {list(v.shape)}", **where,
                                    hint="drop empty tensors from the step (the kernel would have nothing to do)")
     for op in s.program.ops:
         r = optable.row(op.kind)  # a kind without a row fails here, loudly

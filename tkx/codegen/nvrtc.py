@@ -13,8 +13,12 @@ Two back ends, same flags and same report:
 Headers: a kernel that includes ``cuda_bf16.h``, ``cuda_fp16.h`` or ``mma.h`` needs the CUDA
 runtime headers. :func:`include_dirs` finds them in the pip wheels ``nvidia-cuda-runtime``
 (``cuda_bf16.h``, ``cuda_fp16.h``, ``mma.h``) plus ``nvidia-cuda-crt`` (``crt/mma.h``), in
-``$CUDA_HOME``/``$CUDA_PATH`` or in ``/usr/local/cuda*/include``. NVRTC supplies ``<nv/target>``
-itself, so the CCCL headers are not needed. tkx's own prelude needs no header at all.
+``$CUDA_HOME``/``$CUDA_PATH`` or in ``/usr/local/cuda*/include``, preferring the folder whose
+``CUDART_VERSION`` equals the loaded NVRTC's version (:func:`header_set` says which was taken
+and whether it matches; a compile error names NVRTC's version, the header folder and its
+version, and quotes the line of the file, kernel or header, that the error is in). NVRTC
+supplies ``<nv/target>`` itself, so the CCCL headers are not needed. tkx's own prelude needs
+no header at all.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import os
 import re
 import time
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ..errors import TkxError
 
@@ -210,20 +214,141 @@ def _header_candidates() -> list[str]:
     return [f for f in dict.fromkeys(found) if os.path.isdir(f)]
 
 
+_VERSION_RX = re.compile(r"#define\s+CUDART_VERSION\s+(\d+)")
+
+
+def header_version(folder: str) -> tuple[int, int] | None:
+    """The CUDA version of a header folder, from ``CUDART_VERSION`` in ``cuda_runtime_api.h``
+    (``13000`` -> ``(13, 0)``); ``None`` when the folder does not say."""
+    for name in ("cuda_runtime_api.h", "cuda.h"):
+        try:
+            with open(os.path.join(folder, name), encoding="utf-8", errors="replace") as f:
+                text = f.read(200_000)
+        except OSError:
+            continue
+        m = _VERSION_RX.search(text) or re.search(r"#define\s+CUDA_VERSION\s+(\d+)", text)
+        if m:
+            v = int(m.group(1))
+            return v // 1000, (v % 1000) // 10
+    return None
+
+
+@dataclass(frozen=True)
+class HeaderSet:
+    """The CUDA headers NVRTC compiles with: ``folders`` (``-I``), their CUDA ``version``,
+    the loaded ``nvrtc`` version and whether the two agree; :meth:`describe` says it in words."""
+
+    folders: tuple[str, ...]
+    version: tuple[int, int] | None
+    nvrtc: tuple[int, int] | None
+    candidates: tuple[tuple[str, tuple[int, int] | None], ...] = ()
+
+    @property
+    def matches(self) -> bool:
+        return self.version is not None and self.version == self.nvrtc
+
+    def describe(self) -> str:
+        nv = "NVRTC ?" if self.nvrtc is None else f"NVRTC {self.nvrtc[0]}.{self.nvrtc[1]}"
+        if not self.folders:
+            return f"{nv}, no CUDA headers found ({headers_hint()})"
+        ver = "version unknown" if self.version is None else f"CUDA {self.version[0]}.{self.version[1]}"
+        text = f"{nv}, headers {', '.join(self.folders)} ({ver})"
+        if self.nvrtc is not None and self.version is not None and self.version != self.nvrtc:
+            text += (f": they do not match NVRTC; install headers of the same version "
+                     f"(pip install 'nvidia-cuda-runtime=={self.nvrtc[0]}.{self.nvrtc[1]}.*' "
+                     f"'nvidia-cuda-crt=={self.nvrtc[0]}.{self.nvrtc[1]}.*', or point CUDA_HOME at that toolkit)")
+        return text
+
+
+def _nvrtc_or_none() -> tuple[int, int] | None:
+    try:
+        return nvrtc_version()
+    except NvrtcUnavailableError:
+        return None
+
+
+def choose_headers(candidates: list[tuple[str, tuple[int, int] | None]],
+                   nvrtc: tuple[int, int] | None) -> tuple[str, tuple[int, int] | None] | None:
+    """The header folder to use among ``(folder, version)`` candidates (each holding
+    ``cuda_bf16.h``): the one whose version equals NVRTC's, else the newest of NVRTC's major
+    version not newer than NVRTC, else the newest of NVRTC's major, else the first."""
+    if not candidates:
+        return None
+    if nvrtc is not None:
+        exact = [c for c in candidates if c[1] == nvrtc]
+        if exact:
+            return exact[0]
+        same = [c for c in candidates if c[1] is not None and c[1][0] == nvrtc[0]]
+        older = [c for c in same if c[1] <= nvrtc]
+        if older:
+            return max(older, key=lambda c: c[1])
+        if same:
+            return min(same, key=lambda c: c[1])
+    return candidates[0]
+
+
 @functools.lru_cache(maxsize=1)
+def header_set() -> HeaderSet:
+    """The :class:`HeaderSet` tkx compiles with (found once per process)."""
+    found = _header_candidates()
+    with_headers = [(c, header_version(c)) for c in found if _has_headers(c)]
+    nv = _nvrtc_or_none()
+    chosen = choose_headers(with_headers, nv)
+    if chosen is None:
+        return HeaderSet((), None, nv, tuple(with_headers))
+    main, version = chosen
+    if _has_mma(main):
+        folders = (main,)
+    else:
+        crt = [c for c in found if _has_mma(c)]
+        same = [c for c in crt if header_version(c) in (version, None)]
+        folders = (main, (same or crt)[0]) if crt else (main,)
+    return HeaderSet(folders, version, nv, tuple(with_headers))
+
+
 def include_dirs() -> tuple[str, ...]:
-    """Folders to pass as ``-I`` so that ``cuda_bf16.h``, ``cuda_fp16.h`` and ``mma.h`` resolve.
+    """Folders to pass as ``-I`` so that ``cuda_bf16.h``, ``cuda_fp16.h`` and ``mma.h`` resolve:
+    those of :func:`header_set` (the headers matching the loaded NVRTC where installed).
 
     Returns ``()`` when no CUDA headers are installed (header-free kernels still compile).
     """
-    candidates = _header_candidates()
-    main = next((c for c in candidates if _has_headers(c)), None)
-    if main is None:
-        return ()
-    if _has_mma(main):
-        return (main,)
-    crt = next((c for c in candidates if _has_mma(c)), None)
-    return (main, crt) if crt else (main,)
+    return header_set().folders
+
+
+#: The headers whose contents key the compile cache (what generated kernels include).
+FINGERPRINT_HEADERS = ("cuda_bf16.h", "cuda_bf16.hpp", "cuda_fp16.h", "cuda_fp16.hpp", "mma.h",
+                       "crt/mma.h", "crt/mma.hpp", "cuda_runtime_api.h")
+
+
+@functools.lru_cache(maxsize=8)
+def _fingerprint(folders: tuple[str, ...], stamp: tuple) -> str:
+    import hashlib
+    h = hashlib.sha256()
+    for name in FINGERPRINT_HEADERS:
+        for folder in folders:
+            path = os.path.join(folder, name)
+            if os.path.isfile(path):
+                h.update(name.encode() + b"\0")
+                with open(path, "rb") as f:
+                    h.update(f.read())
+                break
+    return h.hexdigest()[:16]
+
+
+def headers_fingerprint(folders: tuple[str, ...] | None = None) -> str:
+    """A hash of the contents of the CUDA headers generated kernels include (not their
+    path): replaced headers change it, the same headers in another folder keep it."""
+    folders = include_dirs() if folders is None else tuple(folders)
+    stamp = []
+    for name in FINGERPRINT_HEADERS:
+        for folder in folders:
+            try:
+                st = os.stat(os.path.join(folder, name))
+            except OSError:
+                continue
+            stamp.append((folder, name, st.st_mtime_ns, st.st_size))
+            break
+    return _fingerprint(folders, tuple(stamp))
 
 
 def headers_hint() -> str:
@@ -362,9 +487,23 @@ class _Failure(Exception):
 _LOCATION = re.compile(r"^(?P<file>[^\s(]+)\((?P<line>\d+)\): (?P<kind>error|catastrophic error|warning)")
 
 
-def quote_errors(log: str, source: str, *, context: int = 1, limit: int = 8) -> str:
-    """The error lines of an NVRTC log, each followed by the source lines it points at."""
-    lines = source.splitlines()
+def _file_lines(file: str, source_lines: list[str], name: str, includes: tuple[str, ...]) -> list[str] | None:
+    """The lines of the file an NVRTC error names: the kernel's own source for ``name``, a
+    header read from disk (as given, or relative to an include folder), ``None`` if unknown."""
+    if os.path.basename(file) == os.path.basename(name) and not os.path.isabs(file):
+        return source_lines
+    for path in [file] + [os.path.join(d, file) for d in includes]:
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8", errors="replace") as f:
+                return f.read().splitlines()
+    return None
+
+
+def quote_errors(log: str, source: str, *, context: int = 1, limit: int = 8, name: str = SOURCE_NAME,
+                 includes: tuple[str, ...] = ()) -> str:
+    """The error lines of an NVRTC log, each followed by the lines of the file it points at:
+    the kernel's source for errors in ``name``, the header itself for errors in a header."""
+    source_lines = source.splitlines()
     out: list[str] = []
     shown = 0
     for entry in log.splitlines():
@@ -373,6 +512,10 @@ def quote_errors(log: str, source: str, *, context: int = 1, limit: int = 8) -> 
             continue
         out.append(entry)
         lineno = int(m.group("line"))
+        lines = _file_lines(m.group("file"), source_lines, name, includes)
+        if lines is None:
+            out.append(f"  (could not open {m.group('file')} to quote line {lineno})")
+            continue
         for i in range(max(1, lineno - context), min(len(lines), lineno + context) + 1):
             mark = ">" if i == lineno else " "
             out.append(f"  {mark}{i:5d} | {lines[i - 1]}")
@@ -400,8 +543,9 @@ def compile_cuda(source: str, arch: str = "sm_90", *, exact: bool = False, name:
     try:
         cubin, log, flags = run(source, name, arch, exact, includes, max_registers, lineinfo)
     except _Failure as failure:
-        quoted = quote_errors(failure.log, source)
-        message = f"NVRTC could not compile the kernel for {arch}:\n{quoted or failure.log}"
+        quoted = quote_errors(failure.log, source, name=name, includes=includes)
+        message = (f"NVRTC could not compile the kernel for {arch} ({header_set().describe()}):\n"
+                   f"{quoted or failure.log}")
         if "could not open source file" in failure.log:
             message += f"\nhint: {headers_hint()}"
         raise CudaCompileError(message, log=failure.log, arch=arch, options=failure.flags) from None
@@ -416,3 +560,20 @@ def compile_cuda(source: str, arch: str = "sm_90", *, exact: bool = False, name:
         spill_load_bytes=biggest("spill_load_bytes"), shared_bytes=biggest("shared_bytes"),
         stack_bytes=biggest("stack_bytes"), cmem_bytes=biggest("cmem_bytes"), compile_seconds=seconds,
         kernels=kernels, options=flags, backend=chosen, log=log, cubin=cubin)
+
+
+#: NVRTC reports already made in this process, by (source hash, arch, exact): the CUDA view shows
+#: them instead of compiling again (see :func:`remember_report`).
+_REPORTS: dict[tuple[str, str, bool], Any] = {}
+
+
+def remember_report(text: str, arch: str, exact: bool, report: Any) -> None:
+    """Keep the report of a compile (:meth:`tkx.codegen.CudaSource.check` calls it)."""
+    import hashlib
+    _REPORTS[(hashlib.sha256(text.encode()).hexdigest(), arch, bool(exact))] = report
+
+
+def remembered_report(text: str, arch: str, exact: bool) -> Any:
+    """The report :func:`remember_report` kept for this source, or ``None``."""
+    import hashlib
+    return _REPORTS.get((hashlib.sha256(text.encode()).hexdigest(), arch, bool(exact)))

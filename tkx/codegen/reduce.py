@@ -95,6 +95,12 @@ def _result(kind: str, acc: str, size: int) -> str:
     return f"{acc} / {literal(size)}" if _row(kind).divide else acc
 
 
+def _index(limit: int) -> str:
+    """The C type of a loop index that may reach ``limit`` (``int`` unless that overflows 32 bits:
+    a strided loop steps past the end before it stops, so near 2**31 elements ``int`` wraps)."""
+    return "long long" if limit >= 2**31 - 1 else "int"
+
+
 def _finish_block(kind: str, acc: str, size: int, finish: Finish, ctype: str = "float") -> str:
     return block(f"const {ctype} value = {_result(kind, acc, size)};", finish("row", "value"))
 
@@ -132,7 +138,7 @@ def warp_per_row(kind: str, rows: int, size: int, element: Element, finish: Fini
         f"const int row = {item} * {warps} + threadIdx.x / 32;",
         f"if (row < {rows}) {{  // the whole warp takes the same branch",
         f"    {ctype} acc = {_identity(kind, ctype)};",
-        f"    for (int r = lane; r < {size}; r += 32) {{",
+        f"    for ({_index(size + 32)} r = lane; r < {size}; r += 32) {{",
         f"        const {ctype} elem = {element('row', 'r')};",
         f"        {_fold(kind, 'acc', 'elem')}",
         "    }",
@@ -153,7 +159,7 @@ def block_per_row(kind: str, rows: int, size: int, element: Element, finish: Fin
     body = block(
         f"const int row = {item};",
         f"{ctype} acc = {_identity(kind, ctype)};",
-        f"for (int r = threadIdx.x; r < {size}; r += {threads}) {{",
+        f"for ({_index(size + threads)} r = threadIdx.x; r < {size}; r += {threads}) {{",
         f"    const {ctype} elem = {element('row', 'r')};",
         f"    {_fold(kind, 'acc', 'elem')}",
         "}",
@@ -187,12 +193,13 @@ def partial_reduce(kind: str, rows: int, size: int, chunks: int, element: Elemen
         raise ValueError(f"chunks must be in [1, size], got {chunks}")
     length = _ceil(size, chunks)
     init = _identity(kind, "float")
+    idx = _index(chunks * length + max(length, threads))
     if not rows_contiguous:
         body = block(
             f"const int row = {item} / {chunks}, chunk = {item} % {chunks};",
-            f"const int r_begin = chunk * {length}, r_end = min({size}, r_begin + {length});",
+            f"const {idx} r_begin = ({idx})chunk * {length}, r_end = min(({idx}){size}, r_begin + {length});",
             f"float acc = {init};",
-            f"for (int r = r_begin + threadIdx.x; r < r_end; r += {threads}) {{",
+            f"for ({idx} r = r_begin + threadIdx.x; r < r_end; r += {threads}) {{",
             f"    const float elem = {element('row', 'r')};",
             f"    {_fold(kind, 'acc', 'elem')}",
             "}",
@@ -208,10 +215,10 @@ def partial_reduce(kind: str, rows: int, size: int, chunks: int, element: Elemen
         f"const int group = {item} / {chunks}, chunk = {item} % {chunks};",
         "const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;",
         "const int row = group * 32 + lane;  // lanes take adjacent rows: coalesced reads",
-        f"const int r_begin = chunk * {length}, r_end = min({size}, r_begin + {length});",
+        f"const {idx} r_begin = ({idx})chunk * {length}, r_end = min(({idx}){size}, r_begin + {length});",
         f"float acc = {init};",
         f"if (row < {rows}) {{",
-        f"    for (int r = r_begin + warp; r < r_end; r += {warps}) {{",
+        f"    for ({idx} r = r_begin + warp; r < r_end; r += {warps}) {{",
         f"        const float elem = {element('row', 'r')};",
         f"        {_fold(kind, 'acc', 'elem')}",
         "    }",

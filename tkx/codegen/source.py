@@ -169,8 +169,10 @@ class CudaSource:
 
         Raises :class:`tkx.codegen.nvrtc.CudaCompileError` with the offending lines quoted.
         """
-        from .nvrtc import compile_cuda
-        return compile_cuda(self.text, arch, exact=self.launch.config.exact, **kwargs)
+        from .nvrtc import compile_cuda, remember_report
+        report = compile_cuda(self.text, arch, exact=self.launch.config.exact, **kwargs)
+        remember_report(self.text, arch, self.launch.config.exact, report)  # the view shows it, no recompile
+        return report
 
     def __str__(self) -> str:
         return self.text
@@ -183,9 +185,19 @@ class CudaSource:
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
         return display.mimebundle(self, include, exclude)
 
-    def html(self, check: bool = True) -> str:
-        """The HTML view; ``check=False`` leaves out the NVRTC report (no compile)."""
-        return display.html_of(self, check=check)
+    def html(self, check: bool = True, start: int = 1, limit: int | None = None) -> str:
+        """The HTML view; ``check=False`` leaves out the NVRTC report (no compile). A kernel
+        longer than ``limit`` lines (default 2000) is shown from line ``start``, one piece at a
+        time (see :meth:`page`)."""
+        return display.html_of(self, check=check, start=start, limit=limit)
+
+    def page(self, n: int = 1, *, lines: int = 2000) -> Any:
+        """Piece ``n`` (1-based) of a long kernel's view, ``lines`` source lines each: an object
+        that renders in a notebook; ``str()`` of it is its text."""
+        prelude = next((i for i, line in enumerate(self.text.split("\n")) if line.startswith("#define TKX_POINTERS")),
+                       0)
+        start = prelude + 1 + (int(n) - 1) * int(lines)
+        return _CudaPage(self, start, int(lines))
 
     def diff(self, other: CudaSource) -> Any:
         """A :class:`~tkx.diff.StageDiff` (computed in :mod:`tkx.codegen.diff`): a unified diff
@@ -194,3 +206,21 @@ class CudaSource:
 
     def __rich__(self) -> Any:
         return display.rich(self)
+
+
+class _CudaPage:
+    """One piece of a long kernel's view (:meth:`CudaSource.page`)."""
+
+    def __init__(self, source: CudaSource, start: int, lines: int) -> None:
+        self.source, self.start, self.lines = source, start, lines
+
+    def __str__(self) -> str:
+        return "\n".join(self.source.text.split("\n")[self.start - 1:self.start - 1 + self.lines])
+
+    def __repr__(self) -> str:
+        end = min(self.source.num_lines, self.start + self.lines - 1)
+        return f"<tkx.CudaSource {self.source.kernel_name}: lines {self.start}-{end} of {self.source.num_lines}>"
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        return {"text/plain": repr(self),
+                "text/html": self.source.html(check=False, start=self.start, limit=self.lines)}

@@ -20,6 +20,7 @@ from typing import Any, overload
 
 from ..errors import TkxError
 from ..ir import IRValidationError, Program, validate
+from ..watchdog import user_code
 from .trace import PassStep, PassTrace, op_delta
 
 PassFn = Callable[[Program], Program]
@@ -222,7 +223,8 @@ def run_passes(program: Program, passes: Iterable[str | PassFn] | None = None) -
     for name, fn in fns:
         start = time.perf_counter()
         try:
-            after = fn(current)
+            with user_code(f"pass {name!r}"):
+                after = fn(current)
         except TkxError:
             raise
         except Exception as e:

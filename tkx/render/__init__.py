@@ -25,14 +25,17 @@ from .base import (
     attrs,
     dot_available,
     esc,
+    dot_escape,
     graph_html,
     graph_svg,
     mimebundle,
+    run_dot,
+    safe_digraph,
     svg_img,
     view,
 )
 
 __all__ = ["DOT_TIMEOUT_S", "REGION_COLORS", "REGION_FILL", "SCRIPT", "STYLE", "attrs", "dot_available", "esc",
-           "graph_html", "graph_svg", "mimebundle", "svg_img", "view",
+           "graph_html", "graph_svg", "mimebundle", "svg_img", "view", "dot_escape", "run_dot", "safe_digraph",
            "arena", "bench", "captured", "cuda", "diffs", "passes", "program", "runtime_views", "schedule",
            "stage_diff"]

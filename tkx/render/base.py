@@ -177,30 +177,110 @@ def capped(table_html: str, rows: int, what: str = "rows") -> str:
             f'style="display:none">{esc(label)}</button>')
 
 
-def graph_svg(graph: Any) -> str | None:
-    """SVG text of a ``graphviz`` graph, or ``None`` without ``dot``. SVG comments are dropped
-    (they name the Graphviz version), so the output is deterministic for one Graphviz build."""
+DOT_INSTALL_HINT = "apt-get install graphviz, or conda install graphviz"
+
+
+def run_dot(graph: Any) -> tuple[str | None, str | None]:
+    """``(svg, None)``, or ``(None, why)`` when ``dot`` is missing, too slow or fails (``why``
+    then quotes dot's own error text). SVG comments are dropped (they name the Graphviz
+    version), so the output is deterministic for one Graphviz build."""
     if not dot_available():
-        return None
+        return None, f"Graphviz's dot is not installed ({DOT_INSTALL_HINT})"
     import subprocess
 
     try:  # a huge uncollapsed graph can take minutes in dot: give up rather than hang the cell
-        svg = subprocess.run(["dot", "-Tsvg"], input=graph.source.encode(), capture_output=True,
-                             timeout=DOT_TIMEOUT_S, check=True).stdout.decode("utf-8")
+        done = subprocess.run(["dot", "-Tsvg"], input=graph.source.encode(), capture_output=True,
+                              timeout=DOT_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        return None
-    return re.sub(r"<!--.*?-->\s*", "", svg, flags=re.S)
+        return None, f"Graphviz took longer than {DOT_TIMEOUT_S} s to lay this graph out"
+    except OSError as e:
+        return None, f"Graphviz's dot could not run: {e}"
+    if done.returncode != 0:
+        err = done.stderr.decode("utf-8", errors="replace").strip() or f"exit status {done.returncode}"
+        return None, "Graphviz's dot failed: " + " | ".join(err.splitlines()[:3])
+    return re.sub(r"<!--.*?-->\s*", "", done.stdout.decode("utf-8"), flags=re.S), None
+
+
+def graph_svg(graph: Any) -> str | None:
+    """SVG text of a ``graphviz`` graph, or ``None`` without ``dot`` (or when it fails; see
+    :func:`run_dot` for why)."""
+    return run_dot(graph)[0]
 
 
 def graph_html(graph: Any, alt: str = "graph") -> str:
-    """The graph as an ``<img>``, or - without ``dot`` - a one-line notice and the DOT source."""
-    svg = graph_svg(graph)
+    """The graph as a zoomable ``<img>``, or - without ``dot``, or when dot fails or times out -
+    a one-line notice (with dot's own error text) and the DOT source."""
+    svg, why = run_dot(graph)
     if svg is not None:
         return zoomable(svg_img(svg, alt), alt)
-    why = (f"Graphviz took longer than {DOT_TIMEOUT_S} s to lay this graph out" if dot_available()
-           else "Graphviz's <code>dot</code> is not installed (apt-get install graphviz, or conda install graphviz)")
-    return (f'<div class="tkx-dim">{why}: showing the DOT source.</div>'
+    return (f'<div class="tkx-dim">{esc(why)}: showing the DOT source.</div>'
             f'<details><summary>DOT source</summary><pre>{esc(graph.source)}</pre></details>')
+
+
+def dot_escape(text: Any) -> Any:
+    """``text`` made safe as a Graphviz label or tooltip: backslashes lose their escape
+    meaning (a source line ending in a line-continuation ``\\``, a name like ``a\\``) and a
+    string that looks like ``<...>`` is not taken for an HTML label (``<lambda> <map>``).
+    Non-strings pass through."""
+    if not isinstance(text, str):
+        return text
+    import graphviz
+    return graphviz.escape(text)
+
+
+_ESCAPED = ("label", "tooltip", "xlabel", "headlabel", "taillabel", "URL", "comment")
+
+
+def _escaped(attrs: dict[str, Any]) -> dict[str, Any]:
+    return {k: (dot_escape(v) if k in _ESCAPED else v) for k, v in attrs.items()}
+
+
+def _graph_class() -> type:
+    import graphviz
+
+    class SafeDigraph(graphviz.Digraph):
+        """A ``graphviz.Digraph`` that escapes every label and tooltip it is given (see
+        :func:`dot_escape`) and that displays without ``dot``: then (or when dot fails) a
+        notebook shows a note, the DOT source and how to install Graphviz instead of raising
+        ``ExecutableNotFound``."""
+
+        def node(self, name: str, label: str | None = None, _attributes: Any = None, **attrs: Any) -> None:
+            super().node(name, dot_escape(label), _attributes=_attributes, **_escaped(attrs))
+
+        def edge(self, tail_name: str, head_name: str, label: str | None = None, _attributes: Any = None,
+                 **attrs: Any) -> None:
+            super().edge(tail_name, head_name, dot_escape(label), _attributes=_attributes, **_escaped(attrs))
+
+        def attr(self, kw: str | None = None, _attributes: Any = None, **attrs: Any) -> None:
+            super().attr(kw, _attributes=_attributes, **_escaped(attrs))
+
+        def _repr_mimebundle_(self, include: Any = None, exclude: Any = None, **kw: Any) -> dict[str, str]:
+            if dot_available():
+                try:  # graphviz's own display, unchanged, wherever dot works
+                    return super()._repr_mimebundle_(include, exclude, **kw)
+                except Exception:  # ExecutableNotFound, CalledProcessError: say why below
+                    pass
+            why = run_dot(self)[1] or "Graphviz's dot could not lay this graph out"
+            bundle = {"text/plain": f"{why}.\nDOT source of graph {self.name}:\n{self.source}",
+                      "text/html": (f'<div class="tkx-dim">{esc(why)}: showing the DOT source.</div>'
+                                    f'<pre>{esc(self.source)}</pre>')}
+            if include:
+                bundle = {k: v for k, v in bundle.items() if k in include}
+            if exclude:
+                bundle = {k: v for k, v in bundle.items() if k not in exclude}
+            return bundle
+
+    return SafeDigraph
+
+
+_SAFE: list[type] = []
+
+
+def safe_digraph(**kwargs: Any) -> Any:
+    """A new :class:`SafeDigraph <_graph_class>` (``graphviz.Digraph`` arguments)."""
+    if not _SAFE:
+        _SAFE.append(_graph_class())
+    return _SAFE[0](**kwargs)
 
 
 def view(kind: str, title: str, body: str, text: str) -> str:

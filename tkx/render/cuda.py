@@ -33,9 +33,18 @@ def highlight_lines(text: str) -> list[str]:
     return lines
 
 
+#: Source lines the CUDA view renders at once (a huge kernel is shown in pages; see
+#: :meth:`tkx.codegen.CudaSource.page`). Above it the view also checks one architecture only.
+CUDA_VIEW_LINES = 2000
+
+
 def compile_reports(c: Any, arches: Sequence[str] = ("sm_90", "sm_80")) -> tuple[str, list[Any]]:
     """``(note, reports)``: NVRTC reports for ``arches`` (cached by source hash), or a note why not.
-    A report that failed is the :class:`~tkx.codegen.nvrtc.CudaCompileError` itself."""
+    A report that failed is the :class:`~tkx.codegen.nvrtc.CudaCompileError` itself.
+
+    Kernels longer than :data:`CUDA_VIEW_LINES` are checked for the first architecture only, and
+    through the on-disk compile cache (:func:`tkx.runtime.kernel.compile_cubin`), so a kernel the
+    runtime has compiled, or an earlier render, is never compiled again just to be shown."""
     from ..codegen.nvrtc import nvrtc_available
 
     ok, why = nvrtc_available()
@@ -44,6 +53,22 @@ def compile_reports(c: Any, arches: Sequence[str] = ("sm_90", "sm_80")) -> tuple
     exact = bool(getattr(c.options, "exact", False))
     digest = hashlib.sha256(c.text.encode()).hexdigest()
     reports = []
+    from ..codegen.nvrtc import remembered_report
+
+    for arch in arches:  # reports CudaSource.check() made already
+        known = remembered_report(c.text, arch, exact)
+        if known is not None:
+            _COMPILE_CACHE.setdefault((digest, arch, exact), known)
+    if c.num_lines > CUDA_VIEW_LINES:
+        arch = arches[0]
+        key = (digest, arch, exact)
+        if key not in _COMPILE_CACHE:
+            cached = _disk_cached_report(c, arch, exact)
+            if cached is None:  # a long kernel takes a while in NVRTC: never compile just to render
+                return (f"not compiled for the view: a kernel of {c.num_lines} lines; cuda.check('{arch}') "
+                        f"(or running it) compiles it, and the view then shows the report"), []
+            _COMPILE_CACHE[key] = cached
+        return f"{why}; {arch}, from the compile cache", [_COMPILE_CACHE[key]]
     for arch in arches:
         key = (digest, arch, exact)
         if key not in _COMPILE_CACHE:
@@ -53,6 +78,19 @@ def compile_reports(c: Any, arches: Sequence[str] = ("sm_90", "sm_80")) -> tuple
                 _COMPILE_CACHE[key] = exc
         reports.append(_COMPILE_CACHE[key])
     return why, reports
+
+
+def _disk_cached_report(c: Any, arch: str, exact: bool) -> Any:
+    """The NVRTC report of ``c`` for ``arch`` from the on-disk compile cache, or ``None``."""
+    try:
+        from ..runtime import cache as disk
+        from ..runtime.kernel import _report_from_json, nvrtc_cache_key
+
+        key, _ = nvrtc_cache_key(c.text, arch, exact=exact)
+        hit = disk.load_entry(key)
+        return _report_from_json(hit[1]["report"], hit[0]) if hit is not None else None
+    except Exception:  # a damaged entry or no NVRTC: nothing cached to show
+        return None
 
 
 def _report_table(note: str, reports: list[Any]) -> str:
@@ -78,11 +116,28 @@ def _report_table(note: str, reports: list[Any]) -> str:
 
 
 @display.register(CudaSource, "html")
-def cuda_html(c: Any, check: bool = True) -> str:
+def cuda_html(c: Any, check: bool = True, start: int = 1, limit: int | None = None) -> str:
     """The kernel as HTML: launch summary, NVRTC report, group index, highlighted source with
-    one element per line carrying its ops and groups; the prelude folded in ``<details>``."""
-    lines = highlight_lines(c.text)
-    n_lines = len(lines)
+    one element per line carrying its ops and groups; the prelude folded in ``<details>``.
+
+    At most ``limit`` (default :data:`CUDA_VIEW_LINES`) source lines after the prelude are
+    rendered, from line ``start``; a longer kernel ends with a "show more" note naming the
+    call that renders the next piece (``c.page(n)``), so the view stays small and fast."""
+    limit = CUDA_VIEW_LINES if limit is None else int(limit)
+    all_text = c.text.split("\n")
+    n_lines = len(all_text)
+    prelude_end = 0
+    for i, line in enumerate(all_text, start=1):
+        if line.startswith("#define TKX_POINTERS"):
+            prelude_end = i - 1
+            break
+    first = max(int(start), prelude_end + 1)
+    last = min(n_lines, first + limit - 1)
+    if first == prelude_end + 1 and last == n_lines:
+        lines = highlight_lines(c.text)
+    else:  # highlight only what is shown: the prelude and this piece
+        shown = highlight_lines("\n".join(all_text[:prelude_end])) if prelude_end else []
+        lines = shown + [""] * (first - 1 - len(shown)) + highlight_lines("\n".join(all_text[first - 1:last]))
     ops_at: dict[int, list[str]] = {}
     for op, nums in c.op_lines.items():
         for k in nums:
@@ -97,11 +152,6 @@ def cuda_html(c: Any, check: bool = True) -> str:
     for buf, nums in c.arena_lines.items():
         for k in nums:
             slot_at.setdefault(k, []).append(buf)
-    prelude_end = 0
-    for i, line in enumerate(c.text.split("\n"), start=1):
-        if line.startswith("#define TKX_POINTERS"):
-            prelude_end = i - 1
-            break
 
     def row(k: int) -> str:
         code = lines[k - 1]
@@ -114,7 +164,13 @@ def cuda_html(c: Any, check: bool = True) -> str:
         return f'<div{cls} {attrs(f"line:{k}", ids)}><span class="tkx-ln">{k}</span>{gutter}{code}</div>'
 
     pre = "".join(row(k) for k in range(1, prelude_end + 1))
-    main = "".join(row(k) for k in range(prelude_end + 1, n_lines + 1))
+    main = "".join(row(k) for k in range(first, last + 1))
+    if first > prelude_end + 1 or last < n_lines:
+        page = (first - prelude_end - 1) // max(limit, 1) + 1
+        pages = -(-(n_lines - prelude_end) // max(limit, 1))
+        more = (f"; the next piece: <code>cuda.page({page + 1})</code>" if last < n_lines else "")
+        main += (f'<div class="tkx-dim tkx-more">showing lines {first}–{last} of {n_lines} (page {page} of '
+                 f'{pages}){more}; <code>cuda.text</code> holds it all</div>')
     if check:
         note, reports = compile_reports(c)
         report = _report_table(note, reports)

@@ -8,11 +8,11 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..ir import Program
 from ..printer import Namer, type_str
-from .base import REGION_COLORS, REGION_FILL
+from .base import REGION_COLORS, REGION_FILL, safe_digraph
 from .ir_common import _STATUS_FILL, _STATUS_LINE, COLLAPSE_ABOVE, GROUP_ENDS_ABOVE, _edge_view
 
 if TYPE_CHECKING:
@@ -47,10 +47,8 @@ class _GSpec:
             self.edges.append(e)
 
 
-def _digraph(name: str) -> graphviz.Digraph:
-    import graphviz
-
-    g = graphviz.Digraph(name=name)
+def _digraph(name: str) -> Any:
+    g = safe_digraph(name=name)
     g.attr(rankdir="TB", nodesep="0.25", ranksep="0.35", fontname="Helvetica", fontsize="11")
     g.attr("node", fontname="Menlo,DejaVu Sans Mono,monospace", fontsize="10", margin="0.08,0.03", height="0.3")
     g.attr("edge", fontname="Helvetica", fontsize="9", color="#57606a", arrowsize="0.6")

@@ -11,7 +11,7 @@ from .. import display
 from ..schedule.model import FusedSchedule
 from ..schedule.text import describe_group, format_schedule
 from ..words import plural
-from .base import REGION_COLORS, REGION_FILL, attrs, capped, esc, graph_html
+from .base import REGION_COLORS, REGION_FILL, attrs, capped, esc, graph_html, safe_digraph
 from .stage_common import _dst_text, _home_text, _op_ids, _ref_tokens, _region, _shape, _view
 
 
@@ -207,12 +207,10 @@ def schedule_graph(s: Any, *, collapse: str = "auto", expand: Sequence[Any] = ()
     :data:`GROUPS_SHOWN_MAX`) so a big schedule stays readable. ``expand``: group ids or stage
     indices drawn op by op anyway (``s.graph(expand=(2, "g7"))``). Raises :class:`ValueError`
     for another ``collapse``."""
-    import graphviz
-
     program = s.program
     ops = _op_ids(program)
     levels = _collapse_levels(s, collapse, expand)
-    dot = graphviz.Digraph(name=f"schedule_{program.name}", graph_attr={
+    dot = safe_digraph(name=f"schedule_{program.name}", graph_attr={
         "rankdir": "TB", "compound": "true", "fontname": "Helvetica", "fontsize": "11",
         "nodesep": "0.25", "ranksep": "0.35", "newrank": "true"},
         node_attr={"fontname": "Helvetica", "fontsize": "10", "shape": "box", "style": "rounded,filled",

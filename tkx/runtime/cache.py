@@ -2,7 +2,8 @@
 
 A cubin is stored under :func:`cache_dir` as two files named by the SHA-256 :func:`cache_key`
 of everything that decides its bytes (source text, architecture, compile flags, the tkx and
-NVRTC versions, the back end):
+NVRTC versions, the back end, and a hash of the *contents* of the CUDA headers kernels include,
+not the folder they are in):
 
 * ``<dir>/nvrtc/<key>.cubin`` - the binary;
 * ``<dir>/nvrtc/<key>.json``  - ptxas's report, the cold compile seconds and the cubin's SHA-256.
@@ -10,7 +11,8 @@ NVRTC versions, the back end):
 Both are written to a temporary file in the same folder and moved into place with
 :func:`os.replace` (atomic on POSIX), the JSON last: a reader sees either a complete entry or
 none, and two processes (two notebooks) compiling the same kernel at once both succeed.
-An entry whose cubin does not match the recorded hash is ignored and recompiled.
+An entry whose cubin does not match the recorded hash, or whose report fields are not what they
+should be (counts, seconds, the architecture), is ignored and recompiled.
 
 Location: ``$TKX_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/tkx``, else ``~/.cache/tkx``.
 Failing to write the cache (read-only home, full disk) is not an error: the kernel is used

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import time
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -231,7 +233,8 @@ class ExtensionKernel:
     def build(cls, source: Any, device: torch.device, *, cache: bool | str = True) -> ExtensionKernel:
         """Build (or re-import) the extension for ``source`` on ``device``.
 
-        ``cache="refresh"`` or ``False`` deletes an existing build folder first (a cold build).
+        ``cache="refresh"`` or ``False`` builds cold in a private folder (removed once the module
+        is loaded); the shared build folder, which another process may be using, is never deleted.
         Raises :class:`ExtensionUnavailableError` without ninja/nvcc, :class:`TkxError`
         quoting the compiler's message when the build fails.
         """
@@ -243,8 +246,14 @@ class ExtensionKernel:
         flags = nvcc_flags(arch, exact=exact)
         name = extension_name(source.text, arch, flags)
         folder = _cache.cache_dir() / "torch-extension" / name
-        if cache is not True and folder.exists():
-            shutil.rmtree(folder, ignore_errors=True)
+        private = None
+        if cache is not True:
+            # A cold build goes to a folder (and module name) of its own: the shared folder may
+            # be in use by another process (a second notebook importing or building it), so it
+            # is never deleted; the private one is removed once the module is loaded.
+            tag = uuid.uuid4().hex[:8]
+            private = folder.parent / f".{name}.cold-{os.getpid()}-{tag}"
+            folder, name = private, f"{name}_cold{tag}"
         folder.mkdir(parents=True, exist_ok=True)
         meta_path = folder / "tkx.json"
         built_before = meta_path.exists()
@@ -263,17 +272,23 @@ class ExtensionKernel:
             text = str(exc)
             raise TkxError(f"the torch-extension build of the kernel failed (folder {folder}):\n"
                            f"{text[-4000:]}") from exc
+        finally:
+            if private is not None:  # the module is loaded (or failed): its private folder can go
+                shutil.rmtree(private, ignore_errors=True)
         seconds = time.perf_counter() - start
         if built_before:
             try:
                 cold = float(json.loads(meta_path.read_text())["compile_seconds"])
-            except (OSError, ValueError, KeyError):
+                if not math.isfinite(cold) or cold < 0:
+                    cold = seconds
+            except (OSError, ValueError, KeyError, TypeError):
                 cold = seconds
         else:
             cold = seconds
             try:
-                _cache.atomic_write(meta_path, json.dumps({"compile_seconds": seconds, "arch": arch,
-                                                           "flags": flags}).encode())
+                if private is None:
+                    _cache.atomic_write(meta_path, json.dumps({"compile_seconds": seconds, "arch": arch,
+                                                               "flags": flags}).encode())
             except OSError:
                 pass
         return cls(source, module, device, arch=arch, compile_seconds=cold, seconds=seconds,

@@ -14,6 +14,7 @@ a cooperative launch needs every block resident at once.
 from __future__ import annotations
 
 import ctypes
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -100,12 +101,42 @@ def _report_to_json(report: Any) -> dict[str, Any]:
     return data
 
 
+_REPORT_INTS = ("registers", "spill_store_bytes", "spill_load_bytes", "shared_bytes", "stack_bytes", "cmem_bytes")
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _seconds(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
 def _report_from_json(data: dict[str, Any], cubin: bytes) -> Any:
+    """The :class:`~tkx.codegen.nvrtc.CompileReport` of a cache entry; raises ``ValueError``
+    when a field is missing or of the wrong type (the entry is then recompiled)."""
     from ..codegen.nvrtc import CompileReport, KernelResources
 
+    if not isinstance(data, dict):
+        raise ValueError("report is not an object")
     fields = dict(data)
-    fields["kernels"] = tuple(KernelResources(**k) for k in fields.get("kernels", ()))
-    fields["options"] = tuple(fields.get("options", ()))
+    for name in _REPORT_INTS:
+        if not _count(fields.get(name)):
+            raise ValueError(f"report field {name}={fields.get(name)!r} is not a count")
+    if not _seconds(fields.get("compile_seconds")):
+        raise ValueError(f"compile_seconds={fields.get('compile_seconds')!r} is not a number of seconds")
+    if not isinstance(fields.get("arch"), str):
+        raise ValueError("report has no arch")
+    kernels = fields.get("kernels", ())
+    if not isinstance(kernels, (list, tuple)) or not all(isinstance(k, dict) for k in kernels):
+        raise ValueError("report kernels are not a list of objects")
+    parsed = []
+    for k in kernels:
+        if not isinstance(k.get("name"), str) or not all(_count(v) for n, v in k.items() if n != "name"):
+            raise ValueError(f"kernel entry {k!r} is malformed")
+        parsed.append(KernelResources(**k))
+    fields["kernels"] = tuple(parsed)
+    fields["options"] = tuple(str(o) for o in fields.get("options", ()))
     known = CompileReport.__dataclass_fields__
     return CompileReport(**{k: v for k, v in fields.items() if k in known}, cubin=cubin)
 
@@ -115,8 +146,13 @@ def nvrtc_cache_key(text: str, arch: str, *, exact: bool = False) -> tuple[str, 
     from ..codegen import nvrtc
 
     major, minor = nvrtc.nvrtc_version()
-    flags = nvrtc.nvrtc_flags(arch, exact=exact, includes=nvrtc.include_dirs())
-    key = _cache.cache_key(text, arch, flags, tkx_version=_tkx_version(),
+    includes = nvrtc.include_dirs()
+    flags = nvrtc.nvrtc_flags(arch, exact=exact, includes=includes)
+    # The key holds the headers' contents, not their folder: replaced headers invalidate an
+    # entry, and the same headers installed elsewhere (another user, another venv) share it.
+    keyed = tuple(f for f in flags if not f.startswith("-I"))
+    keyed += (f"headers={nvrtc.headers_fingerprint(includes)}",) if includes else ()
+    key = _cache.cache_key(text, arch, keyed, tkx_version=_tkx_version(),
                            compiler_version=f"nvrtc {major}.{minor}")
     return key, flags
 
@@ -142,13 +178,15 @@ def compile_cubin(source: Any, arch: str = "sm_90", *, exact: bool | None = None
         hit = _cache.load_entry(key)
         if hit is not None:
             cubin, meta = hit
-            try:
+            try:  # every field is validated: a damaged or foreign entry is recompiled, never served
                 report = _report_from_json(meta["report"], cubin)
+                cold = meta.get("compile_seconds", report.compile_seconds)
+                if not _seconds(cold) or meta.get("arch", arch) != arch or report.arch != arch:
+                    raise ValueError("compile_seconds or arch of the entry is malformed")
             except (KeyError, TypeError, ValueError):
                 report = None
             if report is not None:
-                return Binary(arch, report, key, True, time.perf_counter() - start,
-                              float(meta.get("compile_seconds", report.compile_seconds)), flags)
+                return Binary(arch, report, key, True, time.perf_counter() - start, float(cold), flags)
     report = nvrtc.compile_cuda(text, arch, exact=exact)
     if cache:
         _cache.store_entry(key, report.cubin, {"report": _report_to_json(report),
@@ -228,6 +266,42 @@ def occupancy_error(registers: int, shared_bytes: int, dynamic_shared_bytes: int
         f"{registers * threads} per block, {shared_bytes} B static + {dynamic_shared_bytes} B dynamic shared "
         f"memory per block, {local_bytes} B local/thread); lower Options.threads_per_block or the tile sizes "
         "(tile_m, tile_n, tile_k)")
+
+
+def occupancy_limits(registers: int, shared_bytes: int, dynamic_shared_bytes: int, threads: int, *,
+                     regs_per_sm: int = 65536, shared_per_sm: int = 233472, threads_per_sm: int = 2048,
+                     blocks_per_sm: int = 32) -> dict[str, int]:
+    """Resident blocks per SM allowed by each resource: ``{"registers": n, "shared memory": n,
+    "threads": n, "blocks": n}`` (the occupancy is the smallest; defaults: an sm_90 SM)."""
+    per_block_regs = max(1, int(registers)) * int(threads)
+    shared = int(shared_bytes) + int(dynamic_shared_bytes)
+    return {
+        "registers": regs_per_sm // per_block_regs,
+        "shared memory": (shared_per_sm // shared) if shared else blocks_per_sm,
+        "threads": threads_per_sm // max(1, int(threads)),
+        "blocks": blocks_per_sm,
+    }
+
+
+def cooperative_limit_error(grid: int, occupancy: int, sms: int, registers: int, shared_bytes: int,
+                            dynamic_shared_bytes: int, threads: int,
+                            limits: dict[str, int] | None = None) -> KernelLoadError | None:
+    """The error for a cooperative launch of ``grid`` blocks when at most ``occupancy x sms``
+    can be resident at once (``None`` when the grid fits): it names both numbers and the
+    resource (registers, shared memory, threads per SM) that sets the limit."""
+    most = int(occupancy) * int(sms)
+    if grid <= most:
+        return None
+    limits = limits or occupancy_limits(registers, shared_bytes, dynamic_shared_bytes, threads)
+    binding = min(limits, key=lambda k: limits[k])
+    return KernelLoadError(
+        f"cooperative launch of {grid} blocks, but at most {most} can be resident at once "
+        f"({occupancy} block(s)/SM x {sms} SMs) and a cooperative kernel needs all of them resident; "
+        f"the limit is set by {binding}: {registers} registers/thread x {threads} threads = "
+        f"{registers * threads} registers and {shared_bytes} B static + {dynamic_shared_bytes} B dynamic "
+        f"shared memory per block (blocks/SM by registers {limits['registers']}, by shared memory "
+        f"{limits['shared memory']}, by threads {limits['threads']}); lower Options.max_blocks to {most} "
+        f"or below, or use fewer registers / less shared memory per block (smaller threads_per_block or tiles)")
 
 
 def _attr(obj: Any, name: str, default: int = 0) -> int:
@@ -355,8 +429,34 @@ class CompiledKernel:
         Each is passed as an explicit 64-bit value (``ctypes.c_uint64``)."""
         make_current(self.device)
         core = self._core
-        core.launch(core.Stream.from_handle(int(stream)), self._config, self._kernel,
-                    *[ctypes.c_uint64(int(a)) for a in args])
+        if self.cooperative:
+            err = cooperative_limit_error(self.grid, self.occupancy, self.sm_count, self.registers,
+                                          self.shared_bytes, self.dynamic_shared_bytes, self.block,
+                                          self._device_limits())
+            if err is not None:
+                raise err
+        try:
+            core.launch(core.Stream.from_handle(int(stream)), self._config, self._kernel,
+                        *[ctypes.c_uint64(int(a)) for a in args])
+        except ValueError as e:  # cuda-core's own grid check, should the driver's occupancy differ
+            if "grid" not in str(e):
+                raise
+            occ = self._occupancy(self.block, self.dynamic_shared_bytes)
+            err = cooperative_limit_error(self.grid, occ, self.sm_count, self.registers, self.shared_bytes,
+                                          self.dynamic_shared_bytes, self.block, self._device_limits())
+            raise (err or KernelLoadError(
+                f"cooperative launch of {self.grid} blocks refused by the driver ({e}); the kernel uses "
+                f"{self.registers} registers/thread x {self.block} threads and {self.shared_bytes} B static + "
+                f"{self.dynamic_shared_bytes} B dynamic shared memory per block, {occ} block(s)/SM x "
+                f"{self.sm_count} SMs; lower Options.max_blocks")) from e
+
+    def _device_limits(self) -> dict[str, int]:
+        p = torch.cuda.get_device_properties(self.device)
+        return occupancy_limits(
+            self.registers, self.shared_bytes, self.dynamic_shared_bytes, self.block,
+            regs_per_sm=int(getattr(p, "regs_per_multiprocessor", 65536)),
+            shared_per_sm=int(getattr(p, "shared_memory_per_multiprocessor", 233472)),
+            threads_per_sm=int(getattr(p, "max_threads_per_multi_processor", 2048)))
 
     @property
     def resources(self) -> Resources:

@@ -196,15 +196,23 @@ class CompiledRunner:
         return GraphRunner(self, args, warmup=warmup)
 
     def verify(self, seeds: Sequence[int] = (0, 1), make_inputs: Callable[..., Any] | None = None, *,
-               strict: bool = False, int_high: int = 10, tolerances: dict[str, float] | None = None) -> Any:
+               strict: bool = False, int_high: int | None = None, tolerances: dict[str, float] | None = None,
+               fp64: bool = True) -> Any:
         """Compare the kernel with eager ``step_fn`` and with :func:`tkx.reference.run`.
 
         For each seed: inputs from ``make_inputs(seed)`` (``device=`` passed when accepted)
-        or random ones shaped like the compiled inputs (normal floats, integers in
-        ``[0, int_high)``); outputs and workspace are poisoned with NaN before the launch.
+        or random ones shaped like the compiled inputs (normal floats; integers in the range
+        the step accepts: the classes or rows they index, else ``[0, int_high)``, else the
+        example inputs' range, see :func:`~tkx.runtime.verify.integer_ranges`); outputs and
+        workspace are poisoned with NaN before the launch. Integer inputs outside that range
+        (from ``make_inputs``) raise :class:`~tkx.runtime.verify.InputRangeError` before
+        anything runs on the GPU, since eager would trip a device-side assert.
         Every output and in-place updated input is compared (relative error; float32
         ``<= 1e-5``, bf16/fp16 ``<= 2e-2``, or ``tolerances`` by dtype name), and inputs the
-        step must not change are checked bit for bit.
+        step must not change are checked bit for bit. A floating value outside the tolerance
+        still passes when a float64 run of the reference shows eager is the less accurate
+        side (its error against float64 within ``max(tolerance, 2 x eager's)``; ``fp64=False``
+        turns the arbitration off); the report names the closer side, errors and ULPs.
 
         Returns a :class:`~tkx.runtime.verify.Verification`; raises nothing on a mismatch
         unless ``strict=True`` (:class:`~tkx.runtime.verify.VerificationError`).
@@ -212,7 +220,8 @@ class CompiledRunner:
         from .verify import VerificationError, verify
 
         try:
-            result = verify(self, seeds, make_inputs, strict=strict, int_high=int_high, tolerances=tolerances)
+            result = verify(self, seeds, make_inputs, strict=strict, int_high=int_high, tolerances=tolerances,
+                            fp64=fp64)
         except VerificationError as exc:
             self.last_verification = exc.verification
             raise

@@ -11,6 +11,14 @@ The error measure is the relative error ``||a - b|| / ||b||`` (float64 norms; th
 ``||a - b||`` when ``||b|| == 0``; ``inf`` when finite/NaN/inf positions differ). Tolerances:
 float32 ``1e-5`` (``5e-3`` with ``Options(fp32_math="tf32")``), bfloat16/float16 ``2e-2``,
 integers and bool exact. Inputs the step does not update must come back bit-identical.
+
+Where eager itself is the less accurate side, a fixed tolerance against eager cries wolf. So
+every floating value is also compared with a float64 run of the reference
+(:func:`reference_fp64`): a value outside the tolerance still passes when its error against
+float64 is at most ``max(tolerance, k x eager's own error against float64)`` (``k`` =
+:data:`ARBITRATION_FACTOR`); the report gives both errors, the distance in ULPs and which
+side is closer. Integer inputs are drawn from the range the step accepts
+(:func:`integer_ranges`), and inputs outside it are refused before anything runs.
 """
 
 from __future__ import annotations
@@ -58,6 +66,14 @@ class Comparison:
     vs_eager: float | None
     vs_reference: float | None
     tolerance: float
+    #: the kernel's relative error against the float64 run of the reference (``None``: not run)
+    vs_fp64: float | None = None
+    #: eager's own relative error against the float64 run (``None``: not run)
+    eager_vs_fp64: float | None = None
+    #: the kernel's largest distance from the float64 value, in units in the last place of ``dtype``
+    ulps: float | None = None
+    #: the float64 arbitration factor ``k``
+    factor: float = 0.0
 
     @property
     def error(self) -> float:
@@ -65,8 +81,23 @@ class Comparison:
         return max((e for e in (self.vs_eager, self.vs_reference) if e is not None), default=0.0)
 
     @property
+    def arbitrated(self) -> bool:
+        """Outside the tolerance against eager / the reference, but as close to float64 as
+        eager is (within ``max(tolerance, factor x eager's error)``): eager is the less
+        accurate side."""
+        return self.error > self.tolerance and self.vs_fp64 is not None and self.eager_vs_fp64 is not None \
+            and self.vs_fp64 <= max(self.tolerance, self.factor * self.eager_vs_fp64)
+
+    @property
+    def closer(self) -> str | None:
+        """``"kernel"`` or ``"eager"``: which is closer to the float64 run (``None``: not run)."""
+        if self.vs_fp64 is None or self.eager_vs_fp64 is None:
+            return None
+        return "kernel" if self.vs_fp64 <= self.eager_vs_fp64 else "eager"
+
+    @property
     def ok(self) -> bool:
-        return self.error <= self.tolerance
+        return self.error <= self.tolerance or self.arbitrated
 
 
 @dataclass(frozen=True)
@@ -126,7 +157,11 @@ class Verification:
         lines = [head]
         for c in self.failures()[:10]:
             lines.append(f"  {c.kind} {c.name} seed {c.seed}: vs eager {_fmt(c.vs_eager)}, "
-                         f"vs reference {_fmt(c.vs_reference)} > {c.tolerance:.0e}")
+                         f"vs reference {_fmt(c.vs_reference)} > {c.tolerance:.0e}{_fp64_note(c)}")
+        arbitrated = [c for c in self.comparisons if c.arbitrated]
+        for c in arbitrated[:10]:
+            lines.append(f"  {c.kind} {c.name} seed {c.seed}: differs from eager by {_fmt(c.vs_eager)}, "
+                         f"but float64 arbitration passes it{_fp64_note(c)}")
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -149,6 +184,90 @@ class Verification:
 
 def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.3g}"
+
+
+def _fp64_note(c: Comparison) -> str:
+    if c.vs_fp64 is None:
+        return ""
+    text = f"; vs float64: kernel {_fmt(c.vs_fp64)}"
+    if c.ulps is not None:
+        text += f" ({c.ulps:.3g} ulp)"
+    if c.eager_vs_fp64 is not None:
+        text += f", eager {_fmt(c.eager_vs_fp64)}; {c.closer} is closer"
+    return text
+
+
+#: ``k`` of the float64 arbitration: a value outside the tolerance passes when its error
+#: against float64 is at most ``max(tolerance, k x eager's error against float64)``.
+ARBITRATION_FACTOR = 2.0
+_FLOATS = ("float32", "bfloat16", "float16")
+
+
+def reference_fp64(program: Any, flat: Sequence[torch.Tensor]) -> list[torch.Tensor | None]:
+    """The program's outputs and updated inputs computed in float64 (the arbiter of
+    :func:`verify`): floating inputs are widened, every floating op computes and keeps its
+    result in float64; explicit casts to bf16/fp16 still round (they are the step's own
+    mixed-precision semantics). Returns ``outputs + [update of input i for i in inputs]``
+    (``None`` where input ``i`` is not updated); everything on the inputs' device."""
+    from ..ir import TensorSpec
+    from ..reference import TORCH, evaluate, in_captured_layout, read
+    env: dict[str, torch.Tensor] = {}
+    for spec, t in zip(program.inputs, flat):
+        env[spec.value.buffer] = in_captured_layout(t.double() if t.is_floating_point() else t, spec.value,
+                                                    copy=True)
+    device = flat[0].device
+    for op in program.ops:
+        args = [read(env, x) if isinstance(x, TensorSpec) else x for x in op.inputs]
+        floating = op.out.dtype in _FLOATS
+        if op.kind in ("sum", "mean") and floating:
+            x = args[0].double() if args[0].dtype != torch.float64 else args[0]
+            dims, keep = tuple(op.attr("dims", ())), bool(op.attr("keepdim", False))
+            result = (torch.sum if op.kind == "sum" else torch.mean)(x, dim=dims, keepdim=keep) if dims else x.clone()
+        elif op.kind == "cast" and op.out.dtype == "float32" and args[0].is_floating_point():
+            result = args[0].double()
+        elif op.kind == "fill" and floating:
+            result = torch.full(op.out.shape, float(op.attr("value")), dtype=torch.float64, device=device)
+        else:  # a cast to bf16/fp16 rounds as the step asks; float32 results stay float64
+            result = evaluate(op, args, device)
+        result = result.double() if floating else result.to(TORCH[op.out.dtype])
+        if tuple(result.shape) != op.out.shape:
+            result = result.expand(op.out.shape)
+        env[op.id] = result.contiguous()
+    outs: list[torch.Tensor | None] = [read(env, o.value) for o in program.outputs]
+    updates = {u.input_index: read(env, u.value) for u in program.updates}
+    return outs + [updates.get(i) for i in range(len(program.inputs))]
+
+
+def ulp_distance(got: torch.Tensor, exact: torch.Tensor, dtype: str) -> float:
+    """The largest ``|got - exact|`` in units in the last place of ``dtype`` at ``exact``
+    (finite elements only; ``0.0`` when there are none)."""
+    if dtype not in _FLOATS:
+        return 0.0
+    g, e = got.detach().double().reshape(-1), exact.detach().double().reshape(-1)
+    keep = torch.isfinite(g) & torch.isfinite(e)
+    if not bool(keep.any()):
+        return 0.0
+    g, e = g[keep], e[keep]
+    t = TORCH_DTYPES[dtype]
+    base = e.abs().to(t)
+    ulp = (torch.nextafter(base, torch.full_like(base, float("inf"))) - base).double()
+    ulp = torch.where(ulp > 0, ulp, torch.full_like(ulp, torch.finfo(t).tiny))
+    return float(((g - e).abs() / ulp).max())
+
+
+def compare(name: str, kind: str, dtype: str, seed: int, got: torch.Tensor, eager: torch.Tensor | None,
+            ref: torch.Tensor, exact: torch.Tensor | None, tolerance: float,
+            factor: float = ARBITRATION_FACTOR) -> Comparison:
+    """One :class:`Comparison` of ``got`` (the kernel's value) with eager, the reference and
+    the float64 run ``exact`` (any of ``eager``/``exact`` may be ``None``)."""
+    vs_eager = relative_error(got, eager) if eager is not None else None
+    vs_ref = relative_error(got, ref)
+    vs64 = e64 = ulps = None
+    if exact is not None and dtype in _FLOATS:
+        vs64 = relative_error(got, exact)
+        e64 = relative_error(eager, exact) if eager is not None else relative_error(ref, exact)
+        ulps = ulp_distance(got, exact, dtype)
+    return Comparison(name, kind, dtype, seed, vs_eager, vs_ref, tolerance, vs64, e64, ulps, factor)
 
 
 def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -207,15 +326,107 @@ def tolerance_for(dtype: str, options: Any = None, overrides: Mapping[str, float
     return TOLERANCES.get(dtype, 0.0)
 
 
-def random_inputs(program: Any, seed: int, device: torch.device, *, int_high: int = 10) -> tuple:
+#: IR op kinds whose integer operand indexes another operand (the op table's index ops).
+INDEX_KINDS = ("gather", "embedding", "index_select", "take_along_dim", "scatter", "scatter_add", "index")
+_INT_DTYPES = ("int64", "int32")
+
+
+@dataclass(frozen=True)
+class IntegerRange:
+    """The values an integer input may take: ``low <= v < high``, plus the ``also`` values
+    the step treats specially (``ignore_index``); ``why`` says where the range came from."""
+
+    name: str
+    low: int
+    high: int
+    also: tuple[int, ...] = ()
+    why: str = ""
+
+    def accepts(self, t: torch.Tensor) -> bool:
+        ok = (t >= self.low) & (t < self.high)
+        for v in self.also:
+            ok |= t == v
+        return bool(ok.all())
+
+
+def integer_ranges(program: Any, examples: Sequence[torch.Tensor | None] | None = None,
+                   int_high: int | None = None) -> dict[int, IntegerRange]:
+    """Input index -> the :class:`IntegerRange` of every integer input of ``program``.
+
+    In order of preference: what the step does with it (compared with an ``iota`` of ``C``
+    values, as a one-hot / cross-entropy target: ``[start, start + C)``; the index operand of
+    an index op: the size of the indexed dimension), ``int_high`` when given (``[0,
+    int_high)``), the example inputs' own range (``[min, max]``), else ``[0, 10)``.
+    Constants the input is compared with by ``ne`` (``ignore_index``) are accepted too.
+    """
+    from ..ir import TensorSpec
+
+    ops = {op.id: op for op in program.ops}
+    out: dict[int, IntegerRange] = {}
+    for i, spec in enumerate(program.inputs):
+        if spec.value.dtype not in _INT_DTYPES:
+            continue
+        aliases = {spec.value.buffer}  # the input and its checked copies (index_check)
+        lows, highs, also, whys = [], [], set(), []
+        for op in program.ops:
+            ins = op.inputs
+            pos = [k for k, x in enumerate(ins) if isinstance(x, TensorSpec) and x.buffer in aliases]
+            if not pos:
+                continue
+            if op.kind == "index_check":
+                aliases.add(op.id)
+                lows.append(int(op.attr("lo", 0)))
+                highs.append(int(op.attr("hi", 0)))
+                if op.attr("ignore", None) is not None:
+                    also.add(int(op.attr("ignore")))
+                whys.append(f"checked by {op.id} ({op.attr('what', 'an index')})")
+            elif op.kind == "eq" and len(ins) == 2:
+                other = ins[1 - pos[0]]
+                src = ops.get(other.buffer) if isinstance(other, TensorSpec) else None
+                if src is not None and src.kind == "iota":
+                    n = src.out.shape[src.attr("dim", 0)] if src.out.shape else 1
+                    start, step = int(src.attr("start", 0)), int(src.attr("step", 1))
+                    if step == 1:
+                        lows.append(start)
+                        highs.append(start + n)
+                        whys.append(f"compared with {n} class indices by {op.id}")
+            elif op.kind == "ne" and len(ins) == 2 and not isinstance(ins[1 - pos[0]], TensorSpec):
+                also.add(int(ins[1 - pos[0]]))
+            elif op.kind in INDEX_KINDS:
+                dim = op.attr("dim", 0)
+                table = next((x for x in ins if isinstance(x, TensorSpec) and x.buffer not in aliases), None)
+                if table is not None and table.shape:
+                    size = table.shape[dim if op.kind != "embedding" else 0]
+                    lows.append(0)
+                    highs.append(size)
+                    whys.append(f"indexes {size} entries in {op.id}")
+        name = spec.name
+        if highs:
+            out[i] = IntegerRange(name, max(lows), min(highs), tuple(sorted(also)), "; ".join(whys))
+        elif int_high is not None:
+            out[i] = IntegerRange(name, 0, int(int_high), tuple(sorted(also)), f"int_high={int_high}")
+        elif examples is not None and i < len(examples) and examples[i] is not None and examples[i].numel():
+            ex = examples[i]
+            out[i] = IntegerRange(name, int(ex.min()), int(ex.max()) + 1, tuple(sorted(also)),
+                                  "the example input's range")
+        else:
+            out[i] = IntegerRange(name, 0, 10, tuple(sorted(also)), "default [0, 10)")
+    return out
+
+
+def random_inputs(program: Any, seed: int, device: torch.device, *, int_high: int | None = None,
+                  ranges: Mapping[int, IntegerRange] | None = None) -> tuple:
     """Random arguments shaped (and strided) like the compiled inputs, as the step's pytree.
 
-    Floats: standard normal; integers: uniform in ``[0, int_high)``; bool: fair coins. Values
-    are drawn on the CPU from a generator seeded with ``seed``, then moved to ``device``.
+    Floats: standard normal; integers: uniform in the range the step accepts
+    (:func:`integer_ranges`: the classes or rows they index, else ``[0, int_high)``, else
+    ``[0, 10)``); bool: fair coins. Values are drawn on the CPU from a generator seeded with
+    ``seed``, then moved to ``device``.
     """
     gen = torch.Generator(device="cpu").manual_seed(int(seed))
+    ranges = dict(ranges) if ranges is not None else integer_ranges(program, int_high=int_high)
     flat = []
-    for spec in program.inputs:
+    for i, spec in enumerate(program.inputs):
         v = spec.value
         dtype = TORCH_DTYPES[v.dtype]
         if v.dtype in ("float32", "bfloat16", "float16"):
@@ -223,13 +434,32 @@ def random_inputs(program: Any, seed: int, device: torch.device, *, int_high: in
         elif v.dtype == "bool":
             data = torch.randint(0, 2, v.shape, generator=gen).bool()
         else:
-            data = torch.randint(0, int(int_high), v.shape, generator=gen, dtype=dtype)
+            r = ranges.get(i) or IntegerRange(spec.name, 0, 10)
+            data = torch.randint(r.low, max(r.high, r.low + 1), v.shape, generator=gen, dtype=dtype)
         t = torch.empty_strided(v.shape, v.strides, dtype=dtype, device=device)
         t.copy_(data)
         flat.append(t)
     if program.in_tree is None:
         return tuple(flat)
     return tuple(tree_unflatten(flat, program.in_tree))
+
+
+class InputRangeError(TkxError):
+    """Verification inputs with integer values the step cannot accept (they would trip a
+    device-side assert in eager PyTorch on the GPU and break the CUDA context)."""
+
+
+def check_integer_ranges(flat: Sequence[torch.Tensor], ranges: Mapping[int, IntegerRange], seed: int) -> None:
+    """Raise :class:`InputRangeError` naming the first integer input outside its range."""
+    for i, r in ranges.items():
+        t = flat[i]
+        if not r.accepts(t):
+            also = f" (or {', '.join(map(str, r.also))})" if r.also else ""
+            raise InputRangeError(
+                f"verify: input {r.name} of seed {seed} holds values in [{int(t.min())}, {int(t.max())}], "
+                f"but the step accepts [{r.low}, {r.high}){also}: {r.why}. Eager PyTorch would trip a "
+                f"device-side assert on the GPU (and every later CUDA call would fail), so nothing was "
+                f"run; make make_inputs draw {r.name} from that range")
 
 
 def call_make_inputs(make_inputs: Callable[..., Any], seed: int, device: torch.device) -> tuple:
@@ -261,8 +491,8 @@ def poison_(t: torch.Tensor) -> torch.Tensor:
 
 
 def verify(runner: Any, seeds: Sequence[int] = (0, 1), make_inputs: Callable[..., Any] | None = None, *,
-           strict: bool = False, int_high: int = 10,
-           tolerances: Mapping[str, float] | None = None) -> Verification:
+           strict: bool = False, int_high: int | None = None,
+           tolerances: Mapping[str, float] | None = None, fp64: bool = True) -> Verification:
     """See :meth:`tkx.runtime.CompiledRunner.verify`."""
     from .. import reference
 
@@ -273,10 +503,12 @@ def verify(runner: Any, seeds: Sequence[int] = (0, 1), make_inputs: Callable[...
     notes: list[str] = []
     if runner.step_fn is None:
         notes.append("no step_fn: compared with the reference interpreter only (build() keeps the step)")
+    ranges = integer_ranges(program, getattr(runner, "example_integers", None), int_high)
     for seed in seeds:
         args = (call_make_inputs(make_inputs, seed, device) if make_inputs is not None
-                else random_inputs(program, seed, device, int_high=int_high))
+                else random_inputs(program, seed, device, ranges=ranges))
         flat = runner.flatten(args)
+        check_integer_ranges(flat, ranges, seed)  # before anything runs on the device
         # eager on clones
         eager_out: list[torch.Tensor] | None = None
         eager_in: list[torch.Tensor] | None = None
@@ -299,20 +531,20 @@ def verify(runner: Any, seeds: Sequence[int] = (0, 1), make_inputs: Callable[...
         runner.run_flat(mine, out=outs, arena=arena, check=True)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
+        exact = reference_fp64(program, flat) if fp64 else [None] * (len(program.outputs) + len(program.inputs))
+        n_out = len(program.outputs)
         for k, spec in enumerate(program.outputs):
             dtype = spec.value.dtype
-            comparisons.append(Comparison(
-                spec.name, "output", dtype, seed,
-                relative_error(outs[k], eager_out[k]) if eager_out is not None else None,
-                relative_error(outs[k], ref.outputs[k]), tolerance_for(dtype, options, tolerances, program)))
+            comparisons.append(compare(
+                spec.name, "output", dtype, seed, outs[k], eager_out[k] if eager_out is not None else None,
+                ref.outputs[k], exact[k], tolerance_for(dtype, options, tolerances, program)))
         updated = {u.input_index for u in program.updates}
         for i, spec in enumerate(program.inputs):
             dtype = spec.value.dtype
             if i in updated:
-                comparisons.append(Comparison(
-                    spec.name, "update", dtype, seed,
-                    relative_error(mine[i], eager_in[i]) if eager_in is not None else None,
-                    relative_error(mine[i], ref.updates[i]), tolerance_for(dtype, options, tolerances, program)))
+                comparisons.append(compare(
+                    spec.name, "update", dtype, seed, mine[i], eager_in[i] if eager_in is not None else None,
+                    ref.updates[i], exact[n_out + i], tolerance_for(dtype, options, tolerances, program)))
             elif not torch.equal(mine[i], flat[i]) and not (
                     mine[i].is_floating_point() and torch.equal(mine[i].isnan(), flat[i].isnan())
                     and torch.equal(mine[i].nan_to_num(), flat[i].nan_to_num())):

@@ -87,12 +87,13 @@ class _Machine:
             return x
         if x.buffer in regs:
             root = regs[x.buffer]
-            return root.as_strided(x.shape, x.strides, x.offset)
+            return root.as_strided(x.shape, x.strides, root.storage_offset() + x.offset)
         if x.buffer in group.inlined:
             if x.buffer not in memo:
                 op = self.ops[x.buffer]
                 memo[x.buffer] = self.compute(op, regs, group, memo)
-            return memo[x.buffer].as_strided(x.shape, x.strides, x.offset)
+            root = memo[x.buffer]
+            return root.as_strided(x.shape, x.strides, root.storage_offset() + x.offset)
         if x.buffer in self.ops and x.buffer not in self.s.homes and x.buffer not in self.input_index:
             raise ScheduleError(f"group {group.id} reads {x.buffer}, which is neither stored nor inlined here")
         return self.read(x)
@@ -103,7 +104,14 @@ class _Machine:
         out = evaluate(op, args, self.device).to(TORCH[op.out.dtype])
         if tuple(out.shape) != op.out.shape:
             out = out.expand(op.out.shape)
-        return out.contiguous()
+        out = out.contiguous()
+        # A value "in registers" is the group's own copy: an op that returns its operand (a sum
+        # over no dims, a same-dtype cast) would otherwise hand back a view of the arena or an
+        # input, which a later store in the same group would change under it.
+        if any(isinstance(a, torch.Tensor) and a.numel() and out.numel()
+               and a.untyped_storage().data_ptr() == out.untyped_storage().data_ptr() for a in args):
+            out = out.clone()
+        return out
 
     def run_group(self, grp: Group) -> None:
         regs: dict[str, torch.Tensor] = {}

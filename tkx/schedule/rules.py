@@ -27,6 +27,7 @@ from typing import Any
 from .. import ops
 from ..errors import TkxError
 from ..ir import Op, Program, TensorSpec
+from ..watchdog import UserCodeTimeout, user_code
 
 #: Kinds the op table marks as transcendental (their cost class): recomputed only when needed.
 TRANSCENDENTAL = ops.TRANSCENDENTAL
@@ -194,7 +195,13 @@ def judge(c: Candidate, rules: tuple[FusionRule, ...]) -> tuple[str, Verdict]:
     """(rule name, verdict) for a candidate; fused by default when no rule objects."""
     for rule in rules:
         try:
-            v = rule(c)
+            if rule.name in _USER_RULES:
+                with user_code(f"fusion rule {rule.name!r} (on {c.kind} candidate {c.producer.id} -> {c.consumer.id})"):
+                    v = rule(c)
+            else:
+                v = rule(c)
+        except UserCodeTimeout:
+            raise
         except Exception as e:
             raise TkxError(f"fusion rule {rule.name!r} raised {type(e).__name__}: {e} (on {c.kind} candidate "
                            f"{c.producer.id} -> {c.consumer.id})") from e
