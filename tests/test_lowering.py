@@ -5,12 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from pipeline import check_step
 from torch.func import grad_and_value, jvp, vmap
 
 import tkx
 from tkx.schedule.interpreter import run as run_schedule
-
-from pipeline import check_step
 
 
 def test_backward_ops_carry_the_line_of_the_forward_op_they_differentiate():
@@ -51,7 +50,7 @@ def test_batch_norm_names_native_batch_norm():
         return loss, w - 0.1 * g
 
     with pytest.raises(tkx.UnsupportedError, match="native_batch_norm") as info:
-        tkx.explore(step, (torch.randn(4, 3), torch.randn(8, 4))).program
+        _ = tkx.explore(step, (torch.randn(4, 3), torch.randn(8, 4))).program
     assert "uint8" not in str(info.value) and "layer_norm" in info.value.hint
 
 
@@ -61,7 +60,7 @@ def test_forward_mode_names_the_transform():
         return out, tangent
 
     with pytest.raises(tkx.UnsupportedError) as info:
-        tkx.explore(step, (torch.randn(4, 3), torch.randn(8, 4))).program
+        _ = tkx.explore(step, (torch.randn(4, 3), torch.randn(8, 4))).program
     assert info.value.kind == "unsupported-transform" and "torch.func.jvp" in str(info.value)
     assert "grad_and_value" in info.value.hint
 
@@ -83,7 +82,7 @@ def test_user_lowering_and_decomposition_from_a_notebook_cell():
         return F.hardsigmoid(x) * 2
 
     with pytest.raises(tkx.UnsupportedError, match="hardsigmoid"):
-        tkx.explore(step, (torch.randn(5),)).program
+        _ = tkx.explore(step, (torch.randn(5),)).program
 
     @tkx.register_decomposition(aten.hardsigmoid)
     def hardsigmoid(x):

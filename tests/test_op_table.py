@@ -12,12 +12,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from pipeline import check_step
 
 import tkx
 from tkx import ops
 from tkx.codegen import ops as cops
-
-from pipeline import check_step
 
 g = torch.Generator().manual_seed(0)
 
@@ -166,7 +165,7 @@ def test_integer_ops_that_are_not_exact_are_refused_at_lowering_with_the_line():
         return i ** 2
 
     with pytest.raises(tkx.UnsupportedError) as info:
-        tkx.explore(step, (ints(9, 4),)).program
+        _ = tkx.explore(step, (ints(9, 4),)).program
     assert info.value.kind == "integer-arithmetic" and "test_op_table.py" in str(info.value)
 
 

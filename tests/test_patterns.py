@@ -10,11 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from pipeline import check_step
 from torch.func import grad, grad_and_value, vmap
 
 import tkx
-
-from pipeline import check_step
 
 PATTERNS = Path(__file__).parent / "data" / "patterns.md"
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from pipeline import check_step
 from torch.func import grad_and_value
 
 import tkx
-
-from pipeline import check_step
 
 
 def sgd(loss_fn):
@@ -72,5 +71,5 @@ def test_ops_without_a_primitive_say_so(op, text):
         return out.sum()
 
     with pytest.raises(tkx.UnsupportedError, match=text) as info:
-        tkx.explore(step, (torch.randn(4, 5), torch.randn(8, 4))).program
+        _ = tkx.explore(step, (torch.randn(4, 5), torch.randn(8, 4))).program
     assert "test_user_steps.py" in str(info.value)

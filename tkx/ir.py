@@ -113,7 +113,7 @@ class Op:
     def __post_init__(self) -> None:
         # Ops are shared between stages and explorations: attributes must not change in place
         # (a pass that wants other attributes makes a new Op with ``op.replace(attrs=...)``).
-        if not type(self.kind) is str:  # a tkx.ops.Kind member: store the plain name
+        if type(self.kind) is not str:  # a tkx.ops.Kind member: store the plain name
             object.__setattr__(self, "kind", str(self.kind))
         if not isinstance(self.attrs, MappingProxyType):
             object.__setattr__(self, "attrs", MappingProxyType(dict(self.attrs)))

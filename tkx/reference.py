@@ -20,6 +20,7 @@ from .dtypes import TORCH
 from .errors import TkxError
 from .ir import Op, Operand, Program, TensorSpec
 
+
 @dataclass
 class Execution:
     """What :func:`run` returns.

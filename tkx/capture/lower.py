@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
-from ..errors import SourceLine, UnsupportedError
 from .. import ops
 from ..dtypes import INT_DTYPES
+from ..errors import SourceLine, UnsupportedError
 from ..ir import (
     DTYPE_BYTES,
     InputSpec,

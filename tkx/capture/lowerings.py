@@ -182,7 +182,7 @@ def _merged_index(L: Any, x: TensorSpec, pos: int, tensors: list[TensorSpec], *,
     shape = tuple(torch.broadcast_shapes(*[t.shape for t in tensors]))
     sizes = [x.shape[pos + k] for k in range(len(tensors))]
     lin: TensorSpec | None = None
-    for k, (t, n) in enumerate(zip(tensors, sizes)):
+    for t, n in zip(tensors, sizes):
         t = L.broadcast(t, shape)
         j = _checked(L, t, n, wrap=wrap, what=what)
         if lin is None:

@@ -503,7 +503,8 @@ def _check_supported(s: FusedSchedule) -> None:
             raise UnsupportedError(
                 "integer-arithmetic", f"{op.kind} on {op.out.dtype} values ({op.id})", op=op.kind, node=op.fx_node,
                 source=op.source, hint="compute it in float32 (cast the operands first)")
-        if r.family in ("pointwise", "index") and r.c is None and (not r.statements or op.kind not in SPECIAL_POINTWISE):
+        emitted = r.statements and op.kind in SPECIAL_POINTWISE
+        if r.family in ("pointwise", "index") and r.c is None and not emitted:
             raise TkxError(f"codegen: the op table row of {op.kind} ({op.id}) has no C expression or emitter")
 
 

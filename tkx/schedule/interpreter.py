@@ -19,9 +19,9 @@ import torch
 
 from .. import ops as optable
 from ..arena import ArenaPlan
+from ..dtypes import TORCH
 from ..errors import TkxError
 from ..ir import Op, TensorSpec
-from ..dtypes import TORCH
 from ..reference import Execution, evaluate, flatten_inputs, in_captured_layout
 from .model import FusedSchedule, Group, Home
 
