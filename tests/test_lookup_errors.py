@@ -87,7 +87,7 @@ def test_unknown_printer_number_explains_op_ids(exp):
     printed = tkx.printer.Namer(exp.schedule.program).names["mm"]
     assert msg == ("no op '%9999' in schedule digits_mlp; IR value names like '%9999' are printer names, not op ids, "
                    f"and no value of this program prints so (op 'mm' prints as {printed!r}); use an op id such as "
-                   "mm, add, relu, mm_1, ... (55 in all)")
+                   "mm, add, relu, mm_1, ... (58 in all)")
 
 
 def test_known_ids_still_work(exp):
