@@ -185,7 +185,7 @@ def test_probe_kernel_matches_eager_on_the_gpu(kind):
     runner = tkx.runtime.build(step, tree_map(lambda t: t.cuda(), inputs))
     result = runner.verify(make_inputs=lambda seed, device="cuda": tree_map(lambda t: t.to(device), inputs),
                            strict=True)
-    assert result.ok
+    assert result.passed
 
 
 def test_rows_emitted_as_statements_have_an_emitter():
