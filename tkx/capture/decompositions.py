@@ -96,8 +96,57 @@ def checked_one_hot(labels: torch.Tensor, num_classes: int = -1) -> torch.Tensor
     return (labels.unsqueeze(-1) == torch.arange(num_classes, device=labels.device)).to(torch.int64)
 
 
+def _refuse(what: str, hint: str) -> None:
+    """Raise :class:`~tkx.errors.UnsupportedError` naming the user's line (from inside an override)."""
+    import sys
+
+    from ..errors import UnsupportedError
+    from .trace import user_frame  # imported here: trace imports this module
+
+    raise UnsupportedError("unsupported-op", what, source=user_frame(sys._getframe(1)), hint=hint)
+
+
+def attention_math(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None = None,
+                   dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+                   enable_gqa: bool = False) -> torch.Tensor:
+    """``F.scaled_dot_product_attention`` written out: ``softmax(q @ k^T * scale + mask) @ v``.
+
+    Shapes: ``query [..., L, E]``, ``key [..., S, E]``, ``value [..., S, Ev]`` -> ``[..., L, Ev]``
+    (leading dims broadcast). ``scale`` defaults to ``1 / sqrt(E)``; ``is_causal`` keeps key ``j``
+    for query ``i`` when ``j <= i`` (the top-left aligned lower triangle, as torch); a boolean
+    ``attn_mask`` keeps the positions where it is True, a float one is added to the scores.
+    ``dropout_p > 0`` drops attention probabilities with :func:`torch.nn.functional.dropout`
+    (tkx's in-step Philox generator). A row with every key masked gives NaN (0/0), as torch's
+    math backend does. ``enable_gqa`` raises :class:`~tkx.errors.UnsupportedError`.
+    """
+    import math
+
+    if enable_gqa:
+        _refuse("scaled_dot_product_attention(enable_gqa=True)",
+                "repeat the key/value heads with k.repeat_interleave(groups, dim=-3) first")
+    if is_causal and attn_mask is not None:
+        _refuse("scaled_dot_product_attention with both is_causal=True and attn_mask (torch refuses it too)",
+                "fold the causal mask into attn_mask (attn_mask & torch.ones(L, S, dtype=torch.bool).tril())")
+    n_q, n_k = query.shape[-2], key.shape[-2]
+    s = scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])
+    scores = (query @ key.transpose(-2, -1)) * s
+    if is_causal:
+        keep = torch.ones(n_q, n_k, dtype=torch.bool, device=query.device).tril()
+        scores = scores.masked_fill(keep.logical_not(), float("-inf"))
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            scores = scores.masked_fill(attn_mask.logical_not(), float("-inf"))
+        else:
+            scores = scores + attn_mask
+    probs = torch.softmax(scores, dim=-1)
+    if dropout_p > 0.0:
+        probs = torch.nn.functional.dropout(probs, dropout_p, training=True)
+    return probs @ value
+
+
 #: torch functions replaced while tracing (composite ops torch decomposes before any table sees them).
-FUNCTION_OVERRIDES: dict[Callable, Callable] = {torch.nn.functional.one_hot: checked_one_hot}
+FUNCTION_OVERRIDES: dict[Callable, Callable] = {torch.nn.functional.one_hot: checked_one_hot,
+                                                torch.nn.functional.scaled_dot_product_attention: attention_math}
 
 
 def _one_hot_mask(target: torch.Tensor, classes: int, ignore_index: int, logp: torch.Tensor):
