@@ -99,3 +99,76 @@ def test_multi_head_attention_through_reshape_transpose_bmm():
     c = heads * d
     exp = check_step(step, (f(2, 8, c), f(c, 3 * c) / c**0.5, f(c, c) / c**0.5))
     assert {"bmm", "mm"} & {op.kind for op in exp.program.ops}
+
+
+# -- normalisation and the Llama pieces -------------------------------------------------------
+
+
+def _bn_step(training):
+    def step(w, b, running_mean, running_var, x):
+        def loss(w, b):
+            y = F.batch_norm(x, running_mean, running_var, w, b, training=training, momentum=0.1, eps=1e-5)
+            ramp = torch.arange(y.numel(), dtype=y.dtype).reshape(y.shape) / y.numel()
+            return (y * ramp).sin().sum()
+        (gw, gb), value = torch.func.grad_and_value(loss, argnums=(0, 1))(w, b)
+        return value, gw, gb
+    return step
+
+
+@pytest.mark.parametrize("shape", [(16, 4), (4, 3, 5, 5)], ids=["1d", "2d"])
+def test_batch_norm_training_updates_running_stats_in_place_as_eager(shape):
+    c = shape[1]
+    inputs = (f(c) + 1, f(c), f(c), torch.rand(c, generator=g) + 0.5, f(*shape) * 2 + 1)
+    exp = check_step(_bn_step(True), inputs)  # compares the running stats after the step with eager's
+    assert sorted(u.input_index for u in exp.program.updates) == [2, 3]
+    # and eager's nn.BatchNorm module agrees with what the reference interpreter wrote in place
+    module = (torch.nn.BatchNorm1d if len(shape) == 2 else torch.nn.BatchNorm2d)(c)
+    with torch.no_grad():
+        module.weight.copy_(inputs[0]), module.bias.copy_(inputs[1])
+        module.running_mean.copy_(inputs[2]), module.running_var.copy_(inputs[3])
+        module.train()(inputs[4])
+    mine = [t.clone() for t in inputs]
+    tkx.reference.run(exp.optimized, mine, update_inputs=True)
+    torch.testing.assert_close(mine[2], module.running_mean, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(mine[3], module.running_var, rtol=1e-5, atol=1e-6)
+
+
+def test_batch_norm_eval_uses_running_stats():
+    exp = check_step(_bn_step(False), (f(4) + 1, f(4), f(4), torch.rand(4, generator=g) + 0.5, f(16, 4)))
+    assert not exp.program.updates
+
+
+def rms_norm(x, w, eps=1e-6):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rope(x, positions):
+    """x: [B, H, T, D]; positions: int64 [T]. Rotations by theta_i = pos / 10000^(2i/D)."""
+    d = x.shape[-1]
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]
+    emb = torch.cat((angles, angles), dim=-1)
+    return x * emb.cos() + rotate_half(x) * emb.sin()
+
+
+def swiglu(x, w_gate, w_up, w_down):
+    return (F.silu(x @ w_gate) * (x @ w_up)) @ w_down
+
+
+def test_rms_norm_rope_and_swiglu():
+    def step(x, w, positions, w_gate, w_up, w_down):
+        def loss(w, w_gate, w_up, w_down):
+            h = rms_norm(x, w)
+            r = rope(h.reshape(2, 8, 2, 8).transpose(1, 2), positions).transpose(1, 2).reshape(2, 8, 16)
+            return swiglu(r, w_gate, w_up, w_down).square().mean()
+        grads, value = torch.func.grad_and_value(loss, argnums=(0, 1, 2, 3))(w, w_gate, w_up, w_down)
+        return (value, *grads)
+
+    exp = check_step(step, (f(2, 8, 16), f(16) + 1, torch.arange(8), f(16, 24) / 4, f(16, 24) / 4, f(24, 16) / 5))
+    kinds = {op.kind for op in exp.program.ops}
+    assert {"sin", "cos", "cat", "rsqrt"} <= kinds

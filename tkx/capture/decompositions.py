@@ -63,6 +63,12 @@ TORCH_DECOMPOSED = [
     aten.log_sigmoid_backward, aten.index_add,
     # layout shuffles
     aten.roll, aten.repeat, aten.constant_pad_nd, aten.narrow_copy,
+    # BatchNorm: batch statistics in training (the running stats updated by functionalization's copy_),
+    # running statistics in eval, and the backward
+    aten.native_batch_norm, aten._native_batch_norm_legit, aten._native_batch_norm_legit_no_training,
+    aten._native_batch_norm_legit_functional, aten._batch_norm_with_update,
+    aten._batch_norm_with_update_functional, aten._batch_norm_no_update, aten.native_batch_norm_backward,
+    aten.batch_norm_backward,
 ]
 
 _REDUCTION_NONE, _REDUCTION_MEAN, _REDUCTION_SUM = 0, 1, 2
