@@ -114,15 +114,16 @@ def _refuse(what: str, hint: str) -> None:
 
 def attention_math(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None = None,
                    dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
-                   enable_gqa: bool = False) -> torch.Tensor:
+                   enable_gqa: bool = False, dropout: Callable | None = None) -> torch.Tensor:
     """``F.scaled_dot_product_attention`` written out: ``softmax(q @ k^T * scale + mask) @ v``.
 
     Shapes: ``query [..., L, E]``, ``key [..., S, E]``, ``value [..., S, Ev]`` -> ``[..., L, Ev]``
     (leading dims broadcast). ``scale`` defaults to ``1 / sqrt(E)``; ``is_causal`` keeps key ``j``
     for query ``i`` when ``j <= i`` (the top-left aligned lower triangle, as torch); a boolean
     ``attn_mask`` keeps the positions where it is True, a float one is added to the scores.
-    ``dropout_p > 0`` drops attention probabilities with :func:`torch.nn.functional.dropout`
-    (tkx's in-step Philox generator). A row with every key masked gives NaN (0/0), as torch's
+    ``dropout_p > 0`` drops attention probabilities with ``dropout(probs, dropout_p)``, which
+    :func:`tkx.random.philox` passes (its in-step Philox generator); without it, it raises
+    :class:`~tkx.errors.UnsupportedError`. A row with every key masked gives NaN (0/0), as torch's
     math backend does. ``enable_gqa`` raises :class:`~tkx.errors.UnsupportedError`.
     """
     import math
@@ -146,7 +147,10 @@ def attention_math(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
             scores = scores + attn_mask
     probs = torch.softmax(scores, dim=-1)
     if dropout_p > 0.0:
-        probs = torch.nn.functional.dropout(probs, dropout_p, training=True)
+        if dropout is None:
+            _refuse("scaled_dot_product_attention(dropout_p > 0) outside a tkx.random.philox(state) block",
+                    "draw the dropout inside `with tkx.random.philox(state):` (see tkx.random), or pass dropout_p=0")
+        probs = dropout(probs, dropout_p)
     return probs @ value
 
 

@@ -264,8 +264,9 @@ class Lowering:
             packet = getattr(node.target, "_overloadpacket", None)
             if node.op == "call_function" and packet is not None and packet.__name__ in RANDOM_OPS:
                 self.node = node
-                raise self.fail("random-op", f"random-number op {packet.__name__}",
-                                "generate random tensors outside the step and pass them in as inputs")
+                raise self.fail("random-op", f"random-number op {packet.__name__} drawn from torch's generator",
+                                "draw inside `with tkx.random.philox(state):` (state = tkx.random.philox_state(seed), "
+                                "an input of the step; see tkx.random), or pass random tensors in as inputs")
         for node in self.gm.graph.nodes:
             self.node = node
             if node.op == "placeholder":
