@@ -172,3 +172,92 @@ def test_rms_norm_rope_and_swiglu():
     exp = check_step(step, (f(2, 8, 16), f(16) + 1, torch.arange(8), f(16, 24) / 4, f(16, 24) / 4, f(24, 16) / 5))
     kinds = {op.kind for op in exp.program.ops}
     assert {"sin", "cos", "cat", "rsqrt"} <= kinds
+
+
+# -- random numbers inside the step (Philox-4x32-10) ------------------------------------------
+
+
+def test_philox_matches_the_published_known_answers():
+    """Random123's known-answer vectors for philox4x32_10 (counter, key -> output)."""
+    words = lambda *xs: tuple(torch.tensor(x) for x in xs)  # noqa: E731
+    cases = [((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+             ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+             ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
+              (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1))]
+    for counter, key, want in cases:
+        got = tuple(int(w) for w in tkx.ops.philox4x32_10(words(*counter), words(*key)))
+        assert got == want
+
+
+def test_philox_uniform_is_exact_multiples_of_2_to_the_minus_24():
+    u = tkx.ops.philox_uniform(torch.tensor(5), torch.tensor(0), torch.arange(4096), 0)
+    assert u.dtype == torch.float32 and 0.0 <= float(u.min()) and float(u.max()) < 1.0
+    assert torch.equal(u * 2**24, (u * 2**24).floor())
+
+
+def _dropout_step(w, x, state):
+    def loss(w):
+        return F.dropout(torch.tanh(x @ w), 0.25).square().mean()
+    with tkx.random.philox(state):
+        gw, value = torch.func.grad_and_value(loss)(w)
+        noise = torch.randn(64, 32)
+        u = torch.rand(64, 32)
+        b = torch.bernoulli(torch.full((64, 32), 0.3))
+    return value, gw, noise, u, b
+
+
+def test_dropout_rand_randn_bernoulli_in_the_step_match_eager_bit_for_bit():
+    """Eager runs the same Philox draws, so both interpreters agree with it (and the kernel on the GPU);
+    the state's offset is advanced in place like eager's."""
+    state = tkx.random.philox_state(11)
+    exp = check_step(_dropout_step, (f(16, 8), f(32, 16), state))
+    assert [op.kind for op in exp.program.ops].count("philox") >= 4
+    assert [u.input_index for u in exp.program.updates] == [2]
+    assert "tkx_philox_uniform(" in exp.cuda.text
+
+
+def test_same_seed_same_numbers_and_the_offset_moves_on():
+    w, x = f(16, 8), f(32, 16)
+    s1, s2 = tkx.random.philox_state(5), tkx.random.philox_state(5)
+    a, b = _dropout_step(w, x, s1), _dropout_step(w, x, s2)
+    assert all(torch.equal(p, q) for p, q in zip(a, b))
+    assert s1.tolist() == [5, 1]
+    c = _dropout_step(w, x, s1)  # offset 1: new numbers
+    assert not torch.equal(a[3], c[3])
+
+
+def test_statistics_against_torchs_own_generator():
+    """torch's stream cannot be matched by a counter-based generator: compare the distributions."""
+    n = 1 << 16
+    with tkx.random.philox(tkx.random.philox_state(1)):
+        keep = (F.dropout(torch.ones(n), 0.3) != 0).float()
+        u, z = torch.rand(n), torch.randn(n)
+    torch_keep = (F.dropout(torch.ones(n), 0.3) != 0).float()
+    for got, want in ((keep.mean(), 0.7), (torch_keep.mean(), 0.7), (u.mean(), 0.5), (u.var(), 1 / 12),
+                      (z.mean(), 0.0), (z.var(), 1.0)):
+        assert abs(float(got) - want) < 0.01, (float(got), want)
+    assert abs(float(keep.var()) - float(torch_keep.var())) < 0.01  # p(1-p) for both
+
+
+def test_random_ops_outside_the_block_say_how_to_draw_them():
+    def step(x):
+        return F.dropout(x, 0.5)
+
+    with pytest.raises(tkx.UnsupportedError) as info:
+        tkx.explore(step, (f(4, 4),)).program
+    assert info.value.kind == "random-op" and "tkx.random.philox" in info.value.hint
+
+
+def test_a_bad_state_is_refused():
+    with pytest.raises(ValueError, match="int64 tensor of shape"):
+        with tkx.random.philox(torch.zeros(2)):
+            pass
+
+
+def test_sdpa_with_dropout_inside_the_block():
+    def step(q, k, v, state):
+        with tkx.random.philox(state):
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=0.2, is_causal=True)
+        return out
+
+    check_step(step, (*_qkv(1, 2, 8, 8), tkx.random.philox_state(2)))
