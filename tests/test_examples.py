@@ -31,8 +31,10 @@ NAMES = [
     "q_learning",
     "glu_mlp",
     "poly_clip_adamw",
+    "gpt_block",
+    "llama_block",
 ]
-IN_PLACE = {"digits_mlp", "layernorm_gelu_adamw", "char_lm", "q_learning"}
+IN_PLACE = {"digits_mlp", "layernorm_gelu_adamw", "char_lm", "q_learning", "gpt_block"}
 FUNCTIONAL = [n for n in NAMES if n not in IN_PLACE]
 
 

@@ -261,3 +261,49 @@ def test_sdpa_with_dropout_inside_the_block():
         return out
 
     check_step(step, (*_qkv(1, 2, 8, 8), tkx.random.philox_state(2)))
+
+
+# -- the zoo's transformer blocks --------------------------------------------------------------
+
+#: bf16 compute: one rounding flip of a bf16 product moves an element by 2**-8 relative, and AdamW's
+#: first step is about lr * sign(g), so a tiny gradient whose sign flips moves a weight by 2 * lr.
+ZOO_TOLERANCES = {"gpt_block": (2e-2, 3e-3), "llama_block": (5e-3, 5e-4)}
+
+
+@pytest.mark.parametrize("name", sorted(ZOO_TOLERANCES))
+def test_transformer_blocks_through_every_cpu_stage(name):
+    ex = tkx.examples.get(name)
+    rtol, atol = ZOO_TOLERANCES[name]
+    exp = check_step(ex.step_fn, ex.make_inputs(0), rtol=rtol, atol=atol)
+    kinds = {op.kind for op in exp.program.ops}
+    assert {"bmm", "gather", "amax", "exp"} <= kinds
+    if name == "llama_block":
+        assert {"sin", "cos", "cat", "rsqrt"} <= kinds
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", sorted(ZOO_TOLERANCES))
+def test_transformer_blocks_verify_on_the_gpu(name):
+    ex = tkx.examples.get(name)
+    runner = tkx.runtime.build(ex.step_fn, ex.make_inputs(0, device="cuda"))
+    assert runner.verify(make_inputs=ex.make_inputs, strict=True).ok
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_philox_kernel_matches_eager_bit_for_bit_on_the_gpu():
+    def make(seed=0, device="cuda"):
+        gen = torch.Generator().manual_seed(seed)
+        return (torch.randn(16, 8, generator=gen).to(device), torch.randn(32, 16, generator=gen).to(device),
+                tkx.random.philox_state(seed, device=device))
+
+    runner = tkx.runtime.build(_dropout_step, make(0))
+    assert runner.verify(make_inputs=make, strict=True).ok
+    inputs = make(3)
+    eager_inputs = [t.clone() for t in inputs]
+    got = runner(*inputs)
+    want = _dropout_step(*eager_inputs)
+    for k in (3, 4):  # the uniforms and the Bernoulli draws: the same bits
+        assert torch.equal(got[k], want[k])
+    assert torch.equal(inputs[2], eager_inputs[2])

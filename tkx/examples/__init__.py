@@ -23,6 +23,10 @@ glu_mlp                step(params, velocity, x, y)                64, 16, 2x32,
                        -> (loss, new_params, new_velocity)
 poly_clip_adamw        step(params, m, v, t, x, y)                 64, 8x3, 32, 1                fp32
                        -> (loss, new_params, new_m, new_v, t)
+gpt_block              step(params, m, v, t, tokens, targets)      4x8 tokens, 32, 2x16, 32      bf16/fp32
+                       -> loss
+llama_block            step(params, momenta, tokens, targets)      4x8 tokens, 32, 2x16, 32      bf16/fp32
+                       -> (loss, new_params, new_momenta)
 =====================  ==========================================  ============================  ==========
 
 Functional steps (``-> (loss, new_params)``) mutate nothing; in-place steps (``-> loss``) update their
@@ -34,7 +38,7 @@ from __future__ import annotations
 
 from torch.utils._pytree import tree_leaves
 
-from . import digits, everyday, layernorm_adamw, linear, mixed_precision, mlp
+from . import digits, everyday, layernorm_adamw, linear, mixed_precision, mlp, transformer
 from ._base import Example
 from .digits import accuracy, digits_batches, digits_dataset, digits_logits, digits_source
 
@@ -60,6 +64,7 @@ _REGISTRY: dict[str, Example] = {
         layernorm_adamw.EXAMPLE,
         mixed_precision.EXAMPLE,
         *everyday.EXAMPLES,
+        *transformer.EXAMPLES,
     ]
 }
 
