@@ -307,3 +307,38 @@ def test_philox_kernel_matches_eager_bit_for_bit_on_the_gpu():
     for k in (3, 4):  # the uniforms and the Bernoulli draws: the same bits
         assert torch.equal(got[k], want[k])
     assert torch.equal(inputs[2], eager_inputs[2])
+
+
+# -- mixed precision as people write it --------------------------------------------------------
+
+
+def test_fp16_dynamic_loss_scaling_skips_the_update_on_overflow():
+    """fp16 compute, fp32 masters; the scaled gradients are checked with isfinite/all, the update is
+    skipped with torch.where on overflow and the scale halves (else grows every step, as GradScaler
+    with growth_interval=1)."""
+    def loss(w, x, y):
+        return F.mse_loss((x.half() @ w.half()).float(), y)
+
+    def step(w, scale, x, y):
+        g, value = torch.func.grad_and_value(lambda w: loss(w, x, y) * scale)(w)
+        g = g / scale
+        finite = torch.isfinite(g).all()
+        new_w = torch.where(finite, w - 0.1 * g, w)
+        new_scale = torch.where(finite, scale * 2.0, scale * 0.5)
+        return value / scale, new_w, new_scale, finite
+
+    x, y, w = f(16, 8), f(16, 4), f(8, 4) / 3
+    check_step(step, (w, torch.tensor(1024.0), x, y), rtol=2e-3, atol=1e-3)
+    overflow = check_step(step, (w, torch.tensor(1e30), x, y), rtol=2e-3, atol=1e-3)  # inf gradients: skipped
+    assert {"amin", "where"} <= {op.kind for op in overflow.program.ops}  # all() and the skip
+    assert step(w, torch.tensor(1e30), x, y)[3].item() is False
+
+
+def test_bf16_compute_with_fp32_masters():
+    def step(w, x, y):
+        g, value = torch.func.grad_and_value(lambda w: F.mse_loss((x.to(torch.bfloat16) @ w.to(torch.bfloat16))
+                                                                  .float(), y))(w)
+        return value, w - 0.1 * g
+
+    exp = check_step(step, (f(8, 4), f(16, 8), f(16, 4)), rtol=1e-2, atol=1e-3)
+    assert "bfloat16" in {op.out.dtype for op in exp.program.ops}
