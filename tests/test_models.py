@@ -342,3 +342,68 @@ def test_bf16_compute_with_fp32_masters():
 
     exp = check_step(step, (f(8, 4), f(16, 8), f(16, 4)), rtol=1e-2, atol=1e-3)
     assert "bfloat16" in {op.out.dtype for op in exp.program.ops}
+
+
+# -- convolution and pooling -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stride,padding,dilation", [(1, 1, 1), (2, 0, 1), (1, "same", 2)])
+def test_conv2d_with_grad_input_and_grad_weight(stride, padding, dilation):
+    def step(x, w, b):
+        def loss(x, w, b):
+            y = F.conv2d(x, w, b, stride=stride, padding=padding, dilation=dilation)
+            return (y * y.detach().sign()).sum() + y.square().mean()
+        grads, value = torch.func.grad_and_value(loss, argnums=(0, 1, 2))(x, w, b)
+        return (value, *grads)
+
+    exp = check_step(step, (f(2, 3, 7, 7), f(4, 3, 3, 3), f(4)))
+    assert {"gather", "mm"} <= {op.kind for op in exp.program.ops}
+
+
+def test_max_pool2d_gradient_goes_to_the_first_maximum_and_avg_pool2d():
+    def step(x):
+        def loss(x):
+            return (F.max_pool2d(x, 2) * 3).sum() + F.avg_pool2d(x, 3, stride=1, padding=1).square().sum()
+        g, value = torch.func.grad_and_value(loss)(x)
+        return value, g, F.max_pool2d(x, 3, stride=2, padding=1, return_indices=True)[1]
+
+    x = torch.round(f(2, 3, 6, 6))  # rounded: ties inside windows
+    check_step(step, (x,))
+
+
+def test_grouped_conv2d_is_refused_with_the_line():
+    def step(x, w):
+        return F.conv2d(x, w, groups=2)
+
+    with pytest.raises(tkx.UnsupportedError) as info:
+        tkx.explore(step, (f(1, 4, 5, 5), f(4, 2, 3, 3))).program
+    assert "groups=2" in str(info.value) and "test_models.py" in str(info.value)
+
+
+def test_cnn_digits_through_every_cpu_stage():
+    ex = tkx.examples.get("cnn_digits")
+    exp = check_step(ex.step_fn, ex.make_inputs(0), rtol=1e-3, atol=1e-4)
+    kinds = [op.kind for op in exp.program.ops]
+    assert "philox" in kinds and "gather" in kinds
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cnn_digits_verifies_and_trains_on_the_gpu():
+    from tkx.examples import digits_batches, digits_dataset
+    from tkx.examples.cnn import cnn_accuracy
+
+    ex = tkx.examples.get("cnn_digits")
+    runner = tkx.runtime.build(ex.step_fn, ex.make_inputs(0, device="cuda"))
+    assert runner.verify(make_inputs=ex.make_inputs, strict=True).ok
+    runs = {}
+    for how in ("kernel", "eager"):
+        params, buf, rng, _, _ = ex.make_inputs(0, device="cuda")
+        losses = []
+        for x, y in digits_batches(64, seed=0, epochs=3, device="cuda"):
+            fn = runner if how == "kernel" else ex.step_fn
+            losses.append(float(fn(params, buf, rng, x, y)))
+        _, _, xt, yt = digits_dataset("cuda")
+        runs[how] = (losses, cnn_accuracy(params, xt, yt))
+    print({k: (v[0][0], v[0][-1], v[1]) for k, v in runs.items()})
+    assert runs["kernel"][1] > 0.7 and abs(runs["kernel"][1] - runs["eager"][1]) < 0.05

@@ -27,18 +27,20 @@ gpt_block              step(params, m, v, t, tokens, targets)      4x8 tokens, 3
                        -> loss
 llama_block            step(params, momenta, tokens, targets)      4x8 tokens, 32, 2x16, 32      bf16/fp32
                        -> (loss, new_params, new_momenta)
+cnn_digits             step(params, momentum_buf, rng, x, y)       64, 1x8x8, conv 8/16, 10      fp32/int64
+                       -> loss
 =====================  ==========================================  ============================  ==========
 
 Functional steps (``-> (loss, new_params)``) mutate nothing; in-place steps (``-> loss``) update their
 parameter and optimizer-state arguments the way ``torch.optim`` does. This package imports nothing from
-the rest of tkx.
+the rest of tkx but :mod:`tkx.random` (``cnn_digits`` draws its dropout in the step).
 """
 
 from __future__ import annotations
 
 from torch.utils._pytree import tree_leaves
 
-from . import digits, everyday, layernorm_adamw, linear, mixed_precision, mlp, transformer
+from . import cnn, digits, everyday, layernorm_adamw, linear, mixed_precision, mlp, transformer
 from ._base import Example
 from .digits import accuracy, digits_batches, digits_dataset, digits_logits, digits_source
 
@@ -65,6 +67,7 @@ _REGISTRY: dict[str, Example] = {
         mixed_precision.EXAMPLE,
         *everyday.EXAMPLES,
         *transformer.EXAMPLES,
+        cnn.EXAMPLE,
     ]
 }
 
