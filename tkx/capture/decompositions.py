@@ -103,13 +103,14 @@ def checked_one_hot(labels: torch.Tensor, num_classes: int = -1) -> torch.Tensor
 
 
 def _refuse(what: str, hint: str) -> None:
-    """Raise :class:`~tkx.errors.UnsupportedError` naming the user's line (from inside an override)."""
-    import sys
+    """Raise :class:`~tkx.errors.UnsupportedError` from inside an override, naming the user's line
+    (the tag that the tracing mode set before calling the override)."""
+    from torch.fx import traceback as fx_traceback
 
     from ..errors import UnsupportedError
-    from .trace import user_frame  # imported here: trace imports this module
 
-    raise UnsupportedError("unsupported-op", what, source=user_frame(sys._getframe(1)), hint=hint)
+    tag = (fx_traceback.current_meta.get("custom") or {}).get("tkx", {})
+    raise UnsupportedError("unsupported-op", what, source=tag.get("source"), hint=hint)
 
 
 def attention_math(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None = None,
