@@ -393,6 +393,7 @@ def test_cnn_digits_verifies_and_trains_on_the_gpu():
     from tkx.examples import digits_batches, digits_dataset
     from tkx.examples.cnn import cnn_accuracy
 
+    torch.backends.cudnn.allow_tf32 = False  # eager's conv2d in full fp32, as the kernel's
     ex = tkx.examples.get("cnn_digits")
     runner = tkx.runtime.build(ex.step_fn, ex.make_inputs(0, device="cuda"))
     assert runner.verify(make_inputs=ex.make_inputs, strict=True).ok
