@@ -265,9 +265,9 @@ def test_sdpa_with_dropout_inside_the_block():
 
 # -- the zoo's transformer blocks --------------------------------------------------------------
 
-#: bf16 compute: one rounding flip of a bf16 product moves an element by 2**-8 relative, and AdamW's
-#: first step is about lr * sign(g), so a tiny gradient whose sign flips moves a weight by 2 * lr.
-ZOO_TOLERANCES = {"gpt_block": (2e-2, 3e-3), "llama_block": (5e-3, 5e-4)}
+#: bf16 compute: an accumulation order that differs from eager's flips a bf16 rounding now and then
+#: (2**-8 relative).
+ZOO_TOLERANCES = {"gpt_block": (5e-3, 5e-4), "llama_block": (5e-3, 5e-4)}
 
 
 @pytest.mark.parametrize("name", sorted(ZOO_TOLERANCES))

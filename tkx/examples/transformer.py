@@ -58,7 +58,7 @@ def gpt_loss(params, tokens, targets):
     t = tokens.shape[1]
     x = F.embedding(tokens, p["wte"]) + p["wpe"][:t]
     h = F.layer_norm(x, (T_WIDTH,), p["ln1_w"], p["ln1_b"])
-    q, k, v = (h @ p["w_qkv"] + p["b_qkv"]).split(T_WIDTH, dim=-1)
+    q, k, v = (h @ p["w_qkv"]).split(T_WIDTH, dim=-1)  # no qkv bias: a key bias's gradient is 0 (pure rounding)
     att = F.scaled_dot_product_attention(_heads(q), _heads(k), _heads(v), is_causal=True)
     x = x + _merge(att) @ p["w_proj"] + p["b_proj"]
     h = F.layer_norm(x, (T_WIDTH,), p["ln2_w"], p["ln2_b"])
@@ -97,7 +97,6 @@ def make_gpt_inputs(seed: int = 0, device="cpu"):
         "wpe": randn(gen, T_CONTEXT, c, scale=0.1, device=device),
         "ln1_w": torch.ones(c, device=device), "ln1_b": torch.zeros(c, device=device),
         "w_qkv": randn(gen, c, 3 * c, scale=1 / math.sqrt(c), device=device),
-        "b_qkv": torch.zeros(3 * c, device=device),
         "w_proj": randn(gen, c, c, scale=1 / math.sqrt(c), device=device), "b_proj": torch.zeros(c, device=device),
         "ln2_w": torch.ones(c, device=device), "ln2_b": torch.zeros(c, device=device),
         "w_fc": randn(gen, c, GPT_MLP, scale=1 / math.sqrt(c), device=device),
@@ -106,10 +105,12 @@ def make_gpt_inputs(seed: int = 0, device="cpu"):
         "b_out": torch.zeros(c, device=device),
         "lnf_w": torch.ones(c, device=device), "lnf_b": torch.zeros(c, device=device),
     }
+    # a step in the middle of training (t = 100, second moments 1e-4): AdamW's very first step is
+    # lr * sign(g), so a gradient that is zero up to rounding would move a weight by +-lr at random
     m = {k: torch.zeros_like(p) for k, p in params.items()}
-    v = {k: torch.zeros_like(p) for k, p in params.items()}
+    v = {k: torch.full_like(p, 1e-4) for k, p in params.items()}
     tokens, targets = _tokens(seed, device)
-    return params, m, v, torch.zeros((), device=device), tokens, targets
+    return params, m, v, torch.full((), 100.0, device=device), tokens, targets
 
 
 GPT_BLOCK = Example(
@@ -118,7 +119,8 @@ GPT_BLOCK = Example(
         f"One GPT block on {T_BATCH}x{T_CONTEXT} int64 tokens (vocabulary {T_VOCAB}): token + position "
         f"embeddings, layer norm, causal F.scaled_dot_product_attention ({T_HEADS} heads of {T_HEAD}), GELU MLP "
         f"{T_WIDTH}-{GPT_MLP}-{T_WIDTH}, final layer norm, LM head tied to the embedding, cross-entropy; bf16 "
-        "compute on fp32 master weights; global-norm clipping to 1 and AdamW (0-d float step count), in place."),
+        "compute on fp32 master weights; global-norm clipping to 1 and AdamW (0-d float step count, resumed at "
+        "t = 100), in place."),
     step_fn=gpt_block_step,
     make_inputs=make_gpt_inputs,
 )
