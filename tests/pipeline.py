@@ -17,6 +17,11 @@ from tkx.codegen.nvrtc import nvrtc_available
 from tkx.schedule.interpreter import run as run_schedule
 
 
+#: Zoo examples whose kernels take NVRTC tens of seconds per compile: the zoo-wide option matrices run
+#: them with the default options only; tests/test_models.py puts them through every CPU stage.
+LARGE_EXAMPLES = frozenset({"gpt_block", "llama_block", "cnn_digits"})
+
+
 def clone(tree):
     return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, tree)
 

@@ -21,8 +21,13 @@ def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     return (got - want).norm().item() / scale
 
 
-def tol(dtype: torch.dtype) -> float:
-    return 1e-5 if dtype == torch.float32 else 2e-2
+#: Examples that compute in bf16 with fp32 master weights: their fp32 results carry bf16 rounding
+#: (an accumulation order that differs from eager's flips a bf16 rounding now and then).
+BF16_COMPUTE = {"gpt_block", "llama_block"}
+
+
+def tol(dtype: torch.dtype, name: str = "") -> float:
+    return 1e-5 if dtype == torch.float32 and name not in BF16_COMPUTE else 2e-2
 
 
 def _clone(tree):
@@ -44,12 +49,12 @@ def test_reference_matches_eager_for_five_steps(name):
         assert len(e_flat) == len(r_flat)
         for e, r in zip(e_flat, r_flat):
             assert e.shape == r.shape and e.dtype == r.dtype
-            assert rel_err(r, e) <= tol(e.dtype), f"{name} step {step}"
+            assert rel_err(r, e) <= tol(e.dtype, name), f"{name} step {step}"
         e_in, _ = torch.utils._pytree.tree_flatten(eager_args)
         r_in, _ = torch.utils._pytree.tree_flatten(ref_args)
         for e, r in zip(e_in, r_in):  # in-place state updates land in the inputs
             if e.is_floating_point():
-                assert rel_err(r, e) <= tol(e.dtype), f"{name} step {step}: input state differs"
+                assert rel_err(r, e) <= tol(e.dtype, name), f"{name} step {step}: input state differs"
         # Feed the new state back: functional steps return it as their last output.
         if isinstance(eager_out, tuple) and len(eager_out) == 2 and isinstance(eager_out[1], dict):
             eager_args[0], ref_args[0] = eager_out[1], ref_out[1]

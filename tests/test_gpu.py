@@ -24,6 +24,9 @@ from tkx.examples import get, names
 from tkx.options import Options
 from tkx.runtime.extension import ExtensionUnavailableError
 
+# eager conv2d (cnn_digits) in full fp32 like the kernel: cuDNN would otherwise use TF32 by default
+torch.backends.cudnn.allow_tf32 = False
+
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

@@ -100,7 +100,13 @@ PROBES = {
     "gather": (lambda x, i: (x.gather(1, i), x[i[:, 0]]), lambda: (f(5, 3), ints(3, 5, 2))),
     "cat": (lambda x, y: (torch.cat([x, y], 0), torch.stack([x, x], 1)), lambda: (f(2, 3), f(4, 3))),
     "slice_scatter": (lambda x, y: torch.slice_scatter(x, y, 1, 1, 5, 2), lambda: (f(4, 6), f(4, 2))),
+    "philox": (lambda x, s: _draw(x, s), lambda: (f(5, 3), tkx.random.philox_state(3))),
 }
+
+
+def _draw(x, state):
+    with tkx.random.philox(state):
+        return torch.rand_like(x), F.dropout(x, 0.5), torch.randn(2, 3)
 
 
 def test_every_row_has_a_probe():

@@ -9,6 +9,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from programs import programs
+from pipeline import LARGE_EXAMPLES
 
 import tkx
 from tkx import arena as arena_mod
@@ -47,6 +48,8 @@ def assert_same(got, want, tol=1e-6):
 @pytest.mark.parametrize("opt", list(OPTION_SETS), ids=list(OPTION_SETS))
 @pytest.mark.parametrize("name", names())
 def test_schedule_interpreter_matches_reference(name, opt):
+    if name in LARGE_EXAMPLES and opt != "default":
+        pytest.skip("a large example: default options only (tests/test_models.py runs every CPU stage)")
     ex = get(name)
     program = tkx.capture(ex.step_fn, ex.example_inputs).lower()
     sched = schedule(program, OPTION_SETS[opt])

@@ -8,7 +8,7 @@ stages (one table); :mod:`tkx.display` is the registry through which each stage 
 
 from __future__ import annotations
 
-from . import bench, display, examples, ir, ops, pipeline, reference, runtime
+from . import bench, display, examples, ir, ops, pipeline, random, reference, runtime
 from .arena import ArenaPlan
 from .capture import CapturedGraph, capture
 from .capture.decompositions import register_decomposition, unregister_decomposition

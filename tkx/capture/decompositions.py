@@ -63,6 +63,12 @@ TORCH_DECOMPOSED = [
     aten.log_sigmoid_backward, aten.index_add,
     # layout shuffles
     aten.roll, aten.repeat, aten.constant_pad_nd, aten.narrow_copy,
+    # BatchNorm: batch statistics in training (the running stats updated by functionalization's copy_),
+    # running statistics in eval, and the backward
+    aten.native_batch_norm, aten._native_batch_norm_legit, aten._native_batch_norm_legit_no_training,
+    aten._native_batch_norm_legit_functional, aten._batch_norm_with_update,
+    aten._batch_norm_with_update_functional, aten._batch_norm_no_update, aten.native_batch_norm_backward,
+    aten.batch_norm_backward,
 ]
 
 _REDUCTION_NONE, _REDUCTION_MEAN, _REDUCTION_SUM = 0, 1, 2
@@ -96,8 +102,198 @@ def checked_one_hot(labels: torch.Tensor, num_classes: int = -1) -> torch.Tensor
     return (labels.unsqueeze(-1) == torch.arange(num_classes, device=labels.device)).to(torch.int64)
 
 
+def _refuse(what: str, hint: str) -> None:
+    """Raise :class:`~tkx.errors.UnsupportedError` from inside an override, naming the user's line
+    (the tag that the tracing mode set before calling the override)."""
+    from torch.fx import traceback as fx_traceback
+
+    from ..errors import UnsupportedError
+
+    tag = (fx_traceback.current_meta.get("custom") or {}).get("tkx", {})
+    raise UnsupportedError("unsupported-op", what, source=tag.get("source"), hint=hint)
+
+
+def attention_math(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None = None,
+                   dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+                   enable_gqa: bool = False, dropout: Callable | None = None) -> torch.Tensor:
+    """``F.scaled_dot_product_attention`` written out: ``softmax(q @ k^T * scale + mask) @ v``.
+
+    Shapes: ``query [..., L, E]``, ``key [..., S, E]``, ``value [..., S, Ev]`` -> ``[..., L, Ev]``
+    (leading dims broadcast). ``scale`` defaults to ``1 / sqrt(E)``; ``is_causal`` keeps key ``j``
+    for query ``i`` when ``j <= i`` (the top-left aligned lower triangle, as torch); a boolean
+    ``attn_mask`` keeps the positions where it is True, a float one is added to the scores.
+    ``dropout_p > 0`` drops attention probabilities with ``dropout(probs, dropout_p)``, which
+    :func:`tkx.random.philox` passes (its in-step Philox generator); without it, it raises
+    :class:`~tkx.errors.UnsupportedError`. A row with every key masked gives NaN (0/0), as torch's
+    math backend does. ``enable_gqa`` raises :class:`~tkx.errors.UnsupportedError`.
+    """
+    import math
+
+    if enable_gqa:
+        _refuse("scaled_dot_product_attention(enable_gqa=True)",
+                "repeat the key/value heads with k.repeat_interleave(groups, dim=-3) first")
+    if is_causal and attn_mask is not None:
+        _refuse("scaled_dot_product_attention with both is_causal=True and attn_mask (torch refuses it too)",
+                "fold the causal mask into attn_mask (attn_mask & torch.ones(L, S, dtype=torch.bool).tril())")
+    n_q, n_k = query.shape[-2], key.shape[-2]
+    s = scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])
+    scores = (query @ key.transpose(-2, -1)) * s
+    if is_causal:
+        keep = torch.ones(n_q, n_k, dtype=torch.bool, device=query.device).tril()
+        scores = scores.masked_fill(keep.logical_not(), float("-inf"))
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            scores = scores.masked_fill(attn_mask.logical_not(), float("-inf"))
+        else:
+            scores = scores + attn_mask
+    probs = torch.softmax(scores, dim=-1)
+    if dropout_p > 0.0:
+        if dropout is None:
+            _refuse("scaled_dot_product_attention(dropout_p > 0) outside a tkx.random.philox(state) block",
+                    "draw the dropout inside `with tkx.random.philox(state):` (see tkx.random), or pass dropout_p=0")
+        probs = dropout(probs, dropout_p)
+    return probs @ value
+
+
+def _pair(v: Any, what: str) -> tuple[int, int]:
+    if isinstance(v, int):
+        return v, v
+    if isinstance(v, (tuple, list)) and len(v) == 2 and all(isinstance(a, int) for a in v):
+        return int(v[0]), int(v[1])
+    if isinstance(v, (tuple, list)) and len(v) == 1 and isinstance(v[0], int):
+        return int(v[0]), int(v[0])
+    _refuse(f"{what}={v!r}", f"give {what} as an int or a pair of ints")
+    raise AssertionError  # unreachable
+
+
+def _pad2d(x: torch.Tensor, top: int, bottom: int, left: int, right: int, value: float) -> torch.Tensor:
+    """``x [..., H, W]`` padded with ``value`` by concatenation (no pad op needed)."""
+    if top or bottom:
+        parts = [x.new_full((*x.shape[:-2], top, x.shape[-1]), value)] if top else []
+        parts += [x] + ([x.new_full((*x.shape[:-2], bottom, x.shape[-1]), value)] if bottom else [])
+        x = torch.cat(parts, dim=-2)
+    if left or right:
+        parts = [x.new_full((*x.shape[:-1], left), value)] if left else []
+        parts += [x] + ([x.new_full((*x.shape[:-1], right), value)] if right else [])
+        x = torch.cat(parts, dim=-1)
+    return x
+
+
+def _windows(x: torch.Tensor, k: tuple[int, int], stride: tuple[int, int], dilation: tuple[int, int]
+             ) -> torch.Tensor:
+    """im2col by two gathers: padded ``x [N, C, H, W]`` -> ``[N, C, OH, KH, OW, KW]`` with
+    ``out[n, c, i, a, j, b] = x[n, c, i * sh + a * dh, j * sw + b * dw]``."""
+    n, c, h, w = x.shape
+    oh = (h - dilation[0] * (k[0] - 1) - 1) // stride[0] + 1
+    ow = (w - dilation[1] * (k[1] - 1) - 1) // stride[1] + 1
+    if oh <= 0 or ow <= 0:
+        _refuse(f"a window of {k} (dilation {dilation}) larger than the padded input {list(x.shape[-2:])}",
+                "use a smaller kernel or more padding")
+    rows = (torch.arange(oh, device=x.device) * stride[0])[:, None] + (torch.arange(k[0], device=x.device)
+                                                                      * dilation[0])[None, :]
+    cols = (torch.arange(ow, device=x.device) * stride[1])[:, None] + (torch.arange(k[1], device=x.device)
+                                                                      * dilation[1])[None, :]
+    y = torch.index_select(x, 2, rows.reshape(-1))
+    y = torch.index_select(y, 3, cols.reshape(-1))
+    return y.reshape(n, c, oh, k[0], ow, k[1])
+
+
+def conv2d_math(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
+                padding: Any = 0, dilation: Any = 1, groups: int = 1) -> torch.Tensor:
+    """``F.conv2d`` as im2col (two index gathers of the zero-padded input) and one matmul.
+
+    ``input [N, C, H, W]`` (or ``[C, H, W]``), ``weight [O, C, KH, KW]``, ``bias [O]`` ->
+    ``[N, O, OH, OW]``. Autograd differentiates the gathers (grad input: a deterministic
+    scatter-add) and the matmul (grad weight). ``padding`` may be ints, a pair, ``"valid"`` or
+    ``"same"``. ``groups != 1`` raises :class:`~tkx.errors.UnsupportedError`.
+    """
+    if groups != 1:
+        _refuse(f"conv2d with groups={groups} (grouped or depthwise convolution)",
+                "use groups=1, or split the channels and concatenate the results")
+    if input.dim() == 3:
+        return conv2d_math(input.unsqueeze(0), weight, bias, stride, padding, dilation, groups).squeeze(0)
+    k = (weight.shape[2], weight.shape[3])
+    s, d = _pair(stride, "stride"), _pair(dilation, "dilation")
+    if padding == "valid":
+        pads = (0, 0, 0, 0)
+    elif padding == "same":
+        th, tw = d[0] * (k[0] - 1), d[1] * (k[1] - 1)
+        pads = (th // 2, th - th // 2, tw // 2, tw - tw // 2)
+    else:
+        ph, pw = _pair(padding, "padding")
+        pads = (ph, ph, pw, pw)
+    xp = _pad2d(input, *pads, 0.0)
+    win = _windows(xp, k, s, d)                                     # [N, C, OH, KH, OW, KW]
+    n, c, oh, _, ow, _ = win.shape
+    cols = win.permute(0, 2, 4, 1, 3, 5).reshape(n * oh * ow, c * k[0] * k[1])
+    out = cols @ weight.reshape(weight.shape[0], -1).t()            # [N*OH*OW, O]
+    if bias is not None:
+        out = out + bias
+    return out.reshape(n, oh, ow, weight.shape[0]).permute(0, 3, 1, 2)
+
+
+def _pool_windows(x: torch.Tensor, kernel_size: Any, stride: Any, padding: Any, dilation: Any,
+                  ceil_mode: bool, pad_value: float, what: str) -> torch.Tensor:
+    """``[N, C, OH, OW, KH * KW]`` windows of ``x [N, C, H, W]`` (or ``[C, H, W]``)."""
+    if ceil_mode:
+        _refuse(f"{what}(ceil_mode=True)", "use ceil_mode=False (pad the input so the windows fit)")
+    k = _pair(kernel_size, "kernel_size")
+    s = k if stride is None or stride == [] or stride == () else _pair(stride, "stride")
+    p, d = _pair(padding, "padding"), _pair(dilation, "dilation")
+    win = _windows(_pad2d(x, p[0], p[0], p[1], p[1], pad_value), k, s, d)
+    n, c, oh, kh, ow, kw = win.shape
+    return win.permute(0, 1, 2, 4, 3, 5).reshape(n, c, oh, ow, kh * kw)
+
+
+def max_pool2d_math(input: torch.Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0,
+                    dilation: Any = 1, ceil_mode: bool = False, return_indices: bool = False) -> Any:
+    """``F.max_pool2d`` as a max over gathered windows (``-inf`` padding). The gradient goes to the
+    first maximum of each window in row-major window order, as eager's. ``return_indices=True``
+    returns flat indices into each ``H x W`` plane, as eager."""
+    squeeze = input.dim() == 3
+    x = input.unsqueeze(0) if squeeze else input
+    win = _pool_windows(x, kernel_size, stride, padding, dilation, ceil_mode, float("-inf"), "max_pool2d")
+    values, arg = win.max(dim=-1)
+    if squeeze:
+        values = values.squeeze(0)
+    if not return_indices:
+        return values
+    k = _pair(kernel_size, "kernel_size")
+    s = k if stride is None or stride == [] or stride == () else _pair(stride, "stride")
+    p, d = _pair(padding, "padding"), _pair(dilation, "dilation")
+    oh, ow = arg.shape[-2], arg.shape[-1]
+    row = (torch.arange(oh, device=x.device) * s[0] - p[0])[:, None] + (arg // k[1]) * d[0]
+    col = (torch.arange(ow, device=x.device) * s[1] - p[1])[None, :] + (arg % k[1]) * d[1]
+    idx = row * x.shape[-1] + col
+    return values, (idx.squeeze(0) if squeeze else idx)
+
+
+def avg_pool2d_math(input: torch.Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0,
+                    ceil_mode: bool = False, count_include_pad: bool = True,
+                    divisor_override: int | None = None) -> torch.Tensor:
+    """``F.avg_pool2d`` as a mean over gathered windows (zero padding counted, as the default)."""
+    if padding not in (0, (0, 0), [0, 0]) and not count_include_pad:
+        _refuse("avg_pool2d(count_include_pad=False) with padding", "use count_include_pad=True")
+    squeeze = input.dim() == 3
+    x = input.unsqueeze(0) if squeeze else input
+    win = _pool_windows(x, kernel_size, stride, padding, 1, ceil_mode, 0.0, "avg_pool2d")
+    out = win.sum(-1) / divisor_override if divisor_override else win.mean(-1)
+    return out.squeeze(0) if squeeze else out
+
+
+def _max_pool2d_dispatch(*args: Any, **kwargs: Any) -> Any:
+    return max_pool2d_math(*args, **kwargs)
+
+
 #: torch functions replaced while tracing (composite ops torch decomposes before any table sees them).
-FUNCTION_OVERRIDES: dict[Callable, Callable] = {torch.nn.functional.one_hot: checked_one_hot}
+FUNCTION_OVERRIDES: dict[Callable, Callable] = {
+    torch.nn.functional.one_hot: checked_one_hot,
+    torch.nn.functional.scaled_dot_product_attention: attention_math,
+    torch.nn.functional.conv2d: conv2d_math, torch.conv2d: conv2d_math,
+    torch.nn.functional.max_pool2d: _max_pool2d_dispatch, torch.max_pool2d: _max_pool2d_dispatch,
+    torch.nn.functional.max_pool2d_with_indices: lambda *a, **k: max_pool2d_math(*a, **{**k, "return_indices": True}),
+    torch.nn.functional.avg_pool2d: avg_pool2d_math,
+}
 
 
 def _one_hot_mask(target: torch.Tensor, classes: int, ignore_index: int, logp: torch.Tensor):

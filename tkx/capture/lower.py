@@ -60,10 +60,7 @@ RANDOM_OPS = {"rand", "randn", "randint", "rand_like", "randn_like", "randint_li
 
 #: torch functions whose internals fail lowering, with what to tell the user instead.
 FAMILY_MESSAGES = {
-    "batch_norm": ("BatchNorm in training mode (aten.native_batch_norm: batch statistics and running-stat "
-                   "updates) is not supported yet",
-                   "use F.layer_norm or F.group_norm, or normalise with x.mean/x.var over the batch yourself"),
-    "instance_norm": ("instance_norm (aten.native_batch_norm) is not supported yet",
+    "instance_norm": ("instance_norm (aten.native_batch_norm over each sample) is not supported yet",
                       "normalise with x.mean/x.var over the spatial dims yourself"),
 }
 
@@ -267,8 +264,9 @@ class Lowering:
             packet = getattr(node.target, "_overloadpacket", None)
             if node.op == "call_function" and packet is not None and packet.__name__ in RANDOM_OPS:
                 self.node = node
-                raise self.fail("random-op", f"random-number op {packet.__name__}",
-                                "generate random tensors outside the step and pass them in as inputs")
+                raise self.fail("random-op", f"random-number op {packet.__name__} drawn from torch's generator",
+                                "draw inside `with tkx.random.philox(state):` (state = tkx.random.philox_state(seed), "
+                                "an input of the step; see tkx.random), or pass random tensors in as inputs")
         for node in self.gm.graph.nodes:
             self.node = node
             if node.op == "placeholder":
@@ -340,6 +338,10 @@ class Lowering:
                             "generate random tensors outside the step and pass them in as inputs")
         if target in VIEW_OPS:
             return self.lower_view(node)
+        val = node.meta.get("val")
+        if (short in ("empty", "new_empty") and isinstance(val, torch.Tensor) and val.numel() == 0
+                and not node.users):
+            return None  # an unused empty buffer (BatchNorm's uint8 reserve space): nothing to compute
         custom = lowerings.find(target)
         if custom is not None:
             return custom(self, node)

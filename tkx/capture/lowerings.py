@@ -37,6 +37,7 @@ import torch
 
 from ..dtypes import INT_DTYPES
 from ..ir import TensorSpec, contiguous_strides
+from .. import random as _random  # noqa: F401 (registers torch.ops.tkx.philox_uniform)
 from . import decompositions  # noqa: F401 (registers torch.ops.tkx.check_index)
 
 aten = torch.ops.aten
@@ -412,6 +413,24 @@ def check_index(L: Any, node: torch.fx.Node) -> TensorSpec:
     return L.emit("index_check", (x,), x.shape, x.dtype, {"lo": int(lo), "hi": int(hi),
                                                           "ignore": None if ignore is None else int(ignore),
                                                           "what": str(what)})
+
+
+@builtin(torch.ops.tkx.philox_uniform.default)
+def philox_uniform(L: Any, node: torch.fx.Node) -> TensorSpec:
+    """``tkx.random``'s draws: one ``philox`` op keyed by the state input (seed, offset) and the counter
+    ``base + linear index`` (an int64 ``iota`` seen in the output's shape)."""
+    state = L.tensor(node.args[0])
+    size, base, word = tuple(int(d) for d in node.args[1]), int(node.args[2]), int(node.args[3])
+    if state.dtype != "int64" or state.shape != (2,):
+        raise L.fail("bad-input", f"a Philox state of dtype {state.dtype} and shape {list(state.shape)}",
+                     "pass an int64 tensor of shape [2] made by tkx.random.philox_state(seed)")
+    zeros = (0,) * len(size)
+    seed = TensorSpec(size, "int64", zeros, state.buffer, state.offset)
+    offset = TensorSpec(size, "int64", zeros, state.buffer, state.offset + state.strides[0])
+    n = math.prod(size)
+    line = L.emit("iota", (), (n,), "int64", {"start": base, "step": 1, "dim": 0}, base=f"{node.name}_counter")
+    counter = TensorSpec(size, "int64", contiguous_strides(size), line.buffer, line.offset)
+    return L.emit("philox", (seed, offset, counter), size, "float32", {"word": word})
 
 
 @builtin(aten.diagonal_scatter.default)

@@ -299,6 +299,25 @@ REDUCTIONS = dedent(r"""
     }
 """)
 
+#: Philox-4x32-10 (tkx.ops.philox_uniform is the same algorithm in torch): one 4-word block per call.
+RANDOM = dedent(r"""
+    TKX_INLINE float tkx_philox_uniform(long long seed, long long offset, long long counter, int word) {
+        unsigned int c0 = (unsigned int)counter, c1 = (unsigned int)((unsigned long long)counter >> 32);
+        unsigned int c2 = (unsigned int)offset, c3 = (unsigned int)((unsigned long long)offset >> 32);
+        unsigned int k0 = (unsigned int)seed, k1 = (unsigned int)((unsigned long long)seed >> 32);
+        #pragma unroll
+        for (int r = 0; r < 10; ++r) {
+            if (r) { k0 += 0x9E3779B9u; k1 += 0xBB67AE85u; }
+            unsigned long long p0 = (unsigned long long)0xD2511F53u * c0;
+            unsigned long long p1 = (unsigned long long)0xCD9E8D57u * c2;
+            unsigned int n0 = (unsigned int)(p1 >> 32) ^ c1 ^ k0, n2 = (unsigned int)(p0 >> 32) ^ c3 ^ k1;
+            c1 = (unsigned int)p1; c3 = (unsigned int)p0; c0 = n0; c2 = n2;
+        }
+        unsigned int w = word == 0 ? c0 : word == 1 ? c1 : word == 2 ? c2 : c3;
+        return (float)(w >> 8) * 5.9604644775390625e-08f;  /* 2^-24: exact */
+    }
+""")
+
 #: Headers a kernel with tensor-core GEMMs includes (``nvcuda::wmma``, ``__nv_bfloat16``, ``__half``).
 TENSOR_CORE_INCLUDES = dedent("""
     #include <mma.h>
@@ -307,7 +326,7 @@ TENSOR_CORE_INCLUDES = dedent("""
 """)
 
 #: The prelude of a kernel without tensor cores (no header needed).
-PRELUDE = "\n\n".join(["// ===== tkx prelude (fixed device code) =====", DTYPES, BARRIERS, REDUCTIONS,
+PRELUDE = "\n\n".join(["// ===== tkx prelude (fixed device code) =====", DTYPES, BARRIERS, REDUCTIONS, RANDOM,
                        "// ===== end of tkx prelude ====="])
 
 

@@ -23,18 +23,24 @@ glu_mlp                step(params, velocity, x, y)                64, 16, 2x32,
                        -> (loss, new_params, new_velocity)
 poly_clip_adamw        step(params, m, v, t, x, y)                 64, 8x3, 32, 1                fp32
                        -> (loss, new_params, new_m, new_v, t)
+gpt_block              step(params, m, v, t, tokens, targets)      4x8 tokens, 32, 2x16, 32      bf16/fp32
+                       -> loss
+llama_block            step(params, momenta, tokens, targets)      4x8 tokens, 32, 2x16, 32      bf16/fp32
+                       -> (loss, new_params, new_momenta)
+cnn_digits             step(params, momentum_buf, rng, x, y)       64, 1x8x8, conv 8/16, 10      fp32/int64
+                       -> loss
 =====================  ==========================================  ============================  ==========
 
 Functional steps (``-> (loss, new_params)``) mutate nothing; in-place steps (``-> loss``) update their
 parameter and optimizer-state arguments the way ``torch.optim`` does. This package imports nothing from
-the rest of tkx.
+the rest of tkx but :mod:`tkx.random` (``cnn_digits`` draws its dropout in the step).
 """
 
 from __future__ import annotations
 
 from torch.utils._pytree import tree_leaves
 
-from . import digits, everyday, layernorm_adamw, linear, mixed_precision, mlp
+from . import cnn, digits, everyday, layernorm_adamw, linear, mixed_precision, mlp, transformer
 from ._base import Example
 from .digits import accuracy, digits_batches, digits_dataset, digits_logits, digits_source
 
@@ -60,6 +66,8 @@ _REGISTRY: dict[str, Example] = {
         layernorm_adamw.EXAMPLE,
         mixed_precision.EXAMPLE,
         *everyday.EXAMPLES,
+        *transformer.EXAMPLES,
+        cnn.EXAMPLE,
     ]
 }
 

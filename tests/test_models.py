@@ -1,0 +1,410 @@
+"""Transformer and CNN pieces through every CPU stage (issue 15): attention (SDPA lowered to
+its math and hand-written), multi-head attention through reshape/transpose/bmm, RMSNorm,
+RoPE, SwiGLU, BatchNorm, mixed precision, and the in-step random numbers (Philox)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tkx
+
+from pipeline import check_step
+
+g = torch.Generator().manual_seed(0)
+
+
+def f(*shape):
+    return torch.randn(*shape, generator=g)
+
+
+def _grad_step(loss):
+    """step(q, k, v) -> (loss, dq, dk, dv): the attention's forward and backward."""
+    def step(q, k, v):
+        grads, value = torch.func.grad_and_value(loss, argnums=(0, 1, 2))(q, k, v)
+        return (value, *grads)
+    return step
+
+
+def _qkv(*shape):
+    return f(*shape), f(*shape), f(*shape)
+
+
+# -- attention -------------------------------------------------------------------------------
+
+
+def test_sdpa_causal_forward_and_backward():
+    step = _grad_step(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True).square().sum())
+    exp = check_step(step, _qkv(2, 2, 8, 16))
+    kinds = [op.kind for op in exp.program.ops]
+    assert "bmm" in kinds and "amax" in kinds and "exp" in kinds
+
+
+@pytest.mark.parametrize("mask", ["bool", "additive"])
+def test_sdpa_with_a_mask_and_a_scale(mask):
+    m = f(8, 8) > 0 if mask == "bool" else f(2, 1, 8, 8)
+    if mask == "bool":
+        m[:, 0] = True  # every query keeps a key (a row with none is NaN in eager too)
+
+    def loss(q, k, v, m):
+        return (F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=0.3) * v).sum()
+
+    def step(q, k, v, m):
+        grads, value = torch.func.grad_and_value(loss, argnums=(0, 1, 2))(q, k, v, m)
+        return (value, *grads)
+
+    check_step(step, (*_qkv(2, 2, 8, 16), m))
+
+
+def test_sdpa_refuses_enable_gqa_with_the_line():
+    def step(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+    with pytest.raises(tkx.UnsupportedError) as info:
+        tkx.explore(step, _qkv(1, 2, 4, 8)).program
+    assert "enable_gqa" in str(info.value) and "test_models.py" in str(info.value)
+
+
+def _hand_attention(q, k, v):
+    t = q.shape[-2]
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    keep = torch.tril(torch.ones(t, t, dtype=torch.bool))
+    s = torch.where(keep, s, float("-inf"))
+    return s.softmax(-1) @ v
+
+
+def test_hand_written_attention_matches_sdpa_and_eager():
+    step = _grad_step(lambda q, k, v: _hand_attention(q, k, v).square().sum())
+    exp = check_step(step, _qkv(8, 16))
+    assert "mm" in {op.kind for op in exp.program.ops}
+
+
+def test_multi_head_attention_through_reshape_transpose_bmm():
+    heads, d = 4, 8
+
+    def loss(x, w_qkv, w_o):
+        b, t, c = x.shape
+        q, k, v = (x @ w_qkv).split(c, dim=-1)
+        q, k, v = (z.reshape(b, t, heads, d).transpose(1, 2) for z in (q, k, v))
+        y = _hand_attention(q, k, v).transpose(1, 2).reshape(b, t, c)
+        return (y @ w_o).square().mean()
+
+    def step(x, w_qkv, w_o):
+        grads, value = torch.func.grad_and_value(loss, argnums=(1, 2))(x, w_qkv, w_o)
+        return (value, *grads)
+
+    c = heads * d
+    exp = check_step(step, (f(2, 8, c), f(c, 3 * c) / c**0.5, f(c, c) / c**0.5))
+    assert {"bmm", "mm"} & {op.kind for op in exp.program.ops}
+
+
+# -- normalisation and the Llama pieces -------------------------------------------------------
+
+
+def _bn_step(training):
+    def step(w, b, running_mean, running_var, x):
+        def loss(w, b):
+            y = F.batch_norm(x, running_mean, running_var, w, b, training=training, momentum=0.1, eps=1e-5)
+            ramp = torch.arange(y.numel(), dtype=y.dtype).reshape(y.shape) / y.numel()
+            return (y * ramp).sin().sum()
+        (gw, gb), value = torch.func.grad_and_value(loss, argnums=(0, 1))(w, b)
+        return value, gw, gb
+    return step
+
+
+@pytest.mark.parametrize("shape", [(16, 4), (4, 3, 5, 5)], ids=["1d", "2d"])
+def test_batch_norm_training_updates_running_stats_in_place_as_eager(shape):
+    c = shape[1]
+    inputs = (f(c) + 1, f(c), f(c), torch.rand(c, generator=g) + 0.5, f(*shape) * 2 + 1)
+    exp = check_step(_bn_step(True), inputs)  # compares the running stats after the step with eager's
+    assert sorted(u.input_index for u in exp.program.updates) == [2, 3]
+    # and eager's nn.BatchNorm module agrees with what the reference interpreter wrote in place
+    module = (torch.nn.BatchNorm1d if len(shape) == 2 else torch.nn.BatchNorm2d)(c)
+    with torch.no_grad():
+        module.weight.copy_(inputs[0]), module.bias.copy_(inputs[1])
+        module.running_mean.copy_(inputs[2]), module.running_var.copy_(inputs[3])
+        module.train()(inputs[4])
+    mine = [t.clone() for t in inputs]
+    tkx.reference.run(exp.optimized, mine, update_inputs=True)
+    torch.testing.assert_close(mine[2], module.running_mean, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(mine[3], module.running_var, rtol=1e-5, atol=1e-6)
+
+
+def test_batch_norm_eval_uses_running_stats():
+    exp = check_step(_bn_step(False), (f(4) + 1, f(4), f(4), torch.rand(4, generator=g) + 0.5, f(16, 4)))
+    assert not exp.program.updates
+
+
+def rms_norm(x, w, eps=1e-6):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rope(x, positions):
+    """x: [B, H, T, D]; positions: int64 [T]. Rotations by theta_i = pos / 10000^(2i/D)."""
+    d = x.shape[-1]
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]
+    emb = torch.cat((angles, angles), dim=-1)
+    return x * emb.cos() + rotate_half(x) * emb.sin()
+
+
+def swiglu(x, w_gate, w_up, w_down):
+    return (F.silu(x @ w_gate) * (x @ w_up)) @ w_down
+
+
+def test_rms_norm_rope_and_swiglu():
+    def step(x, w, positions, w_gate, w_up, w_down):
+        def loss(w, w_gate, w_up, w_down):
+            h = rms_norm(x, w)
+            r = rope(h.reshape(2, 8, 2, 8).transpose(1, 2), positions).transpose(1, 2).reshape(2, 8, 16)
+            return swiglu(r, w_gate, w_up, w_down).square().mean()
+        grads, value = torch.func.grad_and_value(loss, argnums=(0, 1, 2, 3))(w, w_gate, w_up, w_down)
+        return (value, *grads)
+
+    exp = check_step(step, (f(2, 8, 16), f(16) + 1, torch.arange(8), f(16, 24) / 4, f(16, 24) / 4, f(24, 16) / 5))
+    kinds = {op.kind for op in exp.program.ops}
+    assert {"sin", "cos", "cat", "rsqrt"} <= kinds
+
+
+# -- random numbers inside the step (Philox-4x32-10) ------------------------------------------
+
+
+def test_philox_matches_the_published_known_answers():
+    """Random123's known-answer vectors for philox4x32_10 (counter, key -> output)."""
+    words = lambda *xs: tuple(torch.tensor(x) for x in xs)  # noqa: E731
+    cases = [((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+             ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+             ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
+              (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1))]
+    for counter, key, want in cases:
+        got = tuple(int(w) for w in tkx.ops.philox4x32_10(words(*counter), words(*key)))
+        assert got == want
+
+
+def test_philox_uniform_is_exact_multiples_of_2_to_the_minus_24():
+    u = tkx.ops.philox_uniform(torch.tensor(5), torch.tensor(0), torch.arange(4096), 0)
+    assert u.dtype == torch.float32 and 0.0 <= float(u.min()) and float(u.max()) < 1.0
+    assert torch.equal(u * 2**24, (u * 2**24).floor())
+
+
+def _dropout_step(w, x, state):
+    def loss(w):
+        return F.dropout(torch.tanh(x @ w), 0.25).square().mean()
+    with tkx.random.philox(state):
+        gw, value = torch.func.grad_and_value(loss)(w)
+        noise = torch.randn(64, 32)
+        u = torch.rand(64, 32)
+        b = torch.bernoulli(torch.full((64, 32), 0.3))
+    return value, gw, noise, u, b
+
+
+def test_dropout_rand_randn_bernoulli_in_the_step_match_eager_bit_for_bit():
+    """Eager runs the same Philox draws, so both interpreters agree with it (and the kernel on the GPU);
+    the state's offset is advanced in place like eager's."""
+    state = tkx.random.philox_state(11)
+    exp = check_step(_dropout_step, (f(16, 8), f(32, 16), state))
+    assert [op.kind for op in exp.program.ops].count("philox") >= 4
+    assert [u.input_index for u in exp.program.updates] == [2]
+    assert "tkx_philox_uniform(" in exp.cuda.text
+
+
+def test_same_seed_same_numbers_and_the_offset_moves_on():
+    w, x = f(16, 8), f(32, 16)
+    s1, s2 = tkx.random.philox_state(5), tkx.random.philox_state(5)
+    a, b = _dropout_step(w, x, s1), _dropout_step(w, x, s2)
+    assert all(torch.equal(p, q) for p, q in zip(a, b))
+    assert s1.tolist() == [5, 1]
+    c = _dropout_step(w, x, s1)  # offset 1: new numbers
+    assert not torch.equal(a[3], c[3])
+
+
+def test_statistics_against_torchs_own_generator():
+    """torch's stream cannot be matched by a counter-based generator: compare the distributions."""
+    n = 1 << 16
+    with tkx.random.philox(tkx.random.philox_state(1)):
+        keep = (F.dropout(torch.ones(n), 0.3) != 0).float()
+        u, z = torch.rand(n), torch.randn(n)
+    torch_keep = (F.dropout(torch.ones(n), 0.3) != 0).float()
+    for got, want in ((keep.mean(), 0.7), (torch_keep.mean(), 0.7), (u.mean(), 0.5), (u.var(), 1 / 12),
+                      (z.mean(), 0.0), (z.var(), 1.0)):
+        assert abs(float(got) - want) < 0.01, (float(got), want)
+    assert abs(float(keep.var()) - float(torch_keep.var())) < 0.01  # p(1-p) for both
+
+
+def test_random_ops_outside_the_block_say_how_to_draw_them():
+    def step(x):
+        return F.dropout(x, 0.5)
+
+    with pytest.raises(tkx.UnsupportedError) as info:
+        tkx.explore(step, (f(4, 4),)).program
+    assert info.value.kind == "random-op" and "tkx.random.philox" in info.value.hint
+
+
+def test_a_bad_state_is_refused():
+    with pytest.raises(ValueError, match="int64 tensor of shape"):
+        with tkx.random.philox(torch.zeros(2)):
+            pass
+
+
+def test_sdpa_with_dropout_inside_the_block():
+    def step(q, k, v, state):
+        with tkx.random.philox(state):
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=0.2, is_causal=True)
+        return out
+
+    check_step(step, (*_qkv(1, 2, 8, 8), tkx.random.philox_state(2)))
+
+
+# -- the zoo's transformer blocks --------------------------------------------------------------
+
+#: bf16 compute: an accumulation order that differs from eager's flips a bf16 rounding now and then
+#: (2**-8 relative).
+ZOO_TOLERANCES = {"gpt_block": (5e-3, 5e-4), "llama_block": (5e-3, 5e-4)}
+
+
+@pytest.mark.parametrize("name", sorted(ZOO_TOLERANCES))
+def test_transformer_blocks_through_every_cpu_stage(name):
+    ex = tkx.examples.get(name)
+    rtol, atol = ZOO_TOLERANCES[name]
+    exp = check_step(ex.step_fn, ex.make_inputs(0), rtol=rtol, atol=atol)
+    kinds = {op.kind for op in exp.program.ops}
+    assert {"bmm", "gather", "amax", "exp"} <= kinds
+    if name == "llama_block":
+        assert {"sin", "cos", "cat", "rsqrt"} <= kinds
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", sorted(ZOO_TOLERANCES))
+def test_transformer_blocks_verify_on_the_gpu(name):
+    ex = tkx.examples.get(name)
+    runner = tkx.runtime.build(ex.step_fn, ex.make_inputs(0, device="cuda"))
+    assert runner.verify(make_inputs=ex.make_inputs, strict=True).ok
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_philox_kernel_matches_eager_bit_for_bit_on_the_gpu():
+    def make(seed=0, device="cuda"):
+        gen = torch.Generator().manual_seed(seed)
+        return (torch.randn(16, 8, generator=gen).to(device), torch.randn(32, 16, generator=gen).to(device),
+                tkx.random.philox_state(seed, device=device))
+
+    runner = tkx.runtime.build(_dropout_step, make(0))
+    assert runner.verify(make_inputs=make, strict=True).ok
+    inputs = make(3)
+    eager_inputs = [t.clone() for t in inputs]
+    got = runner(*inputs)
+    want = _dropout_step(*eager_inputs)
+    for k in (3, 4):  # the uniforms and the Bernoulli draws: the same bits
+        assert torch.equal(got[k], want[k])
+    assert torch.equal(inputs[2], eager_inputs[2])
+
+
+# -- mixed precision as people write it --------------------------------------------------------
+
+
+def test_fp16_dynamic_loss_scaling_skips_the_update_on_overflow():
+    """fp16 compute, fp32 masters; the scaled gradients are checked with isfinite/all, the update is
+    skipped with torch.where on overflow and the scale halves (else grows every step, as GradScaler
+    with growth_interval=1)."""
+    def loss(w, x, y):
+        return F.mse_loss((x.half() @ w.half()).float(), y)
+
+    def step(w, scale, x, y):
+        g, value = torch.func.grad_and_value(lambda w: loss(w, x, y) * scale)(w)
+        g = g / scale
+        finite = torch.isfinite(g).all()
+        new_w = torch.where(finite, w - 0.1 * g, w)
+        new_scale = torch.where(finite, scale * 2.0, scale * 0.5)
+        return value / scale, new_w, new_scale, finite
+
+    x, y, w = f(16, 8), f(16, 4), f(8, 4) / 3
+    check_step(step, (w, torch.tensor(1024.0), x, y), rtol=2e-3, atol=1e-3)
+    overflow = check_step(step, (w, torch.tensor(1e30), x, y), rtol=2e-3, atol=1e-3)  # inf gradients: skipped
+    assert {"amin", "where"} <= {op.kind for op in overflow.program.ops}  # all() and the skip
+    assert step(w, torch.tensor(1e30), x, y)[3].item() is False
+
+
+def test_bf16_compute_with_fp32_masters():
+    def step(w, x, y):
+        g, value = torch.func.grad_and_value(lambda w: F.mse_loss((x.to(torch.bfloat16) @ w.to(torch.bfloat16))
+                                                                  .float(), y))(w)
+        return value, w - 0.1 * g
+
+    exp = check_step(step, (f(8, 4), f(16, 8), f(16, 4)), rtol=1e-2, atol=1e-3)
+    assert "bfloat16" in {op.out.dtype for op in exp.program.ops}
+
+
+# -- convolution and pooling -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stride,padding,dilation", [(1, 1, 1), (2, 0, 1), (1, "same", 2)])
+def test_conv2d_with_grad_input_and_grad_weight(stride, padding, dilation):
+    def step(x, w, b):
+        def loss(x, w, b):
+            y = F.conv2d(x, w, b, stride=stride, padding=padding, dilation=dilation)
+            return (y * y.detach().sign()).sum() + y.square().mean()
+        grads, value = torch.func.grad_and_value(loss, argnums=(0, 1, 2))(x, w, b)
+        return (value, *grads)
+
+    exp = check_step(step, (f(2, 3, 7, 7), f(4, 3, 3, 3), f(4)))
+    assert {"gather", "mm"} <= {op.kind for op in exp.program.ops}
+
+
+def test_max_pool2d_gradient_goes_to_the_first_maximum_and_avg_pool2d():
+    def step(x):
+        def loss(x):
+            return (F.max_pool2d(x, 2) * 3).sum() + F.avg_pool2d(x, 3, stride=1, padding=1).square().sum()
+        g, value = torch.func.grad_and_value(loss)(x)
+        return value, g, F.max_pool2d(x, 3, stride=2, padding=1, return_indices=True)[1]
+
+    x = torch.round(f(2, 3, 6, 6))  # rounded: ties inside windows
+    check_step(step, (x,))
+
+
+def test_grouped_conv2d_is_refused_with_the_line():
+    def step(x, w):
+        return F.conv2d(x, w, groups=2)
+
+    with pytest.raises(tkx.UnsupportedError) as info:
+        tkx.explore(step, (f(1, 4, 5, 5), f(4, 2, 3, 3))).program
+    assert "groups=2" in str(info.value) and "test_models.py" in str(info.value)
+
+
+def test_cnn_digits_through_every_cpu_stage():
+    ex = tkx.examples.get("cnn_digits")
+    exp = check_step(ex.step_fn, ex.make_inputs(0), rtol=1e-3, atol=1e-4)
+    kinds = [op.kind for op in exp.program.ops]
+    assert "philox" in kinds and "gather" in kinds
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cnn_digits_verifies_and_trains_on_the_gpu():
+    from tkx.examples import digits_batches, digits_dataset
+    from tkx.examples.cnn import cnn_accuracy
+
+    torch.backends.cudnn.allow_tf32 = False  # eager's conv2d in full fp32, as the kernel's
+    ex = tkx.examples.get("cnn_digits")
+    runner = tkx.runtime.build(ex.step_fn, ex.make_inputs(0, device="cuda"))
+    assert runner.verify(make_inputs=ex.make_inputs, strict=True).ok
+    runs = {}
+    for how in ("kernel", "eager"):
+        params, buf, rng, _, _ = ex.make_inputs(0, device="cuda")
+        losses = []
+        for x, y in digits_batches(64, seed=0, epochs=3, device="cuda"):
+            fn = runner if how == "kernel" else ex.step_fn
+            losses.append(float(fn(params, buf, rng, x, y)))
+        _, _, xt, yt = digits_dataset("cuda")
+        runs[how] = (losses, cnn_accuracy(params, xt, yt))
+    print({k: (v[0][0], v[0][-1], v[1]) for k, v in runs.items()})
+    assert runs["kernel"][1] > 0.7 and abs(runs["kernel"][1] - runs["eager"][1]) < 0.05
