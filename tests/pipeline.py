@@ -16,7 +16,6 @@ import tkx
 from tkx.codegen.nvrtc import nvrtc_available
 from tkx.schedule.interpreter import run as run_schedule
 
-
 #: Zoo examples whose kernels take NVRTC tens of seconds per compile: the zoo-wide option matrices run
 #: them with the default options only; tests/test_models.py puts them through every CPU stage.
 LARGE_EXAMPLES = frozenset({"gpt_block", "llama_block", "cnn_digits"})

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from pipeline import LARGE_EXAMPLES
 
 import tkx
 from tkx.codegen.nvrtc import nvrtc_available
 from tkx.examples import names
-
-from pipeline import LARGE_EXAMPLES
 
 OK, WHY = nvrtc_available()
 pytestmark = pytest.mark.skipif(not OK, reason=f"NVRTC unavailable: {WHY}")

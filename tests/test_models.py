@@ -9,10 +9,9 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from pipeline import check_step
 
 import tkx
-
-from pipeline import check_step
 
 g = torch.Generator().manual_seed(0)
 
@@ -64,7 +63,7 @@ def test_sdpa_refuses_enable_gqa_with_the_line():
         return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
 
     with pytest.raises(tkx.UnsupportedError) as info:
-        tkx.explore(step, _qkv(1, 2, 4, 8)).program
+        _ = tkx.explore(step, _qkv(1, 2, 4, 8)).program
     assert "enable_gqa" in str(info.value) and "test_models.py" in str(info.value)
 
 
@@ -244,7 +243,7 @@ def test_random_ops_outside_the_block_say_how_to_draw_them():
         return F.dropout(x, 0.5)
 
     with pytest.raises(tkx.UnsupportedError) as info:
-        tkx.explore(step, (f(4, 4),)).program
+        _ = tkx.explore(step, (f(4, 4),)).program
     assert info.value.kind == "random-op" and "tkx.random.philox" in info.value.hint
 
 
@@ -376,7 +375,7 @@ def test_grouped_conv2d_is_refused_with_the_line():
         return F.conv2d(x, w, groups=2)
 
     with pytest.raises(tkx.UnsupportedError) as info:
-        tkx.explore(step, (f(1, 4, 5, 5), f(4, 2, 3, 3))).program
+        _ = tkx.explore(step, (f(1, 4, 5, 5), f(4, 2, 3, 3))).program
     assert "groups=2" in str(info.value) and "test_models.py" in str(info.value)
 
 

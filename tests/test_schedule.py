@@ -8,8 +8,8 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from programs import programs
 from pipeline import LARGE_EXAMPLES
+from programs import programs
 
 import tkx
 from tkx import arena as arena_mod

@@ -35,9 +35,9 @@ from typing import Any
 
 import torch
 
+from .. import random as _random  # noqa: F401 (registers torch.ops.tkx.philox_uniform)
 from ..dtypes import INT_DTYPES
 from ..ir import TensorSpec, contiguous_strides
-from .. import random as _random  # noqa: F401 (registers torch.ops.tkx.philox_uniform)
 from . import decompositions  # noqa: F401 (registers torch.ops.tkx.check_index)
 
 aten = torch.ops.aten
