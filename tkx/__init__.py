@@ -28,7 +28,8 @@ __all__ = [
     "Options", "OptionsError", "register_pass", "run_passes", "PassTrace", "FusedSchedule",
     "fusion_rule", "fuse", "keep", "ArenaPlan", "report",
     "register_lowering", "unregister_lowering", "register_decomposition", "unregister_decomposition",
-    "TkxError", "UnsupportedError", "KernelError", "SourceLine", "ir", "ops", "random", "reference", "examples", "runtime",
+    "TkxError", "UnsupportedError", "KernelError", "SourceLine", "ir", "ops", "random", "reference", "examples",
+    "runtime",
     "bench", "pipeline", "display", "__version__",
 ]
 
