@@ -136,12 +136,13 @@ def _poison(m: _Machine, r: Region) -> None:
 
 
 def run(dag: TaskDAG, inputs: Sequence[Any], *, blocks: int = 4, policy: str = "random", seed: int = 0,
-        launches: int = 2, epoch: int = 0, reference: Any = None, rtol: float = 1e-5) -> VMRun:
+        launches: int = 2, epoch: int = 0, reference: Any = None, rtol: float = 1e-5,
+        values: bool = True) -> VMRun:
     """Run ``dag`` on ``blocks`` blocks for ``launches`` launches (see the module text).
 
     ``inputs``: the step's inputs (flat tensors or pytrees; each launch starts from copies).
     ``epoch``: the epoch the counters start at (counters hold ``epoch * threshold``), to test
-    wrap-around. ``reference``: an :class:`tkx.reference.Execution` to compare with (computed
+    wrap-around. ``values=False`` checks the ordering only (no computing: fast). ``reference``: an :class:`tkx.reference.Execution` to compare with (computed
     with :func:`tkx.reference.run` when ``None``). Returns a :class:`VMRun`; never raises for a
     fault (see :meth:`VMRun.raise_if_faulty`). Raises :class:`TkxError` for an unknown policy.
     """
@@ -151,7 +152,7 @@ def run(dag: TaskDAG, inputs: Sequence[Any], *, blocks: int = 4, policy: str = "
 
     s = dag.schedule
     flat = flatten_inputs(s.program, inputs)
-    if reference is None:
+    if reference is None and values:
         reference = reference_run(s.program, flat)
     rng = random.Random(seed)
     lists = dag.task_lists(blocks)
@@ -202,7 +203,7 @@ def run(dag: TaskDAG, inputs: Sequence[Any], *, blocks: int = 4, policy: str = "
                 if finished[a] < dag.items[a]:
                     fault("premature-overwrite", f"task {t.index} ({g} item {t.item}, block {b}) overwrites "
                           f"{w} while {a} ({finished[a]} of {dag.items[a]} tiles done) still uses it")
-            if started[g] == 0:
+            if started[g] == 0 and values:
                 for w in writes:
                     if not any(w.overlaps(r) for r in reads):
                         _poison(m, w)
@@ -215,7 +216,7 @@ def run(dag: TaskDAG, inputs: Sequence[Any], *, blocks: int = 4, policy: str = "
             t, ready, begin = running[b]  # type: ignore[misc]
             g = t.group
             finished[g] += 1
-            if finished[g] == dag.items[g]:
+            if finished[g] == dag.items[g] and values:
                 try:
                     m.run_group(s.groups[g])
                 except ScheduleError as e:
@@ -271,7 +272,8 @@ def run(dag: TaskDAG, inputs: Sequence[Any], *, blocks: int = 4, policy: str = "
         ups = {u.input_index: m.inputs[u.input_index] for u in s.program.updates}
         out.outputs.append(m.outputs)
         out.updates.append(ups)
-        _compare(reference, m.outputs, ups, faults, rtol, launch)
+        if values:
+            _compare(reference, m.outputs, ups, faults, rtol, launch)
         out.faults.extend(faults)
     out.counters = counters
     out.epoch = epoch + len(out.outputs)
@@ -327,17 +329,18 @@ def _compare(ref: Any, outputs: list[torch.Tensor], updates: dict[int, torch.Ten
 
 
 def explore(dag: TaskDAG, inputs: Sequence[Any], *, blocks: Sequence[int] = (1, 2, 3, 5), seeds: int = 4,
-            policies: Sequence[str] = POLICIES, launches: int = 2, epoch: int = 0) -> list[VMRun]:
+            policies: Sequence[str] = POLICIES, launches: int = 2, epoch: int = 0,
+            values: bool = True) -> list[VMRun]:
     """Run the VM over every grid size in ``blocks``, every policy, and ``seeds`` seeds of the
     randomised policies; returns the runs (check ``all(r.ok for r in runs)``)."""
     from ..reference import run as reference_run
 
     flat = flatten_inputs(dag.schedule.program, inputs)
-    ref = reference_run(dag.schedule.program, flat)
+    ref = reference_run(dag.schedule.program, flat) if values else None
     runs = []
     for b in blocks:
         for p in policies:
             for sd in range(seeds if p in ("random", "eager") else 1):
                 runs.append(run(dag, flat, blocks=b, policy=p, seed=sd, launches=launches, epoch=epoch,
-                                reference=ref))
+                                reference=ref, values=values))
     return runs
