@@ -109,28 +109,40 @@ def test_planted_wrong_threshold_is_caught():
     assert re.search(r"counter c\d+ of g\d+ stands at \d+, threshold \d+", msg)
 
 
-def test_planted_reused_slot_is_caught():
-    e = explored("online")
+def _reuse_fault(name: str):
+    """(sound DAG, a plan that reuses a slot the DAG does not know of, the DAG claiming that plan):
+    a later value moved onto the bytes of an earlier one whose lifetime has ended (a legal plan),
+    while the DAG keeps the waits computed from the original plan (no write-after-read order)."""
+    e = explored(name)
     plan, sched = e.arena, e.schedule
     dag = dataflow.build(sched, plan)
     slots = sorted(plan.slots.values(), key=lambda s: (s.first, s.offset))
-    bad = None
-    for a in slots:  # move a later value onto the bytes of one still live when it is written
+    for a in slots:
         for b in slots:
-            if b.buffer != a.buffer and a.first < b.first <= a.last:
-                moved = dict(plan.slots)
-                moved[b.buffer] = type(b)(b.buffer, a.offset, b.nbytes, b.first, b.last, b.kind, b.dtype)
-                bad = type(plan)(sched, moved, max(plan.size_bytes, a.offset + b.nbytes), plan.lower_bound_bytes,
-                                 plan.no_reuse_bytes, plan.in_place, plan.staged)
-                break
-        if bad:
-            break
-    assert bad is not None
-    broken = dag.with_arena(bad)
-    assert any(p.startswith("unordered") for p in dataflow.check(broken))
-    assert _caught_by_vm(broken, "online", {"reused-read", "premature-overwrite"})
-    # and the DAG built from the bad plan itself orders the reuse (a WAR edge): sound again
-    assert dataflow.check(dataflow.build(sched, bad)) == []
+            if b.first <= a.last or b.offset == a.offset:
+                continue
+            moved = dict(plan.slots)
+            moved[b.buffer] = type(b)(b.buffer, a.offset, b.nbytes, b.first, b.last, b.kind, b.dtype)
+            bad = type(plan)(sched, moved, max(plan.size_bytes, a.offset + b.nbytes + arena_mod.ALIGN),
+                             plan.lower_bound_bytes, plan.no_reuse_bytes, plan.in_place, plan.staged)
+            if arena_mod.check(bad):
+                continue
+            broken = dag.with_arena(bad)
+            if dataflow.check(broken):
+                return dag, bad, broken
+    raise AssertionError(f"{name}: no slot reuse left unordered by the original waits")
+
+
+@pytest.mark.parametrize("name", ["poly_clip_adamw"])  # its plan leaves room to move a slot legally
+def test_planted_reused_slot_is_caught(name):
+    dag, bad, broken = _reuse_fault(name)
+    problems = dataflow.check(broken)
+    assert problems and all(p.startswith("unordered WAR") or p.startswith("unordered WAW") for p in problems)
+    assert _caught_by_vm(broken, name, {"reused-read", "premature-overwrite"})
+    # a DAG built from that plan orders the reuse (a write-after-read wait): sound again
+    assert dataflow.check(dataflow.build(dag.schedule, bad)) == []
+    assert all(r.ok for r in vm.explore(dataflow.build(dag.schedule, bad), get(name).make_inputs(seed=0),
+                                        blocks=(2, 4), seeds=2, launches=1, values=False))
 
 
 OPTION_SETS = {

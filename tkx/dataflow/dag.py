@@ -134,10 +134,11 @@ class TaskDAG:
     def num_tasks(self) -> int:
         return sum(self.items.values())
 
-    def task_lists(self, blocks: int) -> list[list[Task]]:
+    def task_lists(self, blocks: int, rotations: Mapping[int, int] | None = None) -> list[list[Task]]:
         """The tasks each of ``blocks`` blocks runs, in order: per stage, the stage's tasks
-        (its groups' items concatenated) dealt round-robin, as the kernel's grid-stride loops do.
-        Each list is a subsequence of the global order."""
+        (its groups' items concatenated) dealt round-robin, as the kernel's grid-stride loops do
+        (``rotations``: stage -> the block that gets the stage's first task, 0 in the kernel;
+        other values model other assignments). Each list is a subsequence of the global order."""
         if blocks < 1:
             raise TkxError(f"a grid has at least one block, got {blocks}")
         lists: list[list[Task]] = [[] for _ in range(blocks)]
@@ -148,8 +149,9 @@ class TaskDAG:
                 stages.setdefault(self.stage_of[g], []).append(Task(k, g, item))
                 k += 1
         for si in sorted(stages):
+            first = (rotations or {}).get(si, 0)
             for w, t in enumerate(stages[si]):
-                lists[w % blocks].append(t)
+                lists[(w + first) % blocks].append(t)
         return lists
 
     def predecessors(self, gid: str) -> list[str]:

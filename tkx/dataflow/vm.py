@@ -13,7 +13,10 @@ interleaving chosen by ``policy``:
 Policies: ``"random"`` (uniform over enabled events), ``"eager"`` (start whatever can start,
 finish a random running task only when nothing can: tasks overlap as much as possible),
 ``"serial"`` (one block runs until it must wait, lowest first), ``"reverse"`` (highest block
-first, starts before finishes), ``"round_robin"``.
+first, starts before finishes), ``"round_robin"``, ``"lifo"`` (start the lowest task that can start; when
+nothing can, finish the task started last: the oldest running task finishes last, the
+adversary of a missing write-after-read order), ``"stall"`` (block ``seed % blocks`` is slow: its
+running task finishes only when nothing else can happen).
 
 Every access is checked against the program order (the schedule's stage order, which the
 barrier kernel proves sound), per task and exactly: a task starting while a group that
@@ -45,7 +48,7 @@ from .dag import Region, Task, TaskDAG, footprints
 
 __all__ = ["VMRun", "Fault", "run", "POLICIES"]
 
-POLICIES = ("random", "eager", "serial", "reverse", "round_robin")
+POLICIES = ("random", "eager", "lifo", "stall", "serial", "reverse", "round_robin")
 MASK = 0xFFFFFFFF
 
 
@@ -137,12 +140,14 @@ def _poison(m: _Machine, r: Region) -> None:
 
 def run(dag: TaskDAG, inputs: Sequence[Any], *, blocks: int = 4, policy: str = "random", seed: int = 0,
         launches: int = 2, epoch: int = 0, reference: Any = None, rtol: float = 1e-5,
-        values: bool = True) -> VMRun:
+        values: bool = True, rotate: bool = False) -> VMRun:
     """Run ``dag`` on ``blocks`` blocks for ``launches`` launches (see the module text).
 
     ``inputs``: the step's inputs (flat tensors or pytrees; each launch starts from copies).
     ``epoch``: the epoch the counters start at (counters hold ``epoch * threshold``), to test
-    wrap-around. ``values=False`` checks the ordering only (no computing: fast). ``reference``: an :class:`tkx.reference.Execution` to compare with (computed
+    wrap-around. ``rotate``: deal each stage's tasks from a seeded random first block (the
+    kernel starts at block 0; any rotation keeps every list in the global order, so the
+    proofs must hold for it too). ``values=False`` checks the ordering only (no computing: fast). ``reference``: an :class:`tkx.reference.Execution` to compare with (computed
     with :func:`tkx.reference.run` when ``None``). Returns a :class:`VMRun`; never raises for a
     fault (see :meth:`VMRun.raise_if_faulty`). Raises :class:`TkxError` for an unknown policy.
     """
@@ -155,7 +160,8 @@ def run(dag: TaskDAG, inputs: Sequence[Any], *, blocks: int = 4, policy: str = "
     if reference is None and values:
         reference = reference_run(s.program, flat)
     rng = random.Random(seed)
-    lists = dag.task_lists(blocks)
+    stages = sorted(set(dag.stage_of.values()))
+    lists = dag.task_lists(blocks, {si: rng.randrange(blocks) for si in stages} if rotate else None)
     fp = footprints(s, dag.arena)
     counters = [(epoch * c.threshold) & MASK for c in dag.counters]
     raw_prev, war_later, over_prev = _conflict_tables(dag, fp)
@@ -241,6 +247,13 @@ def run(dag: TaskDAG, inputs: Sequence[Any], *, blocks: int = 4, policy: str = "
                 ev = rng.choice([("s", b) for b in starts] + [("f", b) for b in fins])
             elif policy == "eager":
                 ev = ("s", rng.choice(starts)) if starts else ("f", rng.choice(fins))
+            elif policy == "stall":
+                victim = seed % blocks
+                others = [("s", b) for b in starts] + [("f", b) for b in fins if b != victim]
+                ev = rng.choice(others) if others else ("f", victim)
+            elif policy == "lifo":
+                ev = (("s", min(starts, key=lambda b: lists[b][pc[b]].index)) if starts
+                      else ("f", max(fins, key=lambda b: running[b][2])))
             elif policy == "serial":
                 b = min(starts + fins)
                 ev = ("s", b) if b in starts else ("f", b)
@@ -332,7 +345,7 @@ def explore(dag: TaskDAG, inputs: Sequence[Any], *, blocks: Sequence[int] = (1, 
             policies: Sequence[str] = POLICIES, launches: int = 2, epoch: int = 0,
             values: bool = True) -> list[VMRun]:
     """Run the VM over every grid size in ``blocks``, every policy, and ``seeds`` seeds of the
-    randomised policies; returns the runs (check ``all(r.ok for r in runs)``)."""
+    randomised policies (each with the kernel's task assignment and a rotated one); returns the runs (check ``all(r.ok for r in runs)``)."""
     from ..reference import run as reference_run
 
     flat = flatten_inputs(dag.schedule.program, inputs)
@@ -340,7 +353,9 @@ def explore(dag: TaskDAG, inputs: Sequence[Any], *, blocks: Sequence[int] = (1, 
     runs = []
     for b in blocks:
         for p in policies:
-            for sd in range(seeds if p in ("random", "eager") else 1):
-                runs.append(run(dag, flat, blocks=b, policy=p, seed=sd, launches=launches, epoch=epoch,
-                                reference=ref, values=values))
+            n = min(b, 2 * seeds) if p == "stall" else seeds if p in ("random", "eager", "lifo") else 1
+            for sd in range(n):
+                for rot in ((False, True) if p in ("random", "eager", "lifo", "stall") and b > 1 else (False,)):
+                    runs.append(run(dag, flat, blocks=b, policy=p, seed=sd, launches=launches, epoch=epoch,
+                                    reference=ref, values=values, rotate=rot))
     return runs
