@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 DEFAULTS = {
@@ -31,7 +31,7 @@ DEFAULTS = {
 SHIPPED = Path(__file__).parent / "data" / "costs.json"
 
 
-@lru_cache(maxsize=None)
+@cache
 def _load(path: str) -> dict[str, float]:
     data = json.loads(Path(path).read_text())
     values = data.get("constants", data)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+
 from ..arena import ArenaPlan
 from ..errors import TkxError
 from ..schedule.model import FusedSchedule, Group, Home

@@ -147,7 +147,8 @@ def run(dag: TaskDAG, inputs: Sequence[Any], *, blocks: int = 4, policy: str = "
     ``epoch``: the epoch the counters start at (counters hold ``epoch * threshold``), to test
     wrap-around. ``rotate``: deal each stage's tasks from a seeded random first block (the
     kernel starts at block 0; any rotation keeps every list in the global order, so the
-    proofs must hold for it too). ``values=False`` checks the ordering only (no computing: fast). ``reference``: an :class:`tkx.reference.Execution` to compare with (computed
+    proofs must hold for it too). ``values=False`` checks the ordering only (no computing:
+    fast). ``reference``: an :class:`tkx.reference.Execution` to compare with (computed
     with :func:`tkx.reference.run` when ``None``). Returns a :class:`VMRun`; never raises for a
     fault (see :meth:`VMRun.raise_if_faulty`). Raises :class:`TkxError` for an unknown policy.
     """
@@ -167,7 +168,8 @@ def run(dag: TaskDAG, inputs: Sequence[Any], *, blocks: int = 4, policy: str = "
     raw_prev, war_later, over_prev = _conflict_tables(dag, fp)
     out = VMRun(dag, blocks, policy, seed)
     clock = 0
-    for launch in range(launches):
+    def one_launch(launch: int) -> bool:
+        nonlocal clock
         base_epoch = epoch + launch
         copies = [in_captured_layout(t, spec.value, copy=True) for spec, t in zip(s.program.inputs, flat)]
         m = _Machine(s, dag.arena, copies)
@@ -281,13 +283,18 @@ def run(dag: TaskDAG, inputs: Sequence[Any], *, blocks: int = 4, policy: str = "
                     fault("deadlock", f"block {b} is stuck at task {t.index} ({t.group}) waiting on a counter "
                           "that does not exist")
             out.faults.extend(faults)
-            break
+            return False
         ups = {u.input_index: m.inputs[u.input_index] for u in s.program.updates}
         out.outputs.append(m.outputs)
         out.updates.append(ups)
         if values:
             _compare(reference, m.outputs, ups, faults, rtol, launch)
         out.faults.extend(faults)
+        return True
+
+    for launch in range(launches):
+        if not one_launch(launch):
+            break
     out.counters = counters
     out.epoch = epoch + len(out.outputs)
     return out
@@ -345,7 +352,8 @@ def explore(dag: TaskDAG, inputs: Sequence[Any], *, blocks: Sequence[int] = (1, 
             policies: Sequence[str] = POLICIES, launches: int = 2, epoch: int = 0,
             values: bool = True) -> list[VMRun]:
     """Run the VM over every grid size in ``blocks``, every policy, and ``seeds`` seeds of the
-    randomised policies (each with the kernel's task assignment and a rotated one); returns the runs (check ``all(r.ok for r in runs)``)."""
+    randomised policies (each with the kernel's task assignment and a rotated one); returns
+    the runs (check ``all(r.ok for r in runs)``)."""
     from ..reference import run as reference_run
 
     flat = flatten_inputs(dag.schedule.program, inputs)

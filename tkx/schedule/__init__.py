@@ -27,12 +27,7 @@ from ..dtypes import INT_DTYPES
 from ..errors import TkxError
 from ..ir import Op, Program, TensorSpec
 from ..target import (
-    BLOCK_BARRIER_US,
-    GRID_BARRIER_US,
-    ITEM_OVERHEAD_US,
-    SM_BYTES_PER_US,
     SM_COUNT,
-    SM_FLOPS_PER_US,
     CopyPlan,
     Cost,
     GemmPlan,
