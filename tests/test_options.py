@@ -11,7 +11,7 @@ from tkx.options import Options, OptionsError
 
 FIELDS = ["fuse_pointwise", "fuse_epilogues", "fuse_reductions", "tile_m", "tile_n", "tile_k",
           "threads_per_block", "blocks_per_sm", "max_blocks", "split_k", "mode", "fp32_math", "arch", "exact",
-          "passes", "rules", "backend", "spin_limit"]
+          "passes", "rules", "backend", "spin_limit", "sync", "timeline"]
 
 
 def test_defaults_are_valid_and_documented():
@@ -22,6 +22,7 @@ def test_defaults_are_valid_and_documented():
     assert (o.blocks_per_sm, o.max_blocks, o.split_k, o.mode) == (1, None, "auto", "auto")
     assert (o.fp32_math, o.exact, o.passes) == ("simt", False, None)
     assert (o.backend, o.spin_limit) == ("nvrtc", 2_000_000)
+    assert (o.sync, o.timeline) == ("barrier", False)
     assert repr(o) == "Options()"
     assert o.changed() == {}
     with pytest.raises(dataclasses.FrozenInstanceError):

@@ -106,6 +106,11 @@ class Options:
     backend: str = _opt("nvrtc", "how the kernel is compiled", choices=("nvrtc", "torch-extension"))
     spin_limit: int = _opt(2_000_000, "grid-barrier spins before the kernel gives up and reports an error",
                            range=(1000, 10**10))
+    sync: str = _opt("barrier", "how stages wait for each other in grid mode: barrier: a grid barrier per stage; "
+                     "counters: each task waits only for the counters of the groups it depends on; "
+                     "auto: chosen by cost", choices=("barrier", "counters", "auto"))
+    timeline: bool = _opt(False, "record (block, task, start, end, wait) of every task from %globaltimer "
+                          "into a device buffer", choices=_BOOL)
 
     # -- validation ---------------------------------------------------------------------------
     def __post_init__(self) -> None:
@@ -138,6 +143,11 @@ class Options:
                 message=(f"invalid combination threads_per_block={self.threads_per_block}, "
                          f"blocks_per_sm={self.blocks_per_sm}: {resident} resident threads per SM; "
                          f"allowed at most {MAX_THREADS_PER_SM} (sm_80/sm_90)"))
+        if self.sync == "counters" and self.mode == "block":
+            raise OptionsError(
+                "sync and mode", (self.sync, self.mode), "sync='counters' with mode='grid' or 'auto'",
+                message=("invalid combination sync='counters', mode='block': one block orders its tasks with "
+                         "__syncthreads, which counters cannot beat; use mode='grid' or sync='barrier'"))
         if self.exact and self.fp32_math == "tf32":
             raise OptionsError(
                 "exact and fp32_math", (self.exact, self.fp32_math), "exact=True with fp32_math='simt'",

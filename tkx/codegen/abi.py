@@ -17,6 +17,15 @@ in this order:
    barrier failed (for an index out of range: the op's position in ``program.ops``),
    ``status[2]`` the block that saw it. The runtime reads and clears them.
 
+6. only with ``Options(timeline=True)``: ``unsigned long long* timeline``, four words per
+   task (:attr:`CudaSource.timeline_tasks` tasks): ``block << 32 | task``, start and end
+   (``%globaltimer`` ns) and the ns spent waiting before the start; contents undefined at launch.
+
+With ``sync="counters"`` (:attr:`CudaSource.sync_words` > 8) the ``sync`` words continue past
+the status words: ``sync[2]`` the epoch (launches completed), ``sync[3]`` the blocks that have
+left, ``sync[8..9]`` a timed-out wait's counter value and threshold, ``sync[12 + k]`` counter
+``k``; all zeroed once, like the barrier words (and again after an error).
+
 Tensor addresses are arguments, never constants in the source, so one binary serves any
 buffers of the compiled shapes, dtypes and strides (CUDA graphs re-launch it as is).
 Grid size is chosen at launch time: one block in ``block`` mode, up to the number of
@@ -55,15 +64,17 @@ ERROR_CODES: Mapping[int, str] = MappingProxyType({
     1: "grid barrier timed out (a block never arrived: grid larger than the GPU can hold at once?)",
     2: "kernel launched with a block size other than the one it was generated for",
     3: "an index out of range (a label or index outside its table; status[1] holds the op's position)",
+    4: "a counter wait timed out (a task's producers never finished; status[3] packs the group and counter)",
 })
 ERR_BARRIER_TIMEOUT = 1
 ERR_BAD_LAUNCH = 2
 ERR_INDEX = 3
+ERR_WAIT_TIMEOUT = 4
 #: Former name of :data:`ERROR_CODES` without the ``0: ok`` entry (kept for callers of 0.1).
 ERRORS: Mapping[int, str] = MappingProxyType({k: v for k, v in ERROR_CODES.items() if k})
 
 #: Parameter roles, in ABI order.
-ROLES = ("input", "output", "arena", "sync", "status")
+ROLES = ("input", "output", "arena", "sync", "status", "timeline")
 
 
 @dataclass(frozen=True)
@@ -80,8 +91,9 @@ class Param:
         return f"{self.ctype} {self.name}"
 
 
-def kernel_params(program: Program) -> list[Param]:
-    """The parameters of the kernel generated for ``program``, in order."""
+def kernel_params(program: Program, *, timeline: bool = False) -> list[Param]:
+    """The parameters of the kernel generated for ``program``, in order (``timeline``: the
+    per-task timeline buffer last)."""
     params = []
     for i, inp in enumerate(program.inputs):
         t = C_TYPES[inp.value.dtype]
@@ -92,6 +104,8 @@ def kernel_params(program: Program) -> list[Param]:
     params.append(Param("arena", "unsigned char* __restrict__", "arena"))
     params.append(Param("sync", "unsigned int*", "sync"))
     params.append(Param("status", "int*", "status"))
+    if timeline:
+        params.append(Param("timeline", "unsigned long long*", "timeline"))
     return params
 
 

@@ -330,9 +330,111 @@ PRELUDE = "\n\n".join(["// ===== tkx prelude (fixed device code) =====", DTYPES,
                        "// ===== end of tkx prelude ====="])
 
 
-def prelude(*, tensor_cores: bool = False) -> str:
-    """The device code to put at the top of a kernel (``tensor_cores`` adds the WMMA headers)."""
-    return (TENSOR_CORE_INCLUDES + "\n\n" + PRELUDE) if tensor_cores else PRELUDE
+#: Words of ``sync`` before the counters: barrier (0, 1), epoch (2), exit count (3), status (4..7),
+#: a timed-out wait's counter value and threshold (8, 9), spare (10, 11).
+COUNTER_BASE = 12
+ERR_WAIT_TIMEOUT = 4
+
+COUNTERS = dedent(r"""
+    // ---------------------------------------------------------------------------------
+    // Dataflow counters (sync="counters"). Counter k (sync[12 + k]) is bumped once by each
+    // task of the group that owns it, after the task's tile is written (a release); a task
+    // that depends on that group waits (an acquire) until the counter has risen by the
+    // group's task count in this launch. Counters are never reset: the epoch (sync[2], the
+    // number of launches completed) gives this launch's base, epoch * threshold, compared
+    // with 32-bit wrap-around; the last block to leave bumps the epoch (sync[3] counts the
+    // blocks that left). So CUDA-graph replays and repeated launches need no reset kernel.
+    // A wait gives up after spin_limit polls (or when another block failed): status[0] = 4,
+    // status[1] = the waiting task's item, status[2] = its block, status[3] = (position of
+    // its group << 16) | counter, sync[8] = the counter's value in this launch, sync[9] = the
+    // threshold.
+    // ---------------------------------------------------------------------------------
+    #define TKX_ERR_WAIT_TIMEOUT 4
+
+    __device__ __forceinline__ unsigned int tkx_counters_init(const unsigned int* sync) {
+        return tkx_ld_acquire(sync + 2);  // changes only after every block of this launch has left
+    }
+
+    __device__ __forceinline__ bool tkx_wait(unsigned int* sync, unsigned int epoch, int* status, int counter,
+                                             unsigned int threshold, int group, int item,
+                                             unsigned long long spin_limit) {
+        __shared__ int ok;
+        if (threadIdx.x == 0) {
+            ok = 1;
+            const unsigned int* c = sync + 12 + counter;
+            const unsigned int base = epoch * threshold;
+            unsigned long long polls = 0;
+            while ((int)(tkx_ld_acquire(c) - base) < (int)threshold) {
+                if ((++polls & 63) == 0 && (polls > spin_limit || tkx_ld_volatile(status) != 0)) {
+                    if (atomicCAS(status, 0, TKX_ERR_WAIT_TIMEOUT) == 0) {
+                        atomicExch(sync + 8, tkx_ld_acquire(c) - base);
+                        atomicExch(sync + 9, threshold);
+                        atomicExch(status + 1, item);
+                        atomicExch(status + 2, (int)blockIdx.x);
+                        atomicExch(status + 3, (group << 16) | counter);
+                    }
+                    ok = 0;
+                    break;
+                }
+            }
+            __threadfence();
+        }
+        __syncthreads();
+        return ok != 0;
+    }
+
+    // After a task: every thread's writes are done (__syncthreads), then publish them.
+    __device__ __forceinline__ void tkx_task_done(unsigned int* sync, int counter) {
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            __threadfence();
+            tkx_red_add_release(sync + 12 + counter, 1u);
+        }
+    }
+
+    // At kernel exit: the last block to leave advances the epoch for the next launch.
+    __device__ __forceinline__ void tkx_counters_exit(unsigned int* sync) {
+        __syncthreads();
+        if (threadIdx.x == 0 && tkx_atom_add_acq_rel(sync + 3, 1u) == gridDim.x - 1) {
+            tkx_st_relaxed(sync + 3, 0u);
+            tkx_red_add_release(sync + 2, 1u);
+        }
+    }
+""")
+
+TIMELINE = dedent(r"""
+    // ---------------------------------------------------------------------------------
+    // Per-task timeline (Options(timeline=True)): task t writes timeline[4t..4t+3] =
+    // (block << 32 | t, start ns, end ns, ns spent waiting before start), from %globaltimer.
+    // ---------------------------------------------------------------------------------
+    __device__ __forceinline__ unsigned long long tkx_now() {
+        unsigned long long t;
+        asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+        return t;
+    }
+    __device__ __forceinline__ void tkx_record(unsigned long long* timeline, int task, unsigned long long ready,
+                                               unsigned long long start) {
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            unsigned long long* r = timeline + 4 * (long long)task;
+            r[0] = ((unsigned long long)blockIdx.x << 32) | (unsigned int)task;
+            r[1] = start;
+            r[2] = tkx_now();
+            r[3] = start - ready;
+        }
+    }
+""")
+
+
+def prelude(*, tensor_cores: bool = False, counters: bool = False, timeline: bool = False) -> str:
+    """The device code to put at the top of a kernel (``tensor_cores`` adds the WMMA headers,
+    ``counters`` the dataflow counters, ``timeline`` the per-task timer)."""
+    text = PRELUDE
+    extra = ([COUNTERS] if counters else []) + ([TIMELINE] if timeline else [])
+    if extra:
+        text = PRELUDE.replace("// ===== end of tkx prelude =====", "\n\n".join(extra) + "\n\n"
+                               "// ===== end of tkx prelude =====")
+    return (TENSOR_CORE_INCLUDES + "\n\n" + text) if tensor_cores else text
 
 
 # --------------------------------------------------------------------------------------

@@ -476,6 +476,47 @@ def _stage_loop(parts: list[tuple[Group, str, int]]) -> str:
 
 
 
+def _sync_plan(s: FusedSchedule, arena: ArenaPlan, stage_code: list) -> tuple[str, str, Any]:
+    """(sync, reason, task DAG or None): the DAG (with the emitters' work item counts) is built
+    when counters or a timeline need it."""
+    want_dag = getattr(s.options, "sync", "barrier") != "barrier" or getattr(s.options, "timeline", False)
+    if not want_dag:
+        return "barrier", "sync='barrier' (the default): a barrier between stages", None
+    from ..dataflow import build
+    from ..dataflow.cost import choose_sync
+
+    items = {g.id: n for _, parts in stage_code for g, _, n in parts}
+    dag = build(s, arena, work_items=items)
+    sync, reason = choose_sync(dag, s.options, s.mode, s.blocks)
+    return sync, reason, dag
+
+
+def _sync_words(sync: str, dag: Any) -> int:
+    from .cuda_prelude import COUNTER_BASE
+
+    return COUNTER_BASE + len(dag.counters) if sync == "counters" else 8
+
+
+def _task_code(g: Group, code: str, dag: Any, counters: bool, timeline: bool, spin: int) -> str:
+    """A work item's code with its waits before and its counter bump (and timeline record) after."""
+    pos = dag.order.index(g.id)
+    base = sum(dag.items[x] for x in dag.order[:pos])
+    pre: list[str] = []
+    post: list[str] = []
+    if timeline:
+        pre.append("const unsigned long long tkx_ready = tkx_now();")
+    if counters:
+        for w in dag.waits[g.id]:
+            prod = dag.counters[w.counter].group
+            pre.append(f"if (!tkx_wait(sync, tkx_epoch, status, {w.counter}, {w.threshold}u, {pos}, item, "
+                       f"{spin}ULL)) return;  // wait for {prod} ({w.threshold} tiles)")
+        post.append(f"tkx_task_done(sync, {dag.counter_of[g.id]});  // publish this tile of {g.id}")
+    if timeline:
+        pre.append("const unsigned long long tkx_start = tkx_now();")
+        post.append(f"tkx_record(timeline, {base} + item, tkx_ready, tkx_start);  // task {base} + item")
+    return block(*pre, code, *post)
+
+
 def _check_supported(s: FusedSchedule) -> None:
     """Refuse what the kernel would get wrong, with the op and the user's line."""
     from ..errors import UnsupportedError
@@ -534,7 +575,7 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
 
     _check_supported(s)
     em = _Emitter(s, arena)
-    params = abi.kernel_params(s.program)
+    params = abi.kernel_params(s.program, timeline=bool(getattr(s.options, "timeline", False)))
     stage_code: list[tuple[int, list[tuple[Group, str, int]]]] = []
     shared = 0
     for si, stage in enumerate(s.stages):
@@ -547,22 +588,29 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
         stage_code.append((si, parts))
     mode = s.mode
     spin = s.options.spin_limit
+    sync, sync_reason, dag = _sync_plan(s, arena, stage_code)
+    timeline = bool(getattr(s.options, "timeline", False))
     pointers = [p for p in params if p.role in ("input", "output", "arena", "status")]
     body: list[str] = [
         f"if (!tkx_check_launch(status, {s.threads})) return;",
-        barrier_setup(mode),
+        barrier_setup(mode) if sync == "barrier" else
+        "const unsigned int tkx_epoch = tkx_counters_init(sync);  // launches completed: this launch's base",
     ]
     if shared:
         body.append(shared_workspace(shared))
     group_lines: dict[str, tuple[int, int]] = {}
     for si, parts in stage_code:
-        if si > 0:
+        if si > 0 and sync == "barrier":
             hz = "; ".join(s.barriers[si - 1].hazards[:2])
             body.append(f"// ---- barrier before stage {si} ({hz})")
             body.append(barrier(mode, si, spin_limit=f"{spin}ULL"))
         names = ", ".join(f"{g.id} {g.kind}" for g, _, _ in parts)
         body.append(f"// ==== stage {si}: {names} ====")
+        if sync == "counters" or timeline:
+            parts = [(g, _task_code(g, code, dag, sync == "counters", timeline, spin), n) for g, code, n in parts]
         body.append(_stage_loop(parts))
+    if sync == "counters":
+        body.append("tkx_counters_exit(sync);  // the last block out advances the epoch")
     # Register budget of the requested occupancy (blocks_per_sm blocks of s.threads threads on
     # a 64K-register SM). An explicit cap also keeps ptxas from its small default budget for
     # very large kernels, which made it spill.
@@ -587,7 +635,11 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
         f"(TKX_POINTERS, long long i);" for name in em.plan.functions)
     functions = "\n\n".join([declarations] + [f for f in em.plan.functions.values() if f]) \
         if em.plan.functions else ""
-    text = block(header, "", prelude(tensor_cores=em.plan.tensor_cores), "", struct, "",
+    if sync == "counters":
+        header = block(header, f"// Sync: counters ({len(dag.counters)} counters, "
+                               f"{sum(len(w) for w in dag.waits.values())} waits, no grid barrier): {sync_reason}")
+    text = block(header, "", prelude(tensor_cores=em.plan.tensor_cores, counters=sync == "counters",
+                                     timeline=timeline), "", struct, "",
                  functions, "" if functions else None, kernel) + "\n"
     # Source map: the lines of each group (by its marker comment) and of each op.
     lines = text.splitlines()
@@ -632,4 +684,6 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
     launch = abi.LaunchContract(abi.KERNEL_NAME, tuple(params), config, arena.size_bytes)
     return CudaSource(text=text, launch=launch, schedule=s, arena=arena,
                       op_lines={k: tuple(v) for k, v in op_lines.items()}, group_lines=group_lines,
-                      tensor_cores=em.plan.tensor_cores, notes=em.plan.notes)
+                      tensor_cores=em.plan.tensor_cores, notes=em.plan.notes, sync=sync, sync_reason=sync_reason,
+                      sync_words=_sync_words(sync, dag), timeline_tasks=dag.num_tasks if timeline and dag else 0,
+                      dag=dag)

@@ -38,6 +38,11 @@ class CudaSource:
     group_lines: Mapping[str, tuple[int, int]] = field(default_factory=dict, repr=False, compare=False)
     tensor_cores: bool = False
     notes: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    sync: str = "barrier"
+    sync_reason: str = field(default="", repr=False, compare=False)
+    sync_words: int = 8
+    timeline_tasks: int = 0
+    dag: Any = field(default=None, repr=False, compare=False)
 
     # -- the launch contract, by its old names ---------------------------------------------------
     @property

@@ -75,7 +75,10 @@ class CompiledRunner:
         self.params = list(launch_contract(source).params)
         self.arena_bytes = arena_bytes_of(source)
         self.kernel = compile(source, self.device, backend=backend, cache=cache)
-        self._words = _status.new_words(self.device)
+        self._words = _status.new_words(self.device, _status.words_of(source))
+        self._timeline: torch.Tensor | None = None
+        if getattr(source, "timeline_tasks", 0):
+            self.timeline_buffer()
         self._mutated = sorted({u.input_index for u in self.program.updates} |
                                {i for i, s in enumerate(self.program.inputs) if s.mutated})
         self.timings: dict[str, float] = {}
@@ -134,7 +137,26 @@ class CompiledRunner:
         """The kernel's arguments (device addresses) in ABI order (:mod:`tkx.codegen.abi`)."""
         sync, status = _status.word_pointers(words)
         return pack_args(self.params, [t.data_ptr() for t in flat], [t.data_ptr() for t in outs],
-                         arena.data_ptr(), sync, status)
+                         arena.data_ptr(), sync, status, timeline=self.timeline_buffer().data_ptr()
+                         if getattr(self.source, "timeline_tasks", 0) else 0)
+
+    def timeline_buffer(self) -> torch.Tensor:
+        """The device buffer the kernel records its per-task timeline in (``Options(timeline=True)``):
+        int64 ``[tasks, 4]`` (``block << 32 | task``, start ns, end ns, wait ns), rewritten by each launch."""
+        if getattr(self, "_timeline", None) is None:
+            n = max(1, int(getattr(self.source, "timeline_tasks", 0)))
+            self._timeline = torch.zeros((n, 4), dtype=torch.int64, device=self.device)
+        return self._timeline
+
+    def timeline(self) -> Any:
+        """The :class:`tkx.dataflow.timeline.Timeline` of the last launch (waits for the GPU).
+        Raises :class:`TkxError` unless compiled with ``Options(timeline=True)``."""
+        if not getattr(self.source, "timeline_tasks", 0):
+            raise TkxError("this kernel records no timeline: compile with Options(timeline=True)")
+        from ..dataflow.timeline import Timeline
+
+        torch.cuda.synchronize(self.device)
+        return Timeline.from_records(self.source.dag, self.timeline_buffer().cpu().tolist())
 
     def launch(self, flat: Sequence[torch.Tensor], outs: Sequence[torch.Tensor], arena: torch.Tensor,
                words: torch.Tensor | None = None) -> None:
@@ -230,7 +252,7 @@ class CompiledRunner:
 
 
 def pack_args(params: Sequence[Any], inputs: Sequence[int], outputs: Sequence[int], arena: int, sync: int,
-              status: int) -> list[int]:
+              status: int, *, timeline: int = 0) -> list[int]:
     """Order the addresses as the kernel's parameters (``abi.Param`` roles) ask.
 
     Raises :class:`TkxError` for an unknown role or an index out of range (a code generator
@@ -251,6 +273,11 @@ def pack_args(params: Sequence[Any], inputs: Sequence[int], outputs: Sequence[in
             continue
         elif role == "status":
             args.append(status)
+            continue
+        elif role == "timeline":
+            if not timeline:
+                raise TkxError(f"kernel parameter {p.name} wants a timeline buffer, but none was given")
+            args.append(timeline)
             continue
         else:
             raise TkxError(f"kernel parameter {p.name} has role {role!r}, which this runtime does not know")
@@ -284,7 +311,7 @@ class GraphRunner:
         self.inputs = flat
         self.outputs = runner.allocate_outputs()
         self.arena = runner.new_arena()
-        self._words = _status.new_words(device)
+        self._words = _status.new_words(device, _status.words_of(runner.source))
         start = time.perf_counter()
         with torch.cuda.device(device):
             mutated = [i for i in runner._mutated]

@@ -31,9 +31,15 @@ def error_names() -> dict[int, str]:
     return {code: text for code, text in abi.ERROR_CODES.items() if code}
 
 
-def new_words(device: torch.device) -> torch.Tensor:
-    """A zeroed words tensor (sync + status) on ``device``."""
-    return torch.zeros(WORDS, dtype=torch.int32, device=device)
+def new_words(device: torch.device, words: int = WORDS) -> torch.Tensor:
+    """A zeroed words tensor (sync + status, and with ``sync="counters"`` the epoch and the
+    counters: ``words`` = :attr:`CudaSource.sync_words`) on ``device``."""
+    return torch.zeros(max(WORDS, int(words)), dtype=torch.int32, device=device)
+
+
+def words_of(source: Any) -> int:
+    """How many words the kernel of ``source`` needs (8 without counters)."""
+    return int(getattr(source, "sync_words", WORDS) or WORDS)
 
 
 def word_pointers(words: torch.Tensor) -> tuple[int, int]:
@@ -108,4 +114,29 @@ def read_and_clear(words: torch.Tensor, schedule: Any = None, launch: str = "", 
     words.zero_()
     if words.is_cuda:
         torch.cuda.synchronize(words.device)
+    if code == ERR_WAIT_TIMEOUT:
+        return wait_error(stage, block, int(host[STATUS_OFFSET + 3]), int(host[8]), int(host[9]), schedule, launch)
     return describe_status(code, stage, block, schedule, launch)
+
+
+ERR_WAIT_TIMEOUT = 4
+
+
+def wait_error(item: int, block: int, where: int, value: int, threshold: int, schedule: Any = None,
+               launch: str = "") -> KernelError:
+    """The :class:`KernelError` of a counter wait that timed out: ``where`` packs the waiting
+    group's position in the global order (high 16 bits) and the counter (low 16 bits; counter
+    ``k`` belongs to the ``k``-th group of that order)."""
+    pos, counter = where >> 16, where & 0xFFFF
+    order = [g for st in getattr(schedule, "stages", ()) for g in st]
+    waiting = order[pos] if 0 <= pos < len(order) else f"group #{pos}"
+    producer = order[counter] if 0 <= counter < len(order) else f"group #{counter}"
+    lines = [f"the tkx kernel reported error {ERR_WAIT_TIMEOUT}: a counter wait timed out: task {waiting} item "
+             f"{item} (block {block}) waited on counter c{counter} of {producer}, which stood at {value} of "
+             f"threshold {threshold}"]
+    if launch:
+        lines.append(f"launch: {launch}")
+    lines.append("a wait times out when a producer's tiles never finish: the grid exceeded the co-resident "
+                 "blocks, a producer failed, or the counters were not zeroed after an error; raise "
+                 "Options.spin_limit for very long tasks or try Options(sync='barrier') to isolate it")
+    return KernelError("\n  ".join(lines), code=ERR_WAIT_TIMEOUT, stage=-1, block=block)

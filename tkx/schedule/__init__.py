@@ -27,12 +27,7 @@ from ..dtypes import INT_DTYPES
 from ..errors import TkxError
 from ..ir import Op, Program, TensorSpec
 from ..target import (
-    BLOCK_BARRIER_US,
-    GRID_BARRIER_US,
-    ITEM_OVERHEAD_US,
-    SM_BYTES_PER_US,
     SM_COUNT,
-    SM_FLOPS_PER_US,
     CopyPlan,
     Cost,
     GemmPlan,
@@ -617,18 +612,24 @@ def schedule(program: Program, options: Any = None, *, rules: tuple[FusionRule, 
 
 def _choose_mode(groups: dict[str, Group], stages: tuple[tuple[str, ...], ...],
                  options: Any) -> tuple[str, int, str]:
-    """One block or the whole grid: estimated µs of each, from DESIGN.md's anchors."""
+    """One block or the whole grid: estimated µs of each, from :func:`tkx.costs.constants` (DESIGN.md's
+    anchors, or the calibrated JSON when one is shipped)."""
+    from .. import costs
+
+    c = costs.constants()
+
     def item_us(grp: Group) -> float:
         items = max(grp.work_items, 1)
-        return ITEM_OVERHEAD_US * 0.1 + max(grp.flops / SM_FLOPS_PER_US, grp.bytes / SM_BYTES_PER_US) / items
+        return c["item_overhead_us"] * 0.1 + max(grp.flops / c["sm_flops_per_us"],
+                                                 grp.bytes / c["sm_bytes_per_us"]) / items
 
     want = max((sum(groups[g].work_items for g in s) for s in stages), default=1)
     cap = options.max_blocks or SM_COUNT * options.blocks_per_sm
     blocks_grid = max(1, min(want, cap))
     t_block = sum(sum(groups[g].work_items * item_us(groups[g]) for g in s) for s in stages) \
-        + BLOCK_BARRIER_US * (len(stages) - 1)
+        + c["block_barrier_us"] * (len(stages) - 1)
     t_grid = sum(max(math.ceil(groups[g].work_items / blocks_grid) * item_us(groups[g]) for g in s)
-                 for s in stages) + GRID_BARRIER_US * (len(stages) - 1)
+                 for s in stages) + c["grid_barrier_us"] * (len(stages) - 1)
     numbers = f"estimated {t_block:.1f} µs on one block vs {t_grid:.1f} µs on {blocks_grid} blocks"
     if options.mode == "block":
         return "block", 1, f"mode='block' requested ({numbers})"

@@ -1,0 +1,59 @@
+"""Cost constants of the GPU model: defaults from DESIGN.md's H200 anchors, replaced by a
+calibrated JSON when one is shipped (``tkx/data/costs.json``, written by ``scripts/calibrate``)
+or named by the environment variable ``TKX_COSTS``.
+
+Keys (all µs unless named otherwise): ``grid_barrier_us`` (a grid barrier of ``barrier_blocks``
+blocks), ``block_barrier_us`` (``__syncthreads``), ``handoff_us`` (a counter release seen by
+a waiting block), ``wait_us`` (one satisfied wait: an acquire load and two ``__syncthreads``),
+``item_overhead_us`` (fixed cost of a work item), ``launch_us`` (an empty kernel in a CUDA graph),
+``sm_flops_per_us`` and ``sm_bytes_per_us`` (one SM's throughput). Imports nothing from tkx.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import cache
+from pathlib import Path
+
+DEFAULTS = {
+    "grid_barrier_us": 1.2,
+    "barrier_blocks": 132,
+    "block_barrier_us": 0.04,
+    "handoff_us": 0.5,
+    "wait_us": 0.1,
+    "item_overhead_us": 0.3,
+    "launch_us": 1.1,
+    "sm_flops_per_us": 0.45e6,
+    "sm_bytes_per_us": 0.1e6,
+}
+
+SHIPPED = Path(__file__).parent / "data" / "costs.json"
+
+
+@cache
+def _load(path: str) -> dict[str, float]:
+    data = json.loads(Path(path).read_text())
+    values = data.get("constants", data)
+    return {k: float(values[k]) for k in DEFAULTS if k in values}
+
+
+def constants() -> dict[str, float]:
+    """The constants in use: :data:`DEFAULTS` updated from ``$TKX_COSTS`` or the shipped JSON.
+
+    Raises ``ValueError`` naming the file if the JSON is malformed."""
+    out = dict(DEFAULTS)
+    path = os.environ.get("TKX_COSTS") or (str(SHIPPED) if SHIPPED.exists() else None)
+    if path:
+        try:
+            out.update(_load(path))
+        except (OSError, ValueError, TypeError, AttributeError) as e:
+            raise ValueError(f"cost constants {path} are unreadable ({e}); rerun scripts/calibrate or unset "
+                             "TKX_COSTS") from None
+    return out
+
+
+def source() -> str:
+    """Where :func:`constants` came from (a path, or ``"defaults"``)."""
+    path = os.environ.get("TKX_COSTS") or (str(SHIPPED) if SHIPPED.exists() else None)
+    return path or "defaults (DESIGN.md anchors)"
