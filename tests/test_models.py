@@ -199,9 +199,9 @@ def _dropout_step(w, x, state):
         return F.dropout(torch.tanh(x @ w), 0.25).square().mean()
     with tkx.random.philox(state):
         gw, value = torch.func.grad_and_value(loss)(w)
-        noise = torch.randn(64, 32)
-        u = torch.rand(64, 32)
-        b = torch.bernoulli(torch.full((64, 32), 0.3))
+        noise = torch.randn(64, 32, device=x.device)
+        u = torch.rand(64, 32, device=x.device)
+        b = torch.bernoulli(torch.full((64, 32), 0.3, device=x.device))
     return value, gw, noise, u, b
 
 
@@ -286,7 +286,7 @@ def test_transformer_blocks_through_every_cpu_stage(name):
 def test_transformer_blocks_verify_on_the_gpu(name):
     ex = tkx.examples.get(name)
     runner = tkx.runtime.build(ex.step_fn, ex.make_inputs(0, device="cuda"))
-    assert runner.verify(make_inputs=ex.make_inputs, strict=True).ok
+    assert runner.verify(make_inputs=ex.make_inputs, strict=True).passed
 
 
 @pytest.mark.gpu
@@ -298,7 +298,7 @@ def test_philox_kernel_matches_eager_bit_for_bit_on_the_gpu():
                 tkx.random.philox_state(seed, device=device))
 
     runner = tkx.runtime.build(_dropout_step, make(0))
-    assert runner.verify(make_inputs=make, strict=True).ok
+    assert runner.verify(make_inputs=make, strict=True).passed
     inputs = make(3)
     eager_inputs = [t.clone() for t in inputs]
     got = runner(*inputs)
@@ -395,7 +395,7 @@ def test_cnn_digits_verifies_and_trains_on_the_gpu():
     torch.backends.cudnn.allow_tf32 = False  # eager's conv2d in full fp32, as the kernel's
     ex = tkx.examples.get("cnn_digits")
     runner = tkx.runtime.build(ex.step_fn, ex.make_inputs(0, device="cuda"))
-    assert runner.verify(make_inputs=ex.make_inputs, strict=True).ok
+    assert runner.verify(make_inputs=ex.make_inputs, strict=True).passed
     runs = {}
     for how in ("kernel", "eager"):
         params, buf, rng, _, _ = ex.make_inputs(0, device="cuda")
