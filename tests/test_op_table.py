@@ -199,3 +199,12 @@ def test_rows_emitted_as_statements_have_an_emitter():
     from tkx.codegen.kernel import SPECIAL_POINTWISE
     assert {k for k, r in ops.OPS.items() if r.statements} == set(SPECIAL_POINTWISE)
     assert cops.missing_kinds() == []
+
+
+def test_integer_reduction_result_stays_in_long_long():
+    def step(i):
+        return i.sum(), i.amax(1)
+
+    big = torch.full((3, 4), 2**40 + 3)
+    exp = check_step(step, (big,))
+    assert "const float v_sum" not in exp.cuda.text and "const long long v_sum" in exp.cuda.text

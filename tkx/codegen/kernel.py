@@ -426,8 +426,9 @@ class _Emitter:
             return load(dtype, ptr, idx)
 
         def finish(row: str, value: str) -> str:
+            ctype = cops.c_type(op.out.dtype)  # an integer reduction stays in long long
             return block(f"const long long tkx_e = {row};",
-                         f"const float v_{op.id} = {round_to(op.out.dtype, value)};  // {op.id}: {op.kind}",
+                         f"const {ctype} v_{op.id} = {round_to(op.out.dtype, value)};  // {op.id}: {op.kind}",
                          self.point(g, "tkx_e", {op.id: f"v_{op.id}"}, 1))
 
         kind = op.kind
