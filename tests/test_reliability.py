@@ -596,17 +596,15 @@ def test_refresh_never_deletes_the_shared_extension_folder(cache_home, monkeypat
     from tkx.runtime.cache import cache_dir
     built = []
     monkeypatch.setattr(E, "check_toolchain", lambda: None)
-    monkeypatch.setattr(E, "arch_of", lambda device: "sm_90")
+    monkeypatch.setattr(E, "kernel_arch", lambda device: "sm_90")
     monkeypatch.setattr(cpp_extension, "load", lambda **kw: built.append(kw) or object())
     monkeypatch.setattr(E.ExtensionKernel, "__init__", lambda self, *a, **kw: None)
 
-    class Source:
-        text = "extern \"C\" __global__ void tkx_step() {}"
-        options = tkx.Options()
-    E.ExtensionKernel.build(Source(), torch.device("cpu"), cache=True)
+    source = tkx.explore(step_functional, _wx()).cuda  # a real CudaSource (its launch contract is read)
+    E.ExtensionKernel.build(source, torch.device("cpu"), cache=True)
     shared = Path(built[0]["build_directory"])
     (shared / "in-use-by-another-process").write_text("x")
-    E.ExtensionKernel.build(Source(), torch.device("cpu"), cache="refresh")
+    E.ExtensionKernel.build(source, torch.device("cpu"), cache="refresh")
     cold = Path(built[1]["build_directory"])
     assert cold != shared and cold.parent == cache_dir() / "torch-extension"
     assert built[1]["name"] != built[0]["name"]
@@ -712,7 +710,9 @@ def test_dot_failure_shows_dots_own_error():
 
 def test_program_graph_displays_without_dot(monkeypatch):
     import tkx.render as R
+    import tkx.render.base as B
     monkeypatch.setattr(R, "dot_available", lambda: False)
+    monkeypatch.setattr(B, "dot_available", lambda: False)
     g = tkx.explore(step_functional, _wx()).program.graph()
     bundle = g._repr_mimebundle_()  # what Jupyter calls: no ExecutableNotFound
     assert "not installed" in bundle["text/plain"] and "apt-get install graphviz" in bundle["text/plain"]
@@ -734,7 +734,8 @@ def test_huge_fp16_reduction_loops_use_64_bit_indices():
     exp = tkx.explore(step_sum_mean, (torch.empty(HUGE, dtype=torch.float16, device="meta"),))
     text = exp.cuda.text
     loops = [line.strip() for line in text.splitlines() if line.strip().startswith("for (") and " r " in line]
-    assert loops and all(line.startswith("for (long long r") for line in loops), loops
+    wide = [line for line in loops if "r_begin" in line or str(HUGE) in line]  # loops that could wrap at 2**31
+    assert wide and all(line.startswith("for (long long r") for line in wide), loops
     assert "int r_begin" not in text and "long long r_begin" in text
     assert "float acc" in text  # partials accumulate in fp32, rounded to fp16 once at the end
     # small reductions keep their 32-bit loops (and their stored CUDA text)
@@ -788,10 +789,11 @@ def test_huge_fp16_sum_on_the_gpu():
 
 def test_long_kernel_view_is_paged_and_never_compiles_to_render(monkeypatch):
     import tkx.codegen.nvrtc as N
-    import tkx.render.stage_views as SV
+    import tkx.render.cuda as SV
     monkeypatch.setenv("TKX_CACHE_DIR", str(Path(__file__).parent / ".no-such-cache-dir"))
     cuda = tkx.explore(readme_step, readme_inputs()).cuda
     monkeypatch.setattr(SV, "CUDA_VIEW_LINES", 60)
+    monkeypatch.setattr(tkx.codegen.source, "CUDA_VIEW_LINES", 60)
     assert cuda.num_lines > 3 * 60
     calls = []
     real = N.compile_cuda

@@ -28,7 +28,7 @@ def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     return (got - want).norm().item() / max(want.norm().item(), 1e-30)
 
 
-TOL = {"float32": 1e-5, "bfloat16": 2e-2, "float16": 2e-3}
+TOL = {"float32": 1e-5, "bfloat16": 2e-2, "float16": 2e-3, "int64": 0.0, "int32": 0.0, "bool": 0.0}
 
 
 @pytest.mark.parametrize("split", [2, 4])

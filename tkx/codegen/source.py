@@ -11,6 +11,9 @@ from typing import Any
 from .. import display
 from . import abi
 
+#: Source lines the CUDA view shows at once; a longer kernel is shown in pages (:meth:`CudaSource.page`).
+CUDA_VIEW_LINES = 2000
+
 
 @dataclass(frozen=True)
 class CudaSource:
@@ -196,9 +199,11 @@ class CudaSource:
         time (see :meth:`page`)."""
         return display.html_of(self, check=check, start=start, limit=limit)
 
-    def page(self, n: int = 1, *, lines: int = 2000) -> Any:
-        """Piece ``n`` (1-based) of a long kernel's view, ``lines`` source lines each: an object
-        that renders in a notebook; ``str()`` of it is its text."""
+    def page(self, n: int = 1, *, lines: int | None = None) -> Any:
+        """Piece ``n`` (1-based) of a long kernel's view, ``lines`` source lines each (default: the
+        view's page, 2000 lines): an object that renders in a notebook; ``str()`` of it is its text."""
+        if lines is None:
+            lines = CUDA_VIEW_LINES
         prelude = next((i for i, line in enumerate(self.text.split("\n")) if line.startswith("#define TKX_POINTERS")),
                        0)
         start = prelude + 1 + (int(n) - 1) * int(lines)
