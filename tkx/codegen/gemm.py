@@ -721,22 +721,7 @@ def _wgmma_pipelined(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epi
         'asm volatile("cp.async.wait_group 0;\\n" ::: "memory");',
         "__syncthreads();  // every warpgroup's MMAs are done before the C tile reuses the stages",
     )
-    epi = block(
-        "float* Cs = reinterpret_cast<float*>(ws);  // the C tile, fp32, rows padded",
-        "#pragma unroll",
-        f"for (int j = 0; j < {acc_regs}; ++j) {{",
-        "    const int r = wr * 64 + (warp % 4) * 16 + lane / 4 + 8 * ((j / 2) % 2);",
-        f"    const int c = wc * {wn} + 8 * (j / 4) + 2 * (lane % 4) + (j % 2);",
-        f"    Cs[r * {ldc} + c] = d[j];",
-        "}",
-        "__syncthreads();",
-        "#pragma unroll 1  // kept rolled: the epilogue's code appears once",
-        f"for (int e = threadIdx.x; e < {tm * tn}; e += {threads}) {{",
-        f"    const int row = row0 + e / {tn}, col = col0 + e % {tn};",
-        indent(_epilogue_block(epilogue, f"Cs[(e / {tn}) * {ldc} + e % {tn}]", m_guard, n_guard)),
-        "}",
-        "__syncthreads();  // Cs is read before the next work item reuses the workspace",
-    )
+    epi = _wgmma_store_c("ws", acc_regs, wn, ldc, tm, tn, threads, epilogue, m_guard, n_guard)
     what = {"wgmma_bf16": "bf16", "wgmma_f16": "fp16"}[variant]
     layouts = f"A {'K' if a_kmajor else 'M'}-major, B {'K' if b_kmajor else 'N'}-major"
     body = block(
@@ -877,24 +862,7 @@ def wgmma_gemm(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue,
         "    buf ^= 1;",
         "}",
     )
-    # accumulator fragment of m64nN: register j of lane l in warp w (of the warpgroup) is
-    # row 16 w + l / 4 + 8 ((j / 2) % 2), column 8 (j / 4) + 2 (l % 4) + j % 2
-    epi = block(
-        "float* Cs = reinterpret_cast<float*>(stage_base);  // the C tile, fp32, rows padded",
-        "#pragma unroll",
-        f"for (int j = 0; j < {acc_regs}; ++j) {{",
-        "    const int r = wr * 64 + (warp % 4) * 16 + lane / 4 + 8 * ((j / 2) % 2);",
-        f"    const int c = wc * {wn} + 8 * (j / 4) + 2 * (lane % 4) + (j % 2);",
-        f"    Cs[r * {ldc} + c] = d[j];",
-        "}",
-        "__syncthreads();",
-        "#pragma unroll 1  // kept rolled: the epilogue's code appears once",
-        f"for (int e = threadIdx.x; e < {tm * tn}; e += {threads}) {{",
-        f"    const int row = row0 + e / {tn}, col = col0 + e % {tn};",
-        indent(_epilogue_block(epilogue, f"Cs[(e / {tn}) * {ldc} + e % {tn}]", m_guard, n_guard)),
-        "}",
-        "__syncthreads();  // Cs is read before the next work item reuses the workspace",
-    )
+    epi = _wgmma_store_c("stage_base", acc_regs, wn, ldc, tm, tn, threads, epilogue, m_guard, n_guard)
     stash_fn = block(
         "auto stash_to = [&](int b) {  // registers -> stage b, K-major, 128-byte swizzle",
         f"    {elem}* As = stage_base + b * {stage_bytes // ebytes};",
@@ -1095,3 +1063,26 @@ def emit_gemm(variant: str, p: GemmProblem, load_a: LoadA, load_b: LoadB, epilog
     if variant == "gemv":
         return gemv(p, load_a, load_b, epilogue, threads=threads, item=item, smem=smem)
     raise ValueError(f"unknown GEMM variant {variant!r}; one of {VARIANTS}")
+
+
+def _wgmma_store_c(base: str, acc_regs: int, wn: int, ldc: int, tm: int, tn: int, threads: int,
+                   epilogue: Epilogue, m_guard: bool, n_guard: bool) -> str:
+    """The wgmma epilogue: each warpgroup's accumulator fragment of m64nN (register j of lane l in
+    warp w is row 16 w + l / 4 + 8 ((j / 2) % 2), column 8 (j / 4) + 2 (l % 4) + j % 2) is written
+    to an fp32 C tile in shared memory at ``base``, then the block applies the epilogue per element."""
+    return block(
+        f"float* Cs = reinterpret_cast<float*>({base});  // the C tile, fp32, rows padded",
+        "#pragma unroll",
+        f"for (int j = 0; j < {acc_regs}; ++j) {{",
+        "    const int r = wr * 64 + (warp % 4) * 16 + lane / 4 + 8 * ((j / 2) % 2);",
+        f"    const int c = wc * {wn} + 8 * (j / 4) + 2 * (lane % 4) + (j % 2);",
+        f"    Cs[r * {ldc} + c] = d[j];",
+        "}",
+        "__syncthreads();",
+        "#pragma unroll 1  // kept rolled: the epilogue's code appears once",
+        f"for (int e = threadIdx.x; e < {tm * tn}; e += {threads}) {{",
+        f"    const int row = row0 + e / {tn}, col = col0 + e % {tn};",
+        indent(_epilogue_block(epilogue, f"Cs[(e / {tn}) * {ldc} + e % {tn}]", m_guard, n_guard)),
+        "}",
+        "__syncthreads();  // Cs is read before the next work item reuses the workspace",
+    )
