@@ -15,7 +15,7 @@ inside the functions that draw).
 
 from __future__ import annotations
 
-from . import arena, bench, captured, cuda, diffs, passes, program, runtime_views, schedule, stage_diff
+from . import arena, bench, captured, cuda, diffs, distributed, passes, program, runtime_views, schedule, stage_diff
 from .base import (
     DOT_TIMEOUT_S,
     REGION_COLORS,
@@ -37,5 +37,5 @@ from .base import (
 
 __all__ = ["DOT_TIMEOUT_S", "REGION_COLORS", "REGION_FILL", "SCRIPT", "STYLE", "attrs", "dot_available", "esc",
            "graph_html", "graph_svg", "mimebundle", "svg_img", "view", "dot_escape", "run_dot", "safe_digraph",
-           "arena", "bench", "captured", "cuda", "diffs", "passes", "program", "runtime_views", "schedule",
+           "arena", "bench", "captured", "cuda", "diffs", "distributed", "passes", "program", "runtime_views", "schedule",
            "stage_diff"]
