@@ -11,15 +11,16 @@ where the collective sits and how many bytes each bucket moves per step. It need
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 from .. import display
-from ..dtypes import DTYPE_SHORT
+from ..dtypes import DTYPE_BYTES, DTYPE_SHORT
 from ..ir import Program
 from .split import CutValue, DistributedError, GradientSplit, split_at_gradients
 
-__all__ = ["Bucket", "DistributedPlan", "make_plan", "EXECUTORS", "DEFAULT_BUCKET_BYTES", "ready_stages"]
+__all__ = ["Bucket", "DistributedPlan", "make_plan", "EXECUTORS", "DEFAULT_BUCKET_BYTES", "ALIGN_BYTES", "ready_stages"]
 
 #: How the programs run: ``"schedule"`` (the schedule interpreter, CPU or GPU tensors), ``"reference"``
 #: (the reference interpreter on the optimised programs) or ``"compiled"`` (the generated kernels, GPU).
@@ -29,22 +30,35 @@ EXECUTORS = ("schedule", "reference", "compiled")
 DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
 
 
+#: Each bucket member starts at a multiple of this many bytes in the bucket's flat buffer, so the
+#: averaged values handed to program B are as aligned as fresh tensors (vector loads, cp.async).
+ALIGN_BYTES = 256
+
+
 @dataclass(frozen=True)
 class Bucket:
     """Cut values all-reduced together as one flat tensor of one dtype.
 
-    ``members``: cut indices (:attr:`CutValue.index`) in the order they sit in the flat buffer;
-    ``nbytes``: the payload in bytes; ``ready_stage``: the stage of A after which every member is
-    written, so the all-reduce can start while A's later stages run (``None``: after A finishes);
-    ``world_size``: ranks taking part.
+    ``members``: cut indices (:attr:`CutValue.index`) in buffer order; ``offsets``: the element offset of
+    each in the flat buffer (multiples of :data:`ALIGN_BYTES`); ``numel``: elements of the flat buffer
+    (members plus alignment padding); ``payload_bytes``: the members' own bytes; ``ready_stage``: the
+    stage of A after which every member is written, so the all-reduce can start while A's later stages
+    run (``None``: after A finishes); ``world_size``: ranks taking part.
     """
 
     index: int
     dtype: str
     members: tuple[int, ...]
-    nbytes: int
+    offsets: tuple[int, ...]
+    numel: int
+    payload_bytes: int
     ready_stage: int | None
     world_size: int
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the flat buffer each rank all-reduces (payload plus alignment padding)."""
+        return self.numel * DTYPE_BYTES[self.dtype]
 
     @property
     def ring_bytes_per_rank(self) -> int:
@@ -83,7 +97,7 @@ def _buckets(split: GradientSplit, ready: dict[int, int] | None, bucket_bytes: i
     done: list[list[CutValue]] = []
     for c in todo:
         members = open_.setdefault(c.dtype, [])
-        if members and sum(m.nbytes for m in members) + c.nbytes > bucket_bytes:
+        if members and sum(m.nbytes for m in members) + c.nbytes > bucket_bytes:  # the payload is capped
             done.append(members)
             members = open_[c.dtype] = []
         members.append(c)
@@ -92,7 +106,15 @@ def _buckets(split: GradientSplit, ready: dict[int, int] | None, bucket_bytes: i
     out = []
     for k, ms in enumerate(done):
         stage = None if ready is None else max(when(m) for m in ms)
-        out.append(Bucket(k, ms[0].dtype, tuple(m.index for m in ms), sum(m.nbytes for m in ms), stage, world))
+        align = max(1, ALIGN_BYTES // DTYPE_BYTES[ms[0].dtype])
+        offsets, at = [], 0
+        for m in ms:
+            offsets.append(at)
+            at += -(-(m.nbytes // DTYPE_BYTES[m.dtype]) // align) * align
+        last_numel = ms[-1].nbytes // DTYPE_BYTES[ms[-1].dtype]
+        numel = offsets[-1] + last_numel
+        out.append(Bucket(k, ms[0].dtype, tuple(m.index for m in ms), tuple(offsets), numel,
+                          sum(m.nbytes for m in ms), stage, world))
     return tuple(out)
 
 
@@ -150,6 +172,22 @@ class DistributedPlan:
     def ring_bytes_per_rank(self) -> int:
         """Bytes each rank sends per step in ring all-reduces (:attr:`Bucket.ring_bytes_per_rank`)."""
         return sum(b.ring_bytes_per_rank for b in self.buckets)
+
+    def with_world_size(self, world_size: int) -> DistributedPlan:
+        """The same plan for ``world_size`` ranks (the buckets' byte counts change; nothing is recaptured)."""
+        return self._rebucket(int(world_size), self.bucket_bytes)
+
+    def with_bucket_bytes(self, bucket_bytes: int) -> DistributedPlan:
+        """The same plan with buckets of at most ``bucket_bytes`` bytes (> 0)."""
+        return self._rebucket(self.world_size, int(bucket_bytes))
+
+    def _rebucket(self, world: int, bucket_bytes: int) -> DistributedPlan:
+        if world < 1 or bucket_bytes <= 0:
+            raise DistributedError("bad-input", f"world_size={world}, bucket_bytes={bucket_bytes}",
+                                   hint="pass world_size >= 1 and bucket_bytes > 0")
+        ready = ready_stages(self.schedule_a) if self.overlap else None
+        return dataclasses.replace(self, world_size=world, bucket_bytes=bucket_bytes,
+                                   buckets=_buckets(self.split, ready, bucket_bytes, world))
 
     def cut_value(self, index: int) -> CutValue:
         return self.split.cut[index]

@@ -56,6 +56,11 @@ class DistributedError(UnsupportedError):
     ``"bad-batch"``, ``"integer-gradient"``, ``"no-process-group"`` or ``"bad-input"``) whose message
     names the op and the user's source line where one is involved, and what to do instead."""
 
+    def __init__(self, kind: str, what: str, **kw: object) -> None:
+        super().__init__(kind, what, **kw)  # type: ignore[arg-type]
+        self.args = (str(self.args[0]).replace("tkx cannot compile this step", "tkx cannot run this step data "
+                                               "parallel", 1),)
+
 
 @dataclass(frozen=True)
 class CutValue:
@@ -125,6 +130,10 @@ class GradientSplit:
         return (f"<tkx.distributed.GradientSplit {self.program.name}: A {len(self.forward_backward.ops)} ops -> "
                 f"{len(self.gradients)} gradients ({sum(c.nbytes for c in self.gradients):,} B) -> "
                 f"B {len(self.update.ops)} ops>")
+
+
+def c_type(op: Op) -> str:
+    return f"{DTYPE_SHORT.get(op.out.dtype, op.out.dtype)}[{', '.join(map(str, op.out.shape))}]"
 
 
 def _arg_leaves(in_tree: TreeSpec | None, n_inputs: int) -> list[range]:
@@ -303,7 +312,8 @@ def split_at_gradients(program: Program, *, loss_index: int | None = None, batch
             if local_values == "error":
                 raise DistributedError(
                     "batch-statistic",
-                    f"the update reads {buf} ({op.kind}), a forward value computed from the local batch, not a "
+                    f"the update reads {buf} ({c_type(op)}, made by a {op.kind} op), a forward value computed from "
+                    "the local batch, not a "
                     "gradient: with data parallelism each rank would update its state from its own batch (batch-norm "
                     "running statistics are the usual case)",
                     op=op.kind, node=op.fx_node, source=op.source,

@@ -34,8 +34,10 @@ class _Collective:
         self.started: dict[int, tuple[torch.Tensor, Any]] = {}
 
     def start(self, bucket: Bucket, outputs: Sequence[torch.Tensor]) -> None:
-        parts = [outputs[k].reshape(-1) for k in bucket.members]
-        flat = torch.cat(parts) if len(parts) > 1 else parts[0].clone()
+        first = outputs[bucket.members[0]]
+        flat = torch.zeros(bucket.numel, dtype=first.dtype, device=first.device)
+        for k, at in zip(bucket.members, bucket.offsets):
+            flat[at: at + outputs[k].numel()].copy_(outputs[k].reshape(-1))
         work = dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
         self.started[bucket.index] = (flat, work)
 
@@ -55,11 +57,8 @@ class _Collective:
             flat, work = self.started[b.index]
             work.wait()
             flat.div_(world)
-            at = 0
-            for k in b.members:
-                n = outputs[k].numel()
-                values[k] = flat[at: at + n].view(outputs[k].shape)
-                at += n
+            for k, at in zip(b.members, b.offsets):
+                values[k] = flat[at: at + outputs[k].numel()].view(outputs[k].shape)
         return values
 
 
@@ -89,7 +88,8 @@ class DataParallelStep:
         world = dist.get_world_size(group)
         if world != plan.world_size:
             raise DistributedError("bad-input", f"the plan is for {plan.world_size} ranks, the process group has {world}",
-                                   hint="make the plan with world_size=dist.get_world_size() (data_parallel does)")
+                                   hint=f"pass plan.with_world_size({world}), or make the plan with "
+                                        "world_size=dist.get_world_size() (data_parallel(step_fn, inputs) does)")
         if plan.backend != dist.get_backend(group):
             plan = dataclasses.replace(plan, backend=str(dist.get_backend(group)))
         self.plan = plan

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import display
-from ..distributed.plan import DistributedPlan
+from ..distributed.plan import ALIGN_BYTES, DistributedPlan
 from ..words import plural
 from .base import esc, view
 from .runtime_views import fmt_bytes
@@ -59,11 +59,11 @@ def format_plan(p: DistributedPlan) -> str:
              f"        -> {plural(len(grads), 'gradient')} ({fmt_bytes(sum(c.nbytes for c in grads))})",
              f"  [all-reduce, average over {p.world_size}] {plural(len(p.buckets), 'bucket')} "
              f"(bucket_bytes {fmt_bytes(p.bucket_bytes)}): {fmt_bytes(p.bytes_per_step)} per step, each rank sends "
-             f"{fmt_bytes(p.ring_bytes_per_rank)} (ring: 2(N-1)/N x payload)"]
+             f"{fmt_bytes(p.ring_bytes_per_rank)} (ring: 2(N-1)/N x bytes; each value padded to {ALIGN_BYTES} B)"]
     for b in p.buckets:
         members = [s.cut[k].name for k in b.members]
-        lines.append(f"      bucket {b.index}  {b.dtype:<8} {fmt_bytes(b.nbytes):>20}  sends {fmt_bytes(b.ring_bytes_per_rank)}"
-                     f"  starts {_start(p, b)}: {_names(members, 4)}")
+        lines.append(f"      bucket {b.index}  {b.dtype:<8} {fmt_bytes(b.nbytes):>20} (payload {b.payload_bytes:,} B)  "
+                     f"sends {fmt_bytes(b.ring_bytes_per_rank)}  starts {_start(p, b)}: {_names(members, 4)}")
     lines.append("  " + _program_line("[B] update", p.update, p.schedule_b)
                  + f", reads {plural(len(s.averaged), 'averaged value')}")
     kept = [c for c in s.cut if c.reduce == "none"]
@@ -84,7 +84,8 @@ def plan_html(p: DistributedPlan) -> str:
     for b in p.buckets:
         members = [s.cut[k].name for k in b.members]
         rows.append((f"bucket {b.index}", f"all-reduce (average), {b.dtype}", _names(members, 8),
-                     f"{fmt_bytes(b.nbytes)}; each rank sends {fmt_bytes(b.ring_bytes_per_rank)}; starts {_start(p, b)}"))
+                     f"{fmt_bytes(b.nbytes)} (payload {b.payload_bytes:,} B); each rank sends "
+                     f"{fmt_bytes(b.ring_bytes_per_rank)}; starts {_start(p, b)}"))
     rows.append(("B", "update", _program_line("", p.update, p.schedule_b).strip(),
                  f"reads {plural(len(s.averaged), 'averaged value')}"))
     body = "".join(f"<tr><th>{esc(a)}</th><td>{esc(b)}</td><td>{esc(c)}</td><td>{esc(d)}</td></tr>"
@@ -93,7 +94,8 @@ def plan_html(p: DistributedPlan) -> str:
     foot = (f'<div class="tkx-dim">kept per rank: {esc(_names([f"{c.name} ({c.kind})" for c in kept]))}</div>'
             if kept else "")
     total = (f'<div>{esc(fmt_bytes(p.bytes_per_step))} all-reduced per step; each rank sends '
-             f'{esc(fmt_bytes(p.ring_bytes_per_rank))} (ring all-reduce: 2(N-1)/N x payload)</div>')
+             f'{esc(fmt_bytes(p.ring_bytes_per_rank))} (ring all-reduce: 2(N-1)/N x bytes; each value starts at a '
+             f'multiple of {ALIGN_BYTES} B)</div>')
     table = ("<table><thead><tr><th>where</th><th>what</th><th>holds</th><th>moves / reads</th></tr></thead>"
              f"<tbody>{body}</tbody></table>")
     return view("distributed", f"Distributed plan: {p.name}", head + table + total + foot, format_plan(p))
