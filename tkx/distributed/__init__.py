@@ -88,9 +88,16 @@ def data_parallel(step_fn: Callable[..., Any] | DistributedPlan, example_inputs:
     options
         :class:`tkx.Options` for both programs.
 
-    Returns a :class:`DataParallelStep`. Raises :class:`DistributedError` (no process group, a plan for
-    another world size, a step without a gradient boundary, batch statistics) and what
-    :func:`tkx.capture` raises.
+    Returns
+    -------
+    DataParallelStep
+        Call it like the step, on every rank, with the rank's local batch.
+
+    Raises
+    ------
+    DistributedError
+        No process group, a plan for another world size, a step without a gradient boundary, batch
+        statistics the update reads; and what :func:`tkx.capture` raises.
     """
     import torch.distributed as dist
 

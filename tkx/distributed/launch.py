@@ -106,9 +106,17 @@ def spawn(fn: Callable[..., Any], world_size: int = 2, args: Sequence[Any] = (),
         ``torch.set_num_threads`` in each rank; default ``max(1, cpu_count // world_size)`` for gloo so
         that N ranks do not oversubscribe the cores.
 
-    Returns the list of return values, by rank. Raises ``torch.multiprocessing.ProcessRaisedException``
-    (with the rank's traceback) when a rank raises, :class:`~tkx.distributed.split.DistributedError` when
-    NCCL is asked for with fewer GPUs than ranks.
+    Returns
+    -------
+    list
+        What ``fn`` returned on each rank, by rank.
+
+    Raises
+    ------
+    torch.multiprocessing.ProcessRaisedException
+        A rank raised (the message holds its traceback).
+    DistributedError
+        NCCL asked for with fewer GPUs than ranks, or ``world_size < 1``.
     """
     import torch.multiprocessing as mp
 
