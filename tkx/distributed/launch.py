@@ -103,8 +103,9 @@ def spawn(fn: Callable[..., Any], world_size: int = 2, args: Sequence[Any] = (),
     timeout_s
         The process group's timeout (s): a collective that waits longer raises instead of hanging.
     threads
-        ``torch.set_num_threads`` in each rank; default ``max(1, cpu_count // world_size)`` for gloo so
-        that N ranks do not oversubscribe the cores.
+        ``torch.set_num_threads`` in each rank. Default for gloo: 1 in forked ranks (they inherit the
+        parent's OpenMP thread pool, which is not safe to grow after a fork; DataLoader workers do the same),
+        else ``max(1, cpu_count // world_size)`` so that N ranks do not oversubscribe the cores.
 
     Returns
     -------
@@ -131,7 +132,8 @@ def spawn(fn: Callable[..., Any], world_size: int = 2, args: Sequence[Any] = (),
         forkable = "fork" in mp.get_all_start_methods()
         start_method = "fork" if forkable and not torch.cuda.is_initialized() else "spawn"
     if threads is None and backend == "gloo":
-        threads = max(1, (os.cpu_count() or 1) // world_size)
+        # a forked child inherits the parent's OpenMP state: one thread, as DataLoader workers do
+        threads = 1 if start_method == "fork" else max(1, (os.cpu_count() or 1) // world_size)
     with tempfile.TemporaryDirectory(prefix="tkx-dist-") as tmp:
         init_method = "file://" + str(Path(tmp) / "store")
         results = Path(tmp) / "results"

@@ -27,6 +27,13 @@ class _Collective:
     """The all-reduces of one step: start each bucket once, wait for all, hand out the averages."""
 
     def __init__(self, plan: DistributedPlan, group: Any) -> None:
+        backend = str(dist.get_backend(group))
+        if backend == "nccl" and plan.executor != "compiled":
+            raise DistributedError(
+                "bad-input", f"the process group uses NCCL, which moves CUDA tensors only, but the plan runs on "
+                             f"the {plan.executor} interpreter with CPU tensors",
+                hint="move the step's inputs to cuda:LOCAL_RANK before data_parallel (the kernels then run), or "
+                     "start the group with gloo for CPU ranks: tkx.distributed.init('gloo')")
         if plan.backend != dist.get_backend(group):
             plan = dataclasses.replace(plan, backend=str(dist.get_backend(group)))
         self.plan = plan
@@ -90,6 +97,13 @@ class DataParallelStep:
             raise DistributedError("bad-input", f"the plan is for {plan.world_size} ranks, the process group has {world}",
                                    hint=f"pass plan.with_world_size({world}), or make the plan with "
                                         "world_size=dist.get_world_size() (data_parallel(step_fn, inputs) does)")
+        backend = str(dist.get_backend(group))
+        if backend == "nccl" and plan.executor != "compiled":
+            raise DistributedError(
+                "bad-input", f"the process group uses NCCL, which moves CUDA tensors only, but the plan runs on "
+                             f"the {plan.executor} interpreter with CPU tensors",
+                hint="move the step's inputs to cuda:LOCAL_RANK before data_parallel (the kernels then run), or "
+                     "start the group with gloo for CPU ranks: tkx.distributed.init('gloo')")
         if plan.backend != dist.get_backend(group):
             plan = dataclasses.replace(plan, backend=str(dist.get_backend(group)))
         self.plan = plan
