@@ -173,6 +173,22 @@ def test_values_the_backward_saves_outside_the_loss_ancestry_stay_in_a():
     assert any(op.region == "optimizer" for op in s.forward_backward.ops)
 
 
+@pytest.mark.parametrize("name, batch", [("q_learning", ("obs", "actions", "rewards", "next_obs", "dones")),
+                                         ("poly_clip_adamw", ("x", "y"))])
+def test_zoo_steps_split_with_their_batch_found_and_every_gradient_named(name, batch):
+    import inspect
+
+    ex = get(name)
+    cg = tkx.capture(ex.step_fn, ex.example_inputs)
+    s = td.split_at_gradients(cg.program, loss_index=cg.loss_index)
+    params = list(inspect.signature(ex.step_fn).parameters)
+    # q_learning's target network is read only by the forward pass, yet it is replicated state, not batch
+    assert tuple(params[a] for a in s.batch_args) == batch
+    assert {c.kind for c in s.cut} == {"gradient", "loss"}
+    # poly_clip_adamw updates p * (1 - lr * wd) - lr * update: the parameter is found one op back
+    assert sorted(c.name for c in s.gradients) == sorted(f"grad of params['{k}']" for k in ex.example_inputs[0])
+
+
 def no_gradient_step(w, x):
     w.sub_(0.1 * x.mean(0))
     return (w * x).sum()

@@ -178,17 +178,29 @@ def _gradient_name(program: Program, g: Op, b_ops: Sequence[Op], read_by_a: set[
     numel = g.out.numel
     front = {g.id}
     by_buffer = {i.value.buffer: k for k, i in enumerate(program.inputs)}
+    b_by_id = {op.id: op for op in b_ops}
     candidates: list[int] = []
+
+    def collect(op: Op, depth: int) -> None:
+        """Inputs of ``g``'s size that ``op`` reads, directly or through pointwise ops of that size
+        (``p * (1 - lr * wd) - lr * update`` reads ``p`` one op back)."""
+        for x in op.tensor_inputs:
+            if x.numel != numel:
+                continue
+            k = by_buffer.get(x.buffer)
+            if k is not None:
+                if x.buffer in read_by_a and k not in candidates:
+                    candidates.append(k)
+            elif depth and x.buffer in b_by_id and x.buffer not in front and b_by_id[x.buffer].family == "pointwise":
+                collect(b_by_id[x.buffer], depth - 1)
+
     for op in b_ops:
         if op.family != "pointwise" or op.out.numel != numel:
             continue
         if not any(x.buffer in front and x.numel == numel for x in op.tensor_inputs):
             continue
         front.add(op.id)
-        for x in op.tensor_inputs:
-            k = by_buffer.get(x.buffer)
-            if k is not None and x.numel == numel and x.buffer in read_by_a and k not in candidates:
-                candidates.append(k)
+        collect(op, 2)
     for u in program.updates:
         buf = program.inputs[u.input_index].value.buffer
         if u.value.buffer in front and buf in read_by_a and u.input_index not in candidates:
@@ -211,7 +223,9 @@ def split_at_gradients(program: Program, *, loss_index: int | None = None, batch
         Flat index of the loss among the outputs (:attr:`tkx.CapturedGraph.loss_index`).
     batch
         Positional argument indices that hold each rank's local batch. ``None``: derived, the
-        arguments that A reads and B neither reads nor updates (``x``, ``y``, ``tokens``...).
+        arguments that A reads and B neither reads nor updates (``x``, ``y``, ``tokens``...) whose
+        tensors share one leading dimension (the most common one among them; a target network that
+        only the forward reads is not batch).
     local_values
         What to do with a forward value the update reads that depends on the batch (batch-norm
         running statistics): ``"error"`` (default: raise), ``"average"`` (average it over the ranks)
@@ -240,8 +254,11 @@ def split_at_gradients(program: Program, *, loss_index: int | None = None, batch
             hint="take the gradients with torch.func.grad_and_value(loss_fn)(params, ...) inside the step and "
                  "update the parameters from them")
     in_a = _ancestors(program, {op.id for op in ops if op.region in ("forward", "backward")})
+    # ops no output or update needs (e.g. the indices of a max whose values alone are used) are dead
+    # code: they must not pull forward values across the cut
+    live = _ancestors(program, {v.buffer for v in program.sinks()})
     a_ops = [op for op in ops if op.id in in_a]
-    b_ops = [op for op in ops if op.id not in in_a]
+    b_ops = [op for op in ops if op.id not in in_a and op.id in live]
 
     # -- the cut: A's buffers that B, the outputs or the updates read --------------------------------
     read_by: dict[str, set[str]] = {}
@@ -269,8 +286,18 @@ def split_at_gradients(program: Program, *, loss_index: int | None = None, batch
                 {o.value.buffer for o in program.outputs}
     leaf_buffers = [[program.inputs[i].value.buffer for i in r] for r in args]
     if batch is None:
-        batch_args = tuple(a for a, bufs in enumerate(leaf_buffers)
-                           if bufs and any(b in read_by_a for b in bufs) and not any(b in read_by_b for b in bufs))
+        # the arguments only A reads whose leaves share one leading (batch) dimension, the most common one
+        # among them: a frozen or target network that only the forward reads is replicated state
+        only_a = [a for a, bufs in enumerate(leaf_buffers)
+                  if bufs and any(b in read_by_a for b in bufs) and not any(b in read_by_b for b in bufs)]
+        leading = {}
+        for a in only_a:
+            dims = {program.inputs[i].value.shape[0] if program.inputs[i].value.shape else None for i in args[a]}
+            if len(dims) == 1 and None not in dims:
+                leading[a] = dims.pop()
+        counts = [list(leading.values()).count(d) for d in leading.values()]
+        common = max(zip(counts, leading.values()))[1] if leading else None
+        batch_args = tuple(a for a in only_a if leading.get(a, -1) == common)
     else:
         batch_args = tuple(int(a) for a in batch)
         for a in batch_args:
@@ -302,8 +329,9 @@ def split_at_gradients(program: Program, *, loss_index: int | None = None, batch
                                        hint="only floating-point gradients can be all-reduced")
             name = _gradient_name(program, op, b_ops, read_by_a) or f"gradient {buf}"
             kind, reduce = "gradient", "average"
-        elif buf == loss_buffer and readers == ("output",):
-            kind, reduce, name = "loss", ("average" if average_loss else "none"), "loss"
+        elif buf == loss_buffer:  # an update that reads the loss (a loss-scaled step) reads the global one
+            kind, name = "loss", "loss"
+            reduce = "average" if average_loss or "update" in readers else "none"
         elif "update" not in readers:
             kind, reduce, name = "local", "none", next(o.name for o in program.outputs if o.value.buffer == buf)
         elif buf not in of_batch:
