@@ -357,6 +357,45 @@ def test_both_programs_compile_to_kernels_with_nvrtc(plans):
         assert report.registers > 0 and report.spill_bytes == 0
 
 
+class InterpretedRunner:
+    """Stands in for a CompiledRunner on CPU: ``run_flat`` through the schedule interpreter, writing the
+    in-place updates into the inputs as the kernel does."""
+
+    def __init__(self, sched, arena):
+        self.sched, self.arena = sched, arena
+
+    def run_flat(self, flat):
+        from tkx.schedule import interpreter
+        return list(interpreter.run(self.sched, self.arena, flat, update_inputs=True).outputs)
+
+
+def compiled_path_worker(rank, world, plan):
+    step = td.data_parallel(plan)
+    step._compiled = lambda device: (InterpretedRunner(plan.schedule_a, plan.arena_a),
+                                     InterpretedRunner(plan.schedule_b, plan.arena_b))
+    step_fn, make_inputs, batches, functional = WORKLOADS["llama_block_fp32"]
+    losses, state = train(step, make_inputs(0)[:-2], [shard(b, rank, world) for b in batches(world)[:2]],
+                          functional)
+    return losses, state
+
+
+def test_the_kernel_path_moves_the_same_values(plans):
+    """The executor="compiled" branch (two kernels, all-reduces after A) with the kernels replaced by the
+    schedule interpreter: the data flow between them is what runs on GPUs."""
+    import dataclasses
+
+    p = dataclasses.replace(plans("llama_block_fp32", 2, bucket_bytes=8 * 1024), executor="compiled",
+                            overlap=False).with_bucket_bytes(8 * 1024)
+    assert all(b.ready_stage is None for b in p.buckets)
+    results = td.spawn(compiled_path_worker, 2, (p,))
+    step_fn, make_inputs, batches, functional = WORKLOADS["llama_block_fp32"]
+    want_losses, want_state = train(step_fn, make_inputs(0)[:-2], batches(2)[:2], functional)
+    for losses, state in results:
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(want_losses), rtol=1e-5, atol=1e-6)
+        for g, w in zip(tree_flatten(state)[0], tree_flatten(want_state)[0]):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+
+
 def gpu_worker(rank, world, name):
     step_fn, make_inputs, batches, functional = WORKLOADS[name]
     dev = torch.device("cuda", rank)
@@ -412,3 +451,14 @@ def test_torchrun_starts_the_ranks(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "data parallel on 2 ranks (gloo)" in r.stdout
     assert "rank 1 step 2 loss" in r.stdout and "(OK)" in r.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", tkx.examples.names())
+def test_every_zoo_step_splits_at_its_gradients(name):
+    ex = get(name)
+    cg = tkx.capture(ex.step_fn, ex.example_inputs)
+    s = td.split_at_gradients(cg.program, loss_index=cg.loss_index)
+    assert {c.kind for c in s.cut} == {"gradient", "loss"} and s.batch_args
+    assert all(c.name.startswith("grad of ") for c in s.gradients), [c.name for c in s.gradients]
+    assert s.forward_backward.updates == () and s.update.updates == cg.program.updates
