@@ -136,9 +136,7 @@ def bench(name, rank, world, device, steps, warmup, compile_):
         ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
         fwd = torch.compile(ddp) if use_compile else ddp
         opt = make_opt(model.parameters())
-        x, y = batch
-
-        def ddp_steps(n, fwd=fwd, opt=opt):
+        def ddp_steps(n, fwd=fwd, opt=opt, x=batch[0], y=batch[1]):
             for _ in range(n):
                 opt.zero_grad(set_to_none=True)
                 loss_fn(fwd(x), y).backward()

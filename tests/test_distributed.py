@@ -116,7 +116,7 @@ def test_data_parallel_equals_one_process_on_the_concatenated_batch(plans, name,
     assert len(plan.buckets) > 1  # several buckets, so the order and the split-back are exercised
     results = td.spawn(rank_worker, world, (plan, name))
     want_losses, want_state = train(step_fn, make_inputs(0)[: -2], batches(world), functional)
-    for rank, (losses, state, timings) in enumerate(results):
+    for losses, state, timings in results:
         torch.testing.assert_close(torch.tensor(losses), torch.tensor(want_losses), rtol=1e-5, atol=1e-6)
         got, want = tree_flatten(state)[0], tree_flatten(want_state)[0]
         assert len(got) == len(want)

@@ -10,8 +10,8 @@ where the collective sits and how many bytes each bucket moves per step. It need
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -243,7 +243,8 @@ def make_plan(step_fn: Callable[..., Any], example_inputs: Sequence[Any], *, wor
     if executor == "auto":
         executor = "compiled" if on_gpu else "schedule"
     if executor not in EXECUTORS:
-        raise DistributedError("bad-input", f"executor={executor!r}", hint=f"pass one of {', '.join(EXECUTORS)} or 'auto'")
+        raise DistributedError("bad-input", f"executor={executor!r}",
+                               hint=f"pass one of {', '.join(EXECUTORS)} or 'auto'")
     if executor == "compiled" and not on_gpu:
         raise DistributedError("bad-input", "executor='compiled' needs CUDA example inputs (the kernels run on a GPU)",
                                hint="move the example inputs to the rank's GPU, or use executor='schedule' on CPU")

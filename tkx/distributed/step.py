@@ -94,7 +94,8 @@ class DataParallelStep:
                      "and call tkx.distributed.init() first, or run it with tkx.distributed.spawn(fn, N)")
         world = dist.get_world_size(group)
         if world != plan.world_size:
-            raise DistributedError("bad-input", f"the plan is for {plan.world_size} ranks, the process group has {world}",
+            raise DistributedError("bad-input",
+                                   f"the plan is for {plan.world_size} ranks, the process group has {world}",
                                    hint=f"pass plan.with_world_size({world}), or make the plan with "
                                         "world_size=dist.get_world_size() (data_parallel(step_fn, inputs) does)")
         backend = str(dist.get_backend(group))

@@ -77,8 +77,8 @@ def plan_html(p: DistributedPlan) -> str:
     grads = s.gradients
     head = (f'<div class="tkx-dim">data parallel on {esc(plural(p.world_size, "rank"))} ({esc(p.backend)}), run by '
             f'{esc(_EXECUTOR.get(p.executor, p.executor))}; batch per rank: '
-            f'{esc(_names(p.input_text(s.batch_inputs)) or "none")}; replicated: {esc(_args_text(p, s.replicated_inputs))}'
-            f'</div>')
+            f'{esc(_names(p.input_text(s.batch_inputs)) or "none")}; replicated: '
+            f'{esc(_args_text(p, s.replicated_inputs))}</div>')
     rows = [("A", "forward + backward", _program_line("", p.forward_backward, p.schedule_a).strip(),
              f"{plural(len(grads), 'gradient')}, {fmt_bytes(sum(c.nbytes for c in grads))}")]
     for b in p.buckets:
