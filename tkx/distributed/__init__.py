@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .launch import free_port, init, spawn, under_torchrun
-from .plan import DEFAULT_BUCKET_BYTES, EXECUTORS, Bucket, DistributedPlan, make_plan
+from .planner import DEFAULT_BUCKET_BYTES, EXECUTORS, Bucket, DistributedPlan, make_plan
 from .split import CutValue, DistributedError, GradientSplit, split_at_gradients
 from .step import DataParallelStep
 

@@ -99,7 +99,7 @@ def spawn(fn: Callable[..., Any], world_size: int = 2, args: Sequence[Any] = (),
     start_method
         ``"fork"``, ``"spawn"`` or ``"forkserver"``; ``"auto"``: ``"fork"`` where the OS has it and this
         process has not initialised CUDA (fast: the children inherit imported modules and anything built
-        before, e.g. a :class:`~tkx.distributed.plan.DistributedPlan`), else ``"spawn"``.
+        before, e.g. a :class:`~tkx.distributed.planner.DistributedPlan`), else ``"spawn"``.
     timeout_s
         The process group's timeout (s): a collective that waits longer raises instead of hanging.
     threads

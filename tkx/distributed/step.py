@@ -1,4 +1,4 @@
-"""Run a :class:`~tkx.distributed.plan.DistributedPlan` on the ranks of a ``torch.distributed`` process group.
+"""Run a :class:`~tkx.distributed.planner.DistributedPlan` on the ranks of a ``torch.distributed`` process group.
 
 Per call, on every rank: program A (forward + backward) on the rank's local batch; one asynchronous
 ``all_reduce`` (sum, then divided by the world size) per bucket, started as soon as the bucket's values
@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .plan import Bucket, DistributedPlan
+from .planner import Bucket, DistributedPlan
 from .split import DistributedError
 
 __all__ = ["DataParallelStep"]
@@ -78,7 +78,7 @@ class DataParallelStep:
     loss averaged over the ranks. At the first call (``broadcast_state=True``) every replicated input
     is broadcast from rank 0, as ``DistributedDataParallel`` does when it is built.
 
-    Attributes: ``plan`` (the :class:`~tkx.distributed.plan.DistributedPlan`), ``group`` (the process
+    Attributes: ``plan`` (the :class:`~tkx.distributed.planner.DistributedPlan`), ``group`` (the process
     group, ``None`` = the default one), ``rank``, ``last_timings`` (ms of the last call: ``a`` running
     program A, ``wait`` waiting for the all-reduces after A, ``b`` running program B).
 

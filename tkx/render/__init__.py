@@ -37,5 +37,5 @@ from .base import (
 
 __all__ = ["DOT_TIMEOUT_S", "REGION_COLORS", "REGION_FILL", "SCRIPT", "STYLE", "attrs", "dot_available", "esc",
            "graph_html", "graph_svg", "mimebundle", "svg_img", "view", "dot_escape", "run_dot", "safe_digraph",
-           "arena", "bench", "captured", "cuda", "diffs", "distributed", "passes", "program", "runtime_views", "schedule",
-           "stage_diff"]
+           "arena", "bench", "captured", "cuda", "diffs", "distributed", "passes", "program", "runtime_views",
+           "schedule", "stage_diff"]

@@ -1,4 +1,4 @@
-"""Views of a :class:`~tkx.distributed.plan.DistributedPlan`: the split step, where the collective sits,
+"""Views of a :class:`~tkx.distributed.planner.DistributedPlan`: the split step, where the collective sits,
 the bytes each bucket moves per step.
 
 The text (``str(plan)``) and the HTML tell the same story in the same order: the batch and the replicated
@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import display
-from ..distributed.plan import ALIGN_BYTES, DistributedPlan
+from ..distributed.planner import ALIGN_BYTES, DistributedPlan
 from ..words import plural
 from .base import esc, view
 from .runtime_views import fmt_bytes
