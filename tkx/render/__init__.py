@@ -3,8 +3,9 @@
 One module per stage: :mod:`~tkx.render.captured`, :mod:`~tkx.render.program`,
 :mod:`~tkx.render.passes`, :mod:`~tkx.render.diffs` (program and trace diffs),
 :mod:`~tkx.render.schedule`, :mod:`~tkx.render.arena`, :mod:`~tkx.render.cuda`,
-:mod:`~tkx.render.stage_diff`, :mod:`~tkx.render.runtime_views` (runner, verification) and
-:mod:`~tkx.render.bench` (benchmark), :mod:`~tkx.render.distributed` (the data-parallel plan); :mod:`~tkx.render.report` writes them all into one HTML file. Shared conventions
+:mod:`~tkx.render.stage_diff`, :mod:`~tkx.render.runtime_views` (runner, verification),
+:mod:`~tkx.render.bench` (benchmark) and :mod:`~tkx.render.distributed` (the data-parallel plan);
+:mod:`~tkx.render.report` writes them all into one HTML file. Shared conventions
 (HTML escaping, provenance attributes, graph images, the linking script) are in
 :mod:`~tkx.render.base`, re-exported here.
 
