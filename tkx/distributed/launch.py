@@ -81,6 +81,9 @@ def _entry(rank: int, fn: Callable[..., Any], world: int, backend: str, init_met
         out = fn(rank, world, *args)
         with open(Path(results) / f"{rank}.pkl", "wb") as f:
             pickle.dump(out, f)
+        # a rank that ran no collective must not close its connections while a peer is still making its
+        # own (gloo's full mesh); if fn raised, the parent's join stops the other ranks instead
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
