@@ -12,7 +12,7 @@ checks the schedule and the arena plan without a GPU.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -211,21 +211,26 @@ class _Machine:
         return torch.stack(out, dim=1)
 
 
-def run(sched: FusedSchedule, arena: ArenaPlan, inputs: Sequence[Any], *, update_inputs: bool = False) -> Execution:
+def run(sched: FusedSchedule, arena: ArenaPlan, inputs: Sequence[Any], *, update_inputs: bool = False,
+        on_stage: Callable[[int, list[torch.Tensor]], None] | None = None) -> Execution:
     """Execute ``sched`` with ``arena`` on ``inputs`` (flat tensors or the step's pytrees).
 
     Returns an :class:`tkx.reference.Execution` (outputs, updates) comparable with
     :func:`tkx.reference.run`. It runs on copies laid out exactly as captured; with
     ``update_inputs=True`` the in-place state updates are then copied into the given tensors.
+    ``on_stage(stage_index, outputs)``, if given, is called after each stage with the output tensors
+    (those a finished stage wrote are final: :mod:`tkx.distributed` starts all-reduces from it).
     """
     flat = flatten_inputs(sched.program, inputs)
     originals = flat
     # Work on copies laid out exactly as captured (strides and storage extent), like the kernel.
     flat = [in_captured_layout(t, spec.value, copy=True) for spec, t in zip(sched.program.inputs, originals)]
     m = _Machine(sched, arena, flat)
-    for stage in sched.stages:
+    for k, stage in enumerate(sched.stages):
         for gid in reversed(stage):
             m.run_group(sched.groups[gid])
+        if on_stage is not None:
+            on_stage(k, m.outputs)
     updates = {u.input_index: m.inputs[u.input_index] for u in sched.program.updates}
     if update_inputs:
         for i, new in updates.items():
