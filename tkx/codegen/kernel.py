@@ -27,7 +27,7 @@ from ..dtypes import FLOAT_DTYPES, INT_DTYPES
 from ..errors import TkxError
 from ..ir import Op, TensorSpec, contiguous_strides
 from ..schedule.model import FusedSchedule, Group, Home
-from ..target import register_budget, register_note
+from ..target import GPU, register_budget, register_note
 from . import abi
 from . import ops as cops
 from .cuda_prelude import C_TYPES, barrier, barrier_setup, load, prelude, round_to, shared_workspace, store
@@ -397,7 +397,8 @@ class _Emitter:
         code = emit_gemm(variant, prob, operand(a), operand(b), final, tile_m=params["tile_m"],
                          tile_n=params["tile_n"], tile_k=params["tile_k"], threads=self.threads,
                          ptr_a=pointer_to(a, 1 if prob.a_k_contiguous else 0),
-                         ptr_b=pointer_to(b, 1 if prob.b_n_contiguous else 0), split=split)
+                         ptr_b=pointer_to(b, 1 if prob.b_n_contiguous else 0), split=split,
+                         shared_budget=GPU.shared_per_block // max(1, int(self.s.options.blocks_per_sm)))
         self.plan.tensor_cores |= code.tensor_cores
         self.plan.notes[g.id] = {"variant": code.variant, **code.params}
         return code.code, code.work_items, code.shared_bytes
