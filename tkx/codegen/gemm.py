@@ -1180,7 +1180,7 @@ _DECL = re.compile(r"^\s*(?:const\s+)?(?:float|double|int|unsigned|bool|long lon
 _STORE = re.compile(r"^\s*tkx_st_\w+\(.*\);")
 
 
-def _batched_epilogue(epilogue: Epilogue, batch: int) -> tuple[list[str], list[str]] | None:
+def _batched_epilogue(epilogue: Epilogue, batch: int, *, batch_index: bool = False) -> tuple[list[str], list[str]] | None:
     """The epilogue of ``batch`` elements as (computations, stores): element ``u``'s statements
     with its names prefixed ``tkxE<u>_`` (``row col acc`` and every value it declares), every
     computation (and so every global load) before any store, so one thread has ``batch``
@@ -1190,9 +1190,10 @@ def _batched_epilogue(epilogue: Epilogue, batch: int) -> tuple[list[str], list[s
     Elements of one tile are distinct output positions and threads already run them in any order,
     so moving a load of element u' before the store of element u changes nothing the rolled loop
     guarantees. ``None`` when a statement is not a plain declaration or a store (then the caller
-    keeps the rolled loop)."""
+    keeps the rolled loop). ``batch_index``: each element has its own ``bat`` too (else the
+    elements share the caller's ``bat``: one tile)."""
     lines = [ln for ln in epilogue("bat", "row", "col", "acc").splitlines() if ln.strip()]
-    names = ["row", "col", "acc"]
+    names = ["row", "col", "acc"] + (["bat"] if batch_index else [])
     comp, stores = [], []
     for ln in lines:
         code, _, note = ln.partition("//")

@@ -31,7 +31,7 @@ from ..target import GPU, register_budget, register_note
 from . import abi
 from . import ops as cops
 from .cuda_prelude import C_TYPES, barrier, barrier_setup, load, prelude, round_to, shared_workspace, store
-from .gemm import GemmProblem, emit_gemm
+from .gemm import EPILOGUE_BATCH, GemmProblem, _batched_epilogue, emit_gemm
 from .reduce import emit_reduction, final_reduce, partial_reduce
 from .text import block, indent
 
@@ -408,6 +408,27 @@ class _Emitter:
             # the epilogue, one output element per thread
             scratch, _ = self.pointer(params["partials"])
             total, t = prob.batch * m * n, self.threads
+            ub = EPILOGUE_BATCH
+            batched = _batched_epilogue(epilogue, ub, batch_index=True) if total % (t * ub) == 0 else None
+            if batched is not None:
+                # EPILOGUE_BATCH elements per thread: every slice load and epilogue load in flight
+                # before the first store (one element per thread waited a memory latency per item)
+                comp, stores = batched
+                lines = [f"const long long e = (long long)item * {t * ub} + threadIdx.x;"]
+                for u in range(ub):
+                    x = f"tkxE{u}_"
+                    lines += [f"const long long {x}e = e + {u * t};",
+                              f"const int {x}bat = (int)({x}e / {m * n}), {x}row = (int)(({x}e / {n}) % {m}), "
+                              f"{x}col = (int)({x}e % {n});",
+                              f"float {x}acc = 0.0f;",
+                              "#pragma unroll",
+                              f"for (int s = 0; s < {split}; ++s) {x}acc += {scratch}[s * {total}LL + {x}e];"
+                              "  // slice order"]
+                body = block(*lines, *comp, *stores)
+                self.plan.notes[g.id] = {"variant": f"{variant} split-K final", "split_k": split,
+                                         "elements_per_thread": ub}
+                return (f"{{  // {g.id}: add the {split} split-K slices of {op.id}, then its epilogue, "
+                        f"{ub} elements per thread\n" + indent(body) + "\n}"), total // (t * ub), 0
             body = block(
                 f"const long long e = (long long)item * {t} + threadIdx.x;",
                 f"if (e < {total}LL) {{",
