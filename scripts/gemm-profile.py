@@ -71,11 +71,10 @@ def stage_summary(runner, tl) -> list[dict]:
     return rows
 
 
-def profile(name: str, dev, out: str, variants: bool) -> dict:
+def profile(name: str, dev, out: str, variants: bool, base: Options) -> dict:
     ex = get(name)
     inputs = ex.make_inputs(0, dev)
-    result: dict = {"example": name}
-    base = Options()
+    result: dict = {"example": name, "options": repr(base)}
     runner = tkx.runtime.build(ex.step_fn, inputs, base, name=name, loss=ex.loss_output)
     graph = runner.capture_graph(*inputs, warmup=3)
     result["step_us"] = median_us(graph.graph.replay, dev)
@@ -88,7 +87,7 @@ def profile(name: str, dev, out: str, variants: bool) -> dict:
     torch.cuda.synchronize(dev)
     tl = timed.timeline()
     try:
-        with open(os.path.join(out, f"timeline-{name}.svg"), "w") as f:
+        with open(os.path.join(out, f"timeline-{name}-{base.gemm_copy}.svg"), "w") as f:
             f.write(tl.svg())
     except Exception as e:  # the picture is a bonus
         print("svg failed:", e)
@@ -130,6 +129,7 @@ def main() -> int:
     ap.add_argument("--examples", default="small,medium")
     ap.add_argument("--out", default=".")
     ap.add_argument("--variants", action="store_true")
+    ap.add_argument("--gemm-copy", default="auto", choices=("auto", "cp.async", "tma"))
     ap.add_argument("--ncu", action="store_true", help="only build and launch each example 4 times (run under ncu)")
     args = ap.parse_args()
     dev = torch.device("cuda")
@@ -145,8 +145,8 @@ def main() -> int:
     os.makedirs(args.out, exist_ok=True)
     res = {"gpu": torch.cuda.get_device_name(dev), "examples": {}}
     for name in args.examples.split(","):
-        res["examples"][name] = profile(name, dev, args.out, args.variants)
-    with open(os.path.join(args.out, "profile.json"), "w") as f:
+        res["examples"][name] = profile(name, dev, args.out, args.variants, Options(gemm_copy=args.gemm_copy))
+    with open(os.path.join(args.out, f"profile-{args.gemm_copy}.json"), "w") as f:
         json.dump(res, f, indent=1)
     return 0
 

@@ -149,3 +149,10 @@ def test_misaligned_operand_is_refused_with_advice():
     spec = abi.TensorMapSpec("input", 0, 2, "bfloat16", (64, 64), 128, (64, 64))
     with pytest.raises(rtma.TensorMapError, match="gemm_copy='cp.async'"):
         rtma.encode(spec, 1 << 20)
+
+
+def test_wgmma_declines_when_no_tile_fits_the_registers():
+    from tkx.target import GemmProblem, choose_gemm
+
+    plan = choose_gemm(GemmProblem(256, 4096, 1024, dtype="bfloat16"), Options(threads_per_block=512), "sm_90a")
+    assert not plan.impl.startswith("wgmma") and "no tile of 512 threads fits" in plan.why

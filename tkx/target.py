@@ -459,9 +459,24 @@ class _Wgmma(GemmEmitter):
             return f"{self.name} needs 1 to 4 whole warpgroups (threads_per_block 128, 256 or 512)"
         if p.m < 32 or p.n < 32:
             return f"{self.name} tiles are 64 rows by at least 32 columns; {p.m}x{p.n} would be mostly empty"
+        if self._best(p, options, options.threads_per_block) is None:
+            return (f"{self.name}: no tile of {options.threads_per_block} threads fits "
+                    f"{register_budget(options.threads_per_block, options.blocks_per_sm)} registers per thread "
+                    f"(threads_per_block={options.threads_per_block}, blocks_per_sm={options.blocks_per_sm})")
         return None
 
     def _tiles(self, p, options, threads):
+        best = self._best(p, options, threads)
+        if best is None:
+            raise AssertionError("supports() admitted a wgmma problem with no tile that fits")
+        tk = 128 // (4 if self.dtype == "float32" else 2)
+        _, tm, tn, wgm, wgn, tiles = best
+        note = (f"tile {tm}x{tn}x{tk} for {self.name}: {wgm}x{wgn} warpgroup(s) of 64x{tn // wgn}, {tiles} tiles "
+                f"on {SM_COUNT} SMs, K in steps of one 128-byte swizzle row")
+        return tm, tn, tk, [note]
+
+    def _best(self, p, options, threads):
+        """(time, tm, tn, wgm, wgn, tiles) of the quickest tile that fits the register budget, or None."""
         groups = threads // 128
         tk = 128 // (4 if self.dtype == "float32" else 2)  # one 128-byte swizzle row of K
         budget = register_budget(threads, options.blocks_per_sm)
@@ -480,12 +495,7 @@ class _Wgmma(GemmEmitter):
                 t = waves * (tm * tn + 48 * (tm + tn))
                 if best is None or t < best[0] or (t == best[0] and tm * tn > best[1] * best[2]):
                     best = (t, tm, tn, wgm, wgn, tiles)
-        if best is None:
-            raise AssertionError("supports() admitted a wgmma problem with no tile that fits")
-        _, tm, tn, wgm, wgn, tiles = best
-        note = (f"tile {tm}x{tn}x{tk} for {self.name}: {wgm}x{wgn} warpgroup(s) of 64x{tn // wgn}, {tiles} tiles "
-                f"on {SM_COUNT} SMs, K in steps of one 128-byte swizzle row")
-        return tm, tn, tk, [note]
+        return best
 
     def _regs(self, tm, tn, tk, threads):
         return tm * tn // threads + 2 * (tm * tk + tk * tn) // threads + 40
