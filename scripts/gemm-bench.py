@@ -86,10 +86,17 @@ def main() -> int:
     ap.add_argument("--gemm-copy", default="auto", choices=("auto", "cp.async", "tma"),
                     help="Options.gemm_copy: how wgmma GEMMs stage operands (tma: bulk tensor copies)")
     ap.add_argument("--no-steps", action="store_true")
+    ap.add_argument("--no-gemms", action="store_true", help="only the whole steps")
+    ap.add_argument("--tile-model", default=None, choices=("l2", "waves"),
+                    help="tkx.target.WGMMA_TILE_MODEL for this run (default: the library's)")
     args = ap.parse_args()
     dev = torch.device("cuda")
+    if args.tile_model:
+        import tkx.target
+        tkx.target.WGMMA_TILE_MODEL = args.tile_model
     options = Options(arch=args.arch, gemm_copy=args.gemm_copy)
-    result: dict = {"arch": args.arch, "gemm_copy": args.gemm_copy, "gpu": torch.cuda.get_device_name(dev),
+    import tkx.target
+    result: dict = {"arch": args.arch, "gemm_copy": args.gemm_copy, "tile_model": tkx.target.WGMMA_TILE_MODEL, "gpu": torch.cuda.get_device_name(dev),
                     "examples": {}}
     for name in args.examples.split(","):
         ex = get(name)
@@ -99,7 +106,7 @@ def main() -> int:
         entry: dict = {"gemms": []}
         seen = set()
         for gr in sched.groups.values():
-            if gr.kind != "gemm" or gr.plan.impl == "gemv":
+            if gr.kind != "gemm" or gr.plan.impl == "gemv" or args.no_gemms:
                 continue
             p = gr.plan
             key = (p.m, p.n, p.k, p.a_k_contiguous, p.b_n_contiguous, p.dtype)
