@@ -19,6 +19,7 @@ import torch
 
 import tkx
 import tkx.runtime
+import tkx.target
 from tkx.bench.timing import capture, time_steps
 from tkx.examples import get
 from tkx.options import Options
@@ -92,11 +93,10 @@ def main() -> int:
     args = ap.parse_args()
     dev = torch.device("cuda")
     if args.tile_model:
-        import tkx.target
         tkx.target.WGMMA_TILE_MODEL = args.tile_model
     options = Options(arch=args.arch, gemm_copy=args.gemm_copy)
-    import tkx.target
-    result: dict = {"arch": args.arch, "gemm_copy": args.gemm_copy, "tile_model": tkx.target.WGMMA_TILE_MODEL, "gpu": torch.cuda.get_device_name(dev),
+    result: dict = {"arch": args.arch, "gemm_copy": args.gemm_copy, "tile_model": tkx.target.WGMMA_TILE_MODEL,
+                    "gpu": torch.cuda.get_device_name(dev),
                     "examples": {}}
     for name in args.examples.split(","):
         ex = get(name)
