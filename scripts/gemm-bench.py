@@ -19,7 +19,6 @@ import torch
 
 import tkx
 import tkx.runtime
-import tkx.target
 from tkx.bench.timing import capture, time_steps
 from tkx.examples import get
 from tkx.options import Options
@@ -88,14 +87,10 @@ def main() -> int:
                     help="Options.gemm_copy: how wgmma GEMMs stage operands (tma: bulk tensor copies)")
     ap.add_argument("--no-steps", action="store_true")
     ap.add_argument("--no-gemms", action="store_true", help="only the whole steps")
-    ap.add_argument("--tile-model", default=None, choices=("l2", "waves"),
-                    help="tkx.target.WGMMA_TILE_MODEL for this run (default: the library's)")
     args = ap.parse_args()
     dev = torch.device("cuda")
-    if args.tile_model:
-        tkx.target.WGMMA_TILE_MODEL = args.tile_model
     options = Options(arch=args.arch, gemm_copy=args.gemm_copy)
-    result: dict = {"arch": args.arch, "gemm_copy": args.gemm_copy, "tile_model": tkx.target.WGMMA_TILE_MODEL,
+    result: dict = {"arch": args.arch, "gemm_copy": args.gemm_copy,
                     "gpu": torch.cuda.get_device_name(dev),
                     "examples": {}}
     for name in args.examples.split(","):

@@ -81,17 +81,9 @@ SM_BYTES_PER_US = 0.1e6        # bytes one SM streams per µs (~100 GB/s)
 #: How much faster than fp32 SIMT each tensor-core family runs (FLOP/s ratio, per SM).
 TENSOR_SPEEDUP = {"wmma": 8, "wgmma": 24}
 
-#: The wgmma tile model (:meth:`_Wgmma._best`): ``"l2"`` takes the slowest of the tensor cores, the
-#: whole chip's L2 -> SM traffic and one SM's share of it; ``"waves"`` (the first model) counted
-#: MMA units and a per-K-step operand term per wave. A module switch so a benchmark can compare both.
-WGMMA_TILE_MODEL = "l2"
-#: Dense bf16/fp16 multiply-adds one SM's tensor cores do per µs (~2048 per clock at ~1.75 GHz).
-SM_MMA_PER_US = 3.6e6
-#: Bytes per µs the L2 delivers to all SMs together, and to one SM (operand tiles re-read by every
-#: tile of a row/column come from L2). Leads, not measurements: on the H200, medium's 64x128 tiles
-#: (50 MB of operand traffic) took 12 µs with 4.2 TB/s flowing, the time growing with the traffic.
-L2_BYTES_PER_US = 6.0e6
-SM_L2_BYTES_PER_US = 0.2e6
+#: Output elements each thread takes per pass of a GEMM epilogue (and of split-K's final phase), their
+#: global loads issued together before any store (:func:`tkx.codegen.gemm._batched_epilogue`).
+EPILOGUE_BATCH = 8
 
 #: Architectures code can be generated for (``Options.arch``, besides ``"auto"``).
 ARCHES = ("sm_80", "sm_90", "sm_90a")
@@ -343,7 +335,9 @@ class GemmEmitter:
         the slices and the epilogue (``"final"``)."""
         if phase == "final":
             outs = plan.m * plan.n * plan.batch
-            return Cost(_ceil(outs, plan.threads), outs * plan.split_k, outs * plan.split_k * 4)
+            per = plan.threads * EPILOGUE_BATCH
+            items = outs // per if outs % per == 0 else _ceil(outs, plan.threads)  # as codegen batches them
+            return Cost(items, outs * plan.split_k, outs * plan.split_k * 4)
         flops = 2 * plan.m * plan.n * plan.k * plan.batch
         nbytes = (plan.m * plan.k + plan.k * plan.n) * plan.batch * 4
         if plan.split_k > 1:
@@ -503,14 +497,11 @@ class _Wgmma(GemmEmitter):
                     continue
                 tiles = p.batch * _ceil(p.m, tm) * _ceil(p.n, tn)
                 waves = _ceil(tiles, SM_COUNT)
-                if WGMMA_TILE_MODEL == "l2":
-                    esize = 4 if self.dtype == "float32" else 2
-                    traffic = (tm + tn) * p.k * esize  # operand bytes one tile reads
-                    t = max(waves * tm * tn * p.k / SM_MMA_PER_US, tiles * traffic / L2_BYTES_PER_US,
-                            waves * traffic / SM_L2_BYTES_PER_US)
-                else:
-                    # a wave's time: the tile's MMAs plus its operand traffic (per K step, in MMA units)
-                    t = waves * (tm * tn + 48 * (tm + tn))
+                # a wave's time: the tile's MMAs plus its operand traffic (per K step, in MMA units). Tried
+                # on the H200 against a model of chip-wide L2 traffic that chose 128x128 tiles for medium's
+                # 256x4096x1024 GEMMs: 16.0 µs per tile against 11.9 µs for this model's 64x128 (one SM's
+                # operand stream, ~33 GB/s with cp.async, bounds these GEMMs, not the chip's L2)
+                t = waves * (tm * tn + 48 * (tm + tn))
                 if best is None or t < best[0] or (t == best[0] and tm * tn > best[1] * best[2]):
                     best = (t, tm, tn, wgm, wgn, tiles)
         return best
@@ -622,11 +613,8 @@ def _plan_split_k(plan: GemmPlan, options: Any, e: GemmEmitter) -> GemmPlan:
         return plan
     if sk == "auto":
         want = 1
-        # split when the tiles leave most SMs idle (a quarter or fewer busy) or K is deep (>= 32 steps): a
-        # split costs a grid barrier and a pass over fp32 partials, more than it saves for 64 tiles of K 1024
-        if tiles <= SM_COUNT // 4 or steps >= 32:
-            while tiles * want * 2 <= SM_COUNT and steps // (want * 2) >= 4:
-                want *= 2
+        while tiles * want * 2 <= SM_COUNT and steps // (want * 2) >= 4:
+            want *= 2
         if want == 1:
             return plan
         why = (f"split-K {want}: {tiles} output tile(s) cannot fill {SM_COUNT} SMs and K = {plan.k} "

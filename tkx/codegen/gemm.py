@@ -46,7 +46,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..target import SKINNY_MAX, GemmProblem, choose_gemm
+from ..target import EPILOGUE_BATCH, SKINNY_MAX, GemmProblem, choose_gemm
 from .text import block, indent
 
 LoadA = Callable[[str, str, str], str]  # (batch, row, k) -> float C expression
@@ -1173,8 +1173,6 @@ def emit_gemm(variant: str, p: GemmProblem, load_a: LoadA, load_b: LoadB, epilog
     raise ValueError(f"unknown GEMM variant {variant!r}; one of {VARIANTS}")
 
 
-#: Elements each thread takes per pass of a batched GEMM epilogue (their global loads in flight together).
-EPILOGUE_BATCH = 8
 
 _DECL = re.compile(r"^\s*(?:const\s+)?(?:float|double|int|unsigned|bool|long long|unsigned long long)\s+(\w+)\s*=.*;")
 _STORE = re.compile(r"^\s*tkx_st_\w+\(.*\);")

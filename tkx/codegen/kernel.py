@@ -27,11 +27,11 @@ from ..dtypes import FLOAT_DTYPES, INT_DTYPES
 from ..errors import TkxError
 from ..ir import Op, TensorSpec, contiguous_strides
 from ..schedule.model import FusedSchedule, Group, Home
-from ..target import GPU, register_budget, register_note
+from ..target import EPILOGUE_BATCH, GPU, register_budget, register_note
 from . import abi
 from . import ops as cops
 from .cuda_prelude import C_TYPES, barrier, barrier_setup, load, prelude, round_to, shared_workspace, store
-from .gemm import EPILOGUE_BATCH, GemmProblem, _batched_epilogue, emit_gemm
+from .gemm import GemmProblem, _batched_epilogue, emit_gemm
 from .reduce import emit_reduction, final_reduce, partial_reduce
 from .text import block, indent
 
