@@ -784,7 +784,7 @@ def _wgmma_pipelined(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epi
             'asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\\n" :: "r"(bar0 + 8 * s) : "memory");',
             '    asm volatile("fence.mbarrier_init.release.cluster;\\n" ::: "memory");',
             "}",
-            'asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");  // earlier generic use -> copy-engine writes',
+            'asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");  // generic use before -> copy engine',
             "__syncthreads();",
             "if (threadIdx.x == 0) {",
             "    #pragma unroll 1",
@@ -813,7 +813,7 @@ def _wgmma_pipelined(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epi
             "__syncthreads();  // every warpgroup's MMAs are done before the C tile reuses the stages",
         )
         copy_setup = [
-            f"const unsigned bar0 = stage0 + {bar_offset};  // {stages} mbarriers (8 bytes each), past the stages and C",
+            f"const unsigned bar0 = stage0 + {bar_offset};  // {stages} mbarriers of 8 bytes, past the stages and C",
             f"const unsigned long long tma_a = (unsigned long long)({tmaps} + {map_a * 128}), "
             f"tma_b = (unsigned long long)({tmaps} + {map_b * 128});  // tensor maps {map_a}, {map_b}",
         ]
@@ -1178,7 +1178,8 @@ _DECL = re.compile(r"^\s*(?:const\s+)?(?:float|double|int|unsigned|bool|long lon
 _STORE = re.compile(r"^\s*tkx_st_\w+\(.*\);")
 
 
-def _batched_epilogue(epilogue: Epilogue, batch: int, *, batch_index: bool = False) -> tuple[list[str], list[str]] | None:
+def _batched_epilogue(epilogue: Epilogue, batch: int, *,
+                      batch_index: bool = False) -> tuple[list[str], list[str]] | None:
     """The epilogue of ``batch`` elements as (computations, stores): element ``u``'s statements
     with its names prefixed ``tkxE<u>_`` (``row col acc`` and every value it declares), every
     computation (and so every global load) before any store, so one thread has ``batch``
