@@ -129,8 +129,9 @@ def main() -> int:
                          registers=runner.resources.registers, grid=runner.resources.grid)
             print(f"{name:<7} step: {t_step:.1f} us/step, speed-of-light {sol:.1f} us (ratio {sol / t_step:.2f}), "
                   f"verified {v.passed}, {runner.resources.summary()}", flush=True)
-        print(f"{name:<7} GEMMs: tkx {entry['gemm_sum_tkx_us']:.1f} us vs torch.mm {entry['gemm_sum_torch_us']:.1f} us",
-              flush=True)
+        if entry["gemms"]:
+            print(f"{name:<7} GEMMs: tkx {entry['gemm_sum_tkx_us']:.1f} us vs torch.mm "
+                  f"{entry['gemm_sum_torch_us']:.1f} us", flush=True)
         result["examples"][name] = entry
     if args.out:
         with open(args.out, "w") as f:
