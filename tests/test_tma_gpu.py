@@ -1,7 +1,8 @@
 """The TMA (bulk tensor copy + mbarrier) wgmma pipeline on an sm_90 GPU: one-GEMM steps in every
 operand layout (ragged sizes: the copy engine zero-fills outside the matrix) against float64 torch,
-the MLP examples verified with ``Options(gemm_copy="tma")`` (split-K auto and forced), a CUDA-graph
-replay that reuses the encoded maps, and the loaded cubin's SASS holds the TMA load (UTMALDG).
+the MLP examples (split-K auto and forced) and the transformer blocks verified with
+``Options(gemm_copy="tma")``, a CUDA-graph replay that reuses the encoded maps, and the loaded
+cubin's SASS holds the TMA load (UTMALDG). The transformer-block cases were added after the H200 run.
 
 Run with ``pytest -m gpu``; skipped without a compute-capability 9.0 GPU.
 """
@@ -68,6 +69,16 @@ def test_examples_verify_with_tma(name, split):
     options = Options(arch="sm_90a", gemm_copy="tma", split_k=split)
     runner = tkx.runtime.build(ex.step_fn, ex.make_inputs(0, "cuda"), options, name=name, loss=ex.loss_output)
     assert runner.tensor_maps is not None, "no GEMM of the example took the TMA path"
+    v = runner.verify(seeds=(0, 1), make_inputs=ex.make_inputs)
+    assert v.passed, v.summary()
+
+
+@pytest.mark.parametrize("name", ["gpt_block", "llama_block"])
+def test_transformer_blocks_verify_with_tma(name):
+    ex = get(name)
+    runner = tkx.runtime.build(ex.step_fn, ex.make_inputs(0, "cuda"), Options(gemm_copy="tma"), name=name,
+                               loss=ex.loss_output)
+    assert runner.tensor_maps is not None, "no GEMM of the block took the TMA path"
     v = runner.verify(seeds=(0, 1), make_inputs=ex.make_inputs)
     assert v.passed, v.summary()
 
