@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""gemm-bench.py [--out FILE.json] [--examples small,medium] [--arch auto|sm_90|sm_90a]
+"""gemm-bench.py [--out FILE.json] [--examples small,medium] [--arch auto|sm_90|sm_90a] [--gemm-copy auto|cp.async|tma]
 
 Per GEMM of each example's training step (shapes, dtypes and operand memory order read from its
 schedule): tkx's GEMM alone (a one-GEMM step built by ``tkx.runtime.build``, replayed from a CUDA
@@ -60,6 +60,7 @@ def bench_gemm(plan, options, dev) -> dict:
     graph, _out = capture(lambda: step(a, b), dev)
     t_torch = median_us([graph.replay], dev)
     impl = [gr.plan.impl for gr in runner.schedule.groups.values() if gr.kind == "gemm"]
+    copies = sorted({str(n.get("copies")) for n in runner.source.notes.values() if n.get("copies")})
     flops = 2 * m * n * k
     nbytes = (m * k + k * n + m * n) * a.element_size()
     sol = speed_of_light_us(flops, nbytes)
@@ -67,7 +68,7 @@ def bench_gemm(plan, options, dev) -> dict:
             "tile": [plan.tile_m, plan.tile_n, plan.tile_k], "tkx_us": t_tkx, "torch_mm_us": t_torch,
             "tkx_tflops": flops / t_tkx / 1e6, "torch_tflops": flops / t_torch / 1e6,
             "sol_us": sol, "tkx_sol_ratio": sol / t_tkx, "torch_sol_ratio": sol / t_torch,
-            "max_rel_error": err, "registers": runner.resources.registers}
+            "max_rel_error": err, "registers": runner.resources.registers, "copies": copies}
 
 
 def step_flops_bytes(sched) -> tuple[float, float]:
@@ -82,11 +83,16 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--examples", default="small,medium")
     ap.add_argument("--arch", default="auto")
+    ap.add_argument("--gemm-copy", default="auto", choices=("auto", "cp.async", "tma"),
+                    help="Options.gemm_copy: how wgmma GEMMs stage operands (tma: bulk tensor copies)")
     ap.add_argument("--no-steps", action="store_true")
+    ap.add_argument("--no-gemms", action="store_true", help="only the whole steps")
     args = ap.parse_args()
     dev = torch.device("cuda")
-    options = Options(arch=args.arch)
-    result: dict = {"arch": args.arch, "gpu": torch.cuda.get_device_name(dev), "examples": {}}
+    options = Options(arch=args.arch, gemm_copy=args.gemm_copy)
+    result: dict = {"arch": args.arch, "gemm_copy": args.gemm_copy,
+                    "gpu": torch.cuda.get_device_name(dev),
+                    "examples": {}}
     for name in args.examples.split(","):
         ex = get(name)
         inputs = ex.make_inputs(0, dev)
@@ -95,7 +101,7 @@ def main() -> int:
         entry: dict = {"gemms": []}
         seen = set()
         for gr in sched.groups.values():
-            if gr.kind != "gemm" or gr.plan.impl == "gemv":
+            if gr.kind != "gemm" or gr.plan.impl == "gemv" or args.no_gemms:
                 continue
             p = gr.plan
             key = (p.m, p.n, p.k, p.a_k_contiguous, p.b_n_contiguous, p.dtype)
@@ -109,7 +115,8 @@ def main() -> int:
                   f"{'T' if row['b_t'] else 'N'} {','.join(row['impl']):<11} tile {p.tile_m}x{p.tile_n}x{p.tile_k} "
                   f"tkx {row['tkx_us']:7.2f} us ({row['tkx_tflops']:6.1f} TF/s, SOL {row['tkx_sol_ratio']:.2f})  "
                   f"torch.mm {row['torch_mm_us']:7.2f} us ({row['torch_tflops']:6.1f} TF/s, SOL "
-                  f"{row['torch_sol_ratio']:.2f})  err {row['max_rel_error']:.1e}", flush=True)
+                  f"{row['torch_sol_ratio']:.2f})  err {row['max_rel_error']:.1e} {','.join(row['copies'])}",
+                  flush=True)
         entry["gemm_sum_tkx_us"] = sum(r["tkx_us"] for r in entry["gemms"])
         entry["gemm_sum_torch_us"] = sum(r["torch_mm_us"] for r in entry["gemms"])
         if not args.no_steps:
@@ -122,8 +129,9 @@ def main() -> int:
                          registers=runner.resources.registers, grid=runner.resources.grid)
             print(f"{name:<7} step: {t_step:.1f} us/step, speed-of-light {sol:.1f} us (ratio {sol / t_step:.2f}), "
                   f"verified {v.passed}, {runner.resources.summary()}", flush=True)
-        print(f"{name:<7} GEMMs: tkx {entry['gemm_sum_tkx_us']:.1f} us vs torch.mm {entry['gemm_sum_torch_us']:.1f} us",
-              flush=True)
+        if entry["gemms"]:
+            print(f"{name:<7} GEMMs: tkx {entry['gemm_sum_tkx_us']:.1f} us vs torch.mm "
+                  f"{entry['gemm_sum_torch_us']:.1f} us", flush=True)
         result["examples"][name] = entry
     if args.out:
         with open(args.out, "w") as f:

@@ -93,6 +93,10 @@ class Options:
                                   none_ok=True)
     split_k: str | int = _opt("auto", "split GEMM reductions over K across blocks",
                               choices=("auto", "off", 2, 4, 8, 16))
+    gemm_copy: str = _opt("auto", "how wgmma GEMMs copy operand tiles into shared memory: cp.async (16 bytes per "
+                          "thread and request), tma (the bulk tensor copy engine, one request per tile, completing "
+                          "on an mbarrier; 2-byte operands without a batch), auto: cp.async",
+                          choices=("auto", "cp.async", "tma"))
     mode: str = _opt("auto", "block: one block with __syncthreads; grid: whole grid with grid barriers; "
                      "auto: chosen by cost", choices=("auto", "block", "grid"))
     fp32_math: str = _opt("simt", "simt: exact fp32 FMA on CUDA cores; tf32: tensor cores (10-bit mantissa)",

@@ -152,7 +152,7 @@ STAGES: tuple[Stage, ...] = (
           # recompute: the codegen/launch options invalidate it too, so every later stage sees them.
           options=("rules", "fuse_pointwise", "fuse_epilogues", "fuse_reductions", "tile_m", "tile_n",
                    "tile_k", "threads_per_block", "blocks_per_sm", "max_blocks", "split_k", "mode",
-                   "fp32_math", "arch", "spin_limit", "exact", "backend", "sync", "timeline"),
+                   "fp32_math", "arch", "gemm_copy", "spin_limit", "exact", "backend", "sync", "timeline"),
           fingerprint=_rule_fingerprint, depends_on="the user fusion rules",
           about="Which ops are computed together in one loop (fusion groups), which values must be "
                 "written to memory, where a barrier separates stages, and why each candidate fusion did "

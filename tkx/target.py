@@ -81,6 +81,10 @@ SM_BYTES_PER_US = 0.1e6        # bytes one SM streams per µs (~100 GB/s)
 #: How much faster than fp32 SIMT each tensor-core family runs (FLOP/s ratio, per SM).
 TENSOR_SPEEDUP = {"wmma": 8, "wgmma": 24}
 
+#: Output elements each thread takes per pass of a GEMM epilogue (and of split-K's final phase), their
+#: global loads issued together before any store (:func:`tkx.codegen.gemm._batched_epilogue`).
+EPILOGUE_BATCH = 8
+
 #: Architectures code can be generated for (``Options.arch``, besides ``"auto"``).
 ARCHES = ("sm_80", "sm_90", "sm_90a")
 
@@ -331,7 +335,9 @@ class GemmEmitter:
         the slices and the epilogue (``"final"``)."""
         if phase == "final":
             outs = plan.m * plan.n * plan.batch
-            return Cost(_ceil(outs, plan.threads), outs * plan.split_k, outs * plan.split_k * 4)
+            per = plan.threads * EPILOGUE_BATCH
+            items = outs // per if outs % per == 0 else _ceil(outs, plan.threads)  # as codegen batches them
+            return Cost(items, outs * plan.split_k, outs * plan.split_k * 4)
         flops = 2 * plan.m * plan.n * plan.k * plan.batch
         nbytes = (plan.m * plan.k + plan.k * plan.n) * plan.batch * 4
         if plan.split_k > 1:
@@ -459,9 +465,24 @@ class _Wgmma(GemmEmitter):
             return f"{self.name} needs 1 to 4 whole warpgroups (threads_per_block 128, 256 or 512)"
         if p.m < 32 or p.n < 32:
             return f"{self.name} tiles are 64 rows by at least 32 columns; {p.m}x{p.n} would be mostly empty"
+        if self._best(p, options, options.threads_per_block) is None:
+            return (f"{self.name}: no tile of {options.threads_per_block} threads fits "
+                    f"{register_budget(options.threads_per_block, options.blocks_per_sm)} registers per thread "
+                    f"(threads_per_block={options.threads_per_block}, blocks_per_sm={options.blocks_per_sm})")
         return None
 
     def _tiles(self, p, options, threads):
+        best = self._best(p, options, threads)
+        if best is None:
+            raise AssertionError("supports() admitted a wgmma problem with no tile that fits")
+        tk = 128 // (4 if self.dtype == "float32" else 2)
+        _, tm, tn, wgm, wgn, tiles = best
+        note = (f"tile {tm}x{tn}x{tk} for {self.name}: {wgm}x{wgn} warpgroup(s) of 64x{tn // wgn}, {tiles} tiles "
+                f"on {SM_COUNT} SMs, K in steps of one 128-byte swizzle row")
+        return tm, tn, tk, [note]
+
+    def _best(self, p, options, threads):
+        """(time, tm, tn, wgm, wgn, tiles) of the quickest tile that fits the register budget, or None."""
         groups = threads // 128
         tk = 128 // (4 if self.dtype == "float32" else 2)  # one 128-byte swizzle row of K
         budget = register_budget(threads, options.blocks_per_sm)
@@ -476,16 +497,14 @@ class _Wgmma(GemmEmitter):
                     continue
                 tiles = p.batch * _ceil(p.m, tm) * _ceil(p.n, tn)
                 waves = _ceil(tiles, SM_COUNT)
-                # a wave's time: the tile's MMAs plus its operand traffic (per K step, in MMA units)
+                # a wave's time: the tile's MMAs plus its operand traffic (per K step, in MMA units). Tried
+                # on the H200 against a model of chip-wide L2 traffic that chose 128x128 tiles for medium's
+                # 256x4096x1024 GEMMs: 16.0 µs per tile against 11.9 µs for this model's 64x128 (one SM's
+                # operand stream, ~33 GB/s with cp.async, bounds these GEMMs, not the chip's L2)
                 t = waves * (tm * tn + 48 * (tm + tn))
                 if best is None or t < best[0] or (t == best[0] and tm * tn > best[1] * best[2]):
                     best = (t, tm, tn, wgm, wgn, tiles)
-        if best is None:
-            raise AssertionError("supports() admitted a wgmma problem with no tile that fits")
-        _, tm, tn, wgm, wgn, tiles = best
-        note = (f"tile {tm}x{tn}x{tk} for {self.name}: {wgm}x{wgn} warpgroup(s) of 64x{tn // wgn}, {tiles} tiles "
-                f"on {SM_COUNT} SMs, K in steps of one 128-byte swizzle row")
-        return tm, tn, tk, [note]
+        return best
 
     def _regs(self, tm, tn, tk, threads):
         return tm * tn // threads + 2 * (tm * tk + tk * tn) // threads + 40

@@ -74,7 +74,7 @@ ERR_WAIT_TIMEOUT = 4
 ERRORS: Mapping[int, str] = MappingProxyType({k: v for k, v in ERROR_CODES.items() if k})
 
 #: Parameter roles, in ABI order.
-ROLES = ("input", "output", "arena", "sync", "status", "timeline")
+ROLES = ("input", "output", "arena", "sync", "status", "timeline", "tensormaps")
 
 
 @dataclass(frozen=True)
@@ -107,6 +107,35 @@ def kernel_params(program: Program, *, timeline: bool = False) -> list[Param]:
     if timeline:
         params.append(Param("timeline", "unsigned long long*", "timeline"))
     return params
+
+
+@dataclass(frozen=True)
+class TensorMapSpec:
+    """One TMA tensor map the runtime encodes (``cuTensorMapEncodeTiled``) for the kernel: a 2-D
+    view of a buffer, read in boxes by ``cp.async.bulk.tensor``.
+
+    * ``role``/``index``: where the buffer lives: ``"input"``/``"output"`` (its position) or
+      ``"arena"`` (``index`` -1); ``offset_bytes``: from that base to element (0, 0);
+    * ``dtype``: ``"bfloat16"`` or ``"float16"``; ``dims``: (inner, outer) extents in elements, the
+      inner one contiguous; ``stride_bytes``: bytes between consecutive outer indices (a multiple
+      of 16); ``box``: (inner, outer) elements copied per request; ``swizzle``: bytes of the
+      shared-memory swizzle (128: the layout the wgmma descriptors read).
+
+    The kernel finds map ``i`` at byte ``128 * i`` of its ``tensormaps`` parameter.
+    """
+
+    role: str
+    index: int
+    offset_bytes: int
+    dtype: str
+    dims: tuple[int, int]
+    stride_bytes: int
+    box: tuple[int, int]
+    swizzle: int = 128
+
+
+#: Bytes of one encoded tensor map (``CUtensorMap``), and its alignment in global memory.
+TENSOR_MAP_BYTES = 128
 
 
 @dataclass(frozen=True)
@@ -161,6 +190,8 @@ class LaunchContract:
     config: KernelConfig
     arena_bytes: int
     errors: Mapping[int, str] = field(default_factory=lambda: ERROR_CODES, compare=False)
+    #: The TMA tensor maps the kernel reads through its ``tensormaps`` parameter (none: no such parameter).
+    tensor_maps: tuple[TensorMapSpec, ...] = ()
 
     def role(self, role: str) -> tuple[Param, ...]:
         """The parameters of one role (``"input"``, ``"output"``, ...) in order."""

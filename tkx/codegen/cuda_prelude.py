@@ -426,11 +426,30 @@ TIMELINE = dedent(r"""
 """)
 
 
-def prelude(*, tensor_cores: bool = False, counters: bool = False, timeline: bool = False) -> str:
+#: Bulk tensor copies (TMA, sm_90) completing on shared-memory mbarriers, for the wgmma GEMMs.
+TMA = r"""// ---- bulk tensor copies (TMA) and mbarriers (sm_90) ----
+// One 2-D box of the tensor map at `map` (a global address) at element coordinates (x inner, y outer)
+// -> shared address `dst` (1024-byte aligned for the 128-byte swizzle); completes on mbarrier `bar`.
+TKX_INLINE void tkx_tma2d(unsigned dst, unsigned long long map, int x, int y, unsigned bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, {%2, %3}], [%4];\n" :: "r"(dst), "l"(map), "r"(x), "r"(y), "r"(bar) : "memory");
+}
+// Wait until the phase of mbarrier `bar` with parity `parity` has completed.
+TKX_INLINE void tkx_mbar_wait(unsigned bar, unsigned parity) {
+    unsigned done = 0;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n" : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    } while (!done);
+}"""
+
+
+def prelude(*, tensor_cores: bool = False, counters: bool = False, timeline: bool = False, tma: bool = False) -> str:
     """The device code to put at the top of a kernel (``tensor_cores`` adds the WMMA headers,
-    ``counters`` the dataflow counters, ``timeline`` the per-task timer)."""
+    ``counters`` the dataflow counters, ``timeline`` the per-task timer, ``tma`` the bulk tensor
+    copy and mbarrier helpers)."""
     text = PRELUDE
-    extra = ([COUNTERS] if counters else []) + ([TIMELINE] if timeline else [])
+    extra = ([COUNTERS] if counters else []) + ([TIMELINE] if timeline else []) + ([TMA] if tma else [])
     if extra:
         text = PRELUDE.replace("// ===== end of tkx prelude =====", "\n\n".join(extra) + "\n\n"
                                "// ===== end of tkx prelude =====")

@@ -42,16 +42,18 @@ fetch stash As Bs Cw warp lane wr wc sum part``.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..target import SKINNY_MAX, GemmProblem, choose_gemm
+from ..target import EPILOGUE_BATCH, SKINNY_MAX, GemmProblem, choose_gemm
 from .text import block, indent
 
 LoadA = Callable[[str, str, str], str]  # (batch, row, k) -> float C expression
 PtrA = Callable[[str, str, str], str]  # (batch, row, k) -> C pointer to that element in memory
 PtrB = Callable[[str, str, str], str]  # (batch, k, col) -> C pointer to that element in memory
 LoadB = Callable[[str, str, str], str]  # (batch, k, col) -> float C expression
+TmaMap = Callable[[int, int], "int | None"]  # (box inner, box outer) elements -> tensor map index, or None
 Epilogue = Callable[[str, str, str, str], str]  # (batch, row, col, acc) -> C statements
 
 VARIANTS = ("simt", "wmma_bf16", "wmma_f16", "wmma_tf32", "wgmma_bf16", "wgmma_f16", "wgmma_tf32", "gemv")
@@ -77,6 +79,9 @@ class GemmCode:
     threads: int
     tensor_cores: bool
     params: dict
+    #: The code copies operands with the bulk tensor copy engine: the kernel needs the TMA helpers
+    #: (:func:`tkx.codegen.cuda_prelude.prelude` with ``tma=True``) and the ``tmaps`` parameter.
+    tma: bool = False
 
     def __str__(self) -> str:
         return self.code
@@ -590,13 +595,31 @@ def _wgmma_vector_staging(p: GemmProblem, tm: int, tn: int, tk: int, threads: in
     )
 
 
-#: Shared-memory stages of the pipelined wgmma GEMM (copies of the next STAGES - 1 k-tiles in flight).
+#: Shared-memory stages of the pipelined wgmma GEMM (copies of the next STAGES - 1 k-tiles in flight)
+#: when no shared-memory budget is given; with one, as many as fit (:func:`wgmma_stages`).
 WGMMA_STAGES = 4
+#: The most stages a budget buys (beyond this, more copies in flight no longer hide L2 latency).
+WGMMA_MAX_STAGES = 8
+
+
+def wgmma_stages(stage_bytes: int, k_steps: int, shared_budget: int | None) -> int:
+    """Stages of the cp.async pipeline: :data:`WGMMA_STAGES` without a budget, else as many
+    ``stage_bytes`` stages as ``shared_budget`` bytes hold (less the 1024-byte alignment slack), at
+    most :data:`WGMMA_MAX_STAGES` and at most one more than the K steps (all of K in flight), at least 2.
+
+    Measured on the H200 (medium's 64x128 tiles, K = 1024, 4 stages): a k-tile took 0.74 µs, the
+    latency of the 3 tiles in flight, not the tensor cores' time; more stages keep more in flight."""
+    if shared_budget is None:
+        return WGMMA_STAGES
+    fit = (shared_budget - 1024) // stage_bytes
+    return max(2, min(WGMMA_MAX_STAGES, fit, k_steps + 1))
 
 
 def _wgmma_pipelined(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue, *, variant: str,
                      tm: int, tn: int, tk: int, threads: int, item: str, smem: str, ptr_a: PtrA | None,
-                     ptr_b: PtrB | None, split: int = 1) -> GemmCode | None:
+                     ptr_b: PtrB | None, split: int = 1, shared_budget: int | None = None,
+                     tma_a: TmaMap | None = None, tma_b: TmaMap | None = None,
+                     tmaps: str = "tmaps") -> GemmCode | None:
     """The wgmma GEMM with operands copied global -> shared by ``cp.async`` (16 bytes at a time, no
     registers), ``WGMMA_STAGES`` stages deep; ``None`` when it does not apply (see :func:`wgmma_gemm`).
 
@@ -605,6 +628,13 @@ def _wgmma_pipelined(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epi
     in the 128-byte swizzle. K-major: tile row r (an M or N index) is 128 bytes of K, 16-byte chunk
     c at chunk ``c ^ (r % 8)``. MN-major: atoms of 64 M/N indices x 8 k (1024 bytes), k-row kr of
     an atom is 128 bytes of M/N with chunk c at ``c ^ (kr % 8)``; atoms run along K first.
+
+    With ``tma_a`` and ``tma_b`` (callbacks registering a tensor map of the operand for a box of
+    (inner, outer) elements and returning its index, or ``None``), thread 0 copies each k-tile with
+    the bulk tensor copy engine instead (``cp.async.bulk.tensor.2d``, one request per operand
+    box, the engine writing the 128-byte swizzle itself and zero-filling outside the matrix), each
+    stage completing on its own ``mbarrier`` (``expect_tx`` of the stage's bytes; consumers wait
+    on the phase parity of the fill). The maps are read from the kernel parameter ``tmaps``.
     """
     elem, fk, ptx_type, conv, ebytes = _WGMMA[variant]
     if ptr_a is None or ptr_b is None or ebytes != 2 or tk * ebytes != SWIZZLE_ROW:
@@ -623,9 +653,20 @@ def _wgmma_pipelined(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epi
         return None
     a_bytes, b_bytes = tm * SWIZZLE_ROW, tn * SWIZZLE_ROW
     stage_bytes = a_bytes + b_bytes
-    stages = WGMMA_STAGES
+    a_kmajor_, b_kmajor_ = p.a_k_contiguous, not p.b_n_contiguous
+    map_a = map_b = None
+    if tma_a is not None and tma_b is not None and p.batch == 1:
+        # boxes (inner, outer): a K-major tile is one box of TK x rows; an MN-major one a box of 64 x TK
+        # per 64 rows (one swizzle atom column each)
+        map_a = tma_a(tk, tm) if a_kmajor_ else tma_a(64, tk)
+        map_b = tma_b(tk, tn) if b_kmajor_ else tma_b(64, tk)
+    use_tma = map_a is not None and map_b is not None
+    k_steps = _ceil(_ceil(p.k, tk), split)
     ldc = tn + 4
-    shared = max(stages * stage_bytes, tm * ldc * 4) + 1024
+    bar_room = 8 * WGMMA_MAX_STAGES if use_tma else 0
+    stages = wgmma_stages(stage_bytes, k_steps, None if shared_budget is None else shared_budget - bar_room)
+    bar_offset = _align(max(stages * stage_bytes, tm * ldc * 4), 8)
+    shared = bar_offset + bar_room + 1024
     m_guard, n_guard, k_guard = p.m % tm != 0, p.n % tn != 0, p.k % tk != 0
     bits = f"__{'bfloat16' if p.dtype == 'bfloat16' else 'half'}_as_ushort"
     atom_stride = (tk // 8) * 1024  # bytes between MN atoms of an MN-major tile
@@ -721,12 +762,77 @@ def _wgmma_pipelined(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epi
         'asm volatile("cp.async.wait_group 0;\\n" ::: "memory");',
         "__syncthreads();  // every warpgroup's MMAs are done before the C tile reuses the stages",
     )
+    if use_tma:
+        def tma_boxes(name: str, rows: int, kmajor: bool, origin: str, region: int) -> list[str]:
+            if kmajor:  # one box: TK (inner, K) x rows (outer)
+                return [f"tkx_tma2d(stage + {region}, tma_{name}, k0, {origin}, bar);"]
+            return [f"tkx_tma2d(stage + {region + j * atom_stride}, tma_{name}, {origin} + {64 * j}, k0, bar);"
+                    for j in range(rows // 64)]
+        issue_fn = [
+            "auto issue = [&](int s, int k0) {  // thread 0: the k-tile at k0 -> stage s, completing on mbarrier s",
+            f"    const unsigned stage = stage0 + s * {stage_bytes}, bar = bar0 + 8 * s;",
+            '    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\\n" :: "r"(bar), '
+            f'"r"({stage_bytes}) : "memory");',
+            *("    " + x for x in tma_boxes("a", tm, a_kmajor, "row0", 0)),
+            *("    " + x for x in tma_boxes("b", tn, b_kmajor, "col0", a_bytes)),
+            "};",
+        ]
+        k_loop = block(
+            "if (threadIdx.x == 0) {  // this item's mbarriers (every fill of the last item was waited for)",
+            "    #pragma unroll 1",
+            f"    for (int s = 0; s < {stages}; ++s) "
+            'asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\\n" :: "r"(bar0 + 8 * s) : "memory");',
+            '    asm volatile("fence.mbarrier_init.release.cluster;\\n" ::: "memory");',
+            "}",
+            'asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");  // generic use before -> copy engine',
+            "__syncthreads();",
+            "if (threadIdx.x == 0) {",
+            "    #pragma unroll 1",
+            f"    for (int s = 0; s < {stages - 1}; ++s)  // prologue: the first {stages - 1} k-tiles in flight",
+            "        if (k_beg + s * TK < k_end) issue(s, k_beg + s * TK);",
+            "}",
+            "#pragma unroll 1",
+            "for (int kt = 0, k0 = k_beg; k0 < k_end; ++kt, k0 += TK) {",
+            f"    tkx_mbar_wait(bar0 + 8 * (kt % {stages}), (kt / {stages}) & 1);  // k-tile kt has landed",
+            "    __syncthreads();  // every warpgroup is done with k-tile kt - 1: its stage may be refilled",
+            f"    if (threadIdx.x == 0 && k0 + {stages - 1} * TK < k_end) issue((kt + {stages - 1}) % {stages}, "
+            f"k0 + {stages - 1} * TK);",
+            f"    const unsigned st = stage0 + (kt % {stages}) * {stage_bytes};",
+            '    asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory");',
+            "    #pragma unroll",
+            f"    for (int ks = 0; ks < {ksteps}; ++ks) {{",
+            f"        const unsigned long long da = desc(st + {a_wg} + ks * {a_step}, {int(a_kmajor)});",
+            f"        const unsigned long long db = desc(st + {a_bytes} + {b_wg} + ks * {b_step}, {int(b_kmajor)});",
+            indent(mma, 2),
+            "    }",
+            '    asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory");',
+            '    asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory");',
+            "    #pragma unroll",
+            f'    for (int i = 0; i < {acc_regs}; ++i) asm volatile("" : "+f"(d[i]) :: "memory");',
+            "}",
+            "__syncthreads();  // every warpgroup's MMAs are done before the C tile reuses the stages",
+        )
+        copy_setup = [
+            f"const unsigned bar0 = stage0 + {bar_offset};  // {stages} mbarriers of 8 bytes, past the stages and C",
+            f"const unsigned long long tma_a = (unsigned long long)({tmaps} + {map_a * 128}), "
+            f"tma_b = (unsigned long long)({tmaps} + {map_b * 128});  // tensor maps {map_a}, {map_b}",
+        ]
+    else:
+        issue_fn = [
+            "auto issue = [&](int s, int k0) {  // the k-tile at k0 -> stage s",
+            f"    const unsigned stage = stage0 + s * {stage_bytes};",
+            indent(issue_a),
+            indent(issue_b),
+            "};",
+        ]
+        copy_setup = [f"const bool vec_ok = {checks};  // 16-byte aligned operands: cp.async, else element loads"]
     epi = _wgmma_store_c("ws", acc_regs, wn, ldc, tm, tn, threads, epilogue, m_guard, n_guard)
     what = {"wgmma_bf16": "bf16", "wgmma_f16": "fp16"}[variant]
     layouts = f"A {'K' if a_kmajor else 'M'}-major, B {'K' if b_kmajor else 'N'}-major"
+    copies = "TMA (cp.async.bulk.tensor) + mbarriers" if use_tma else "cp.async"
     body = block(
         _tile_header(p, tm, tn, item, f"tensor-core GEMM ({what} wgmma m64n{wn}k{fk}, fp32 accumulate), one "
-                     f"{tm}x{tn} tile of C; {wgm}x{wgn} warpgroups of 64x{wn}; cp.async, {stages} stages, "
+                     f"{tm}x{tn} tile of C; {wgm}x{wgn} warpgroups of 64x{wn}; {copies}, {stages} stages, "
                      f"{layouts}", split, tk, True),
         f"constexpr int TM = {tm}, TN = {tn}, TK = {tk};",
         f"unsigned char* ws = {smem} + ((1024u - ((unsigned)__cvta_generic_to_shared({smem}) & 1023u)) & 1023u);"
@@ -735,15 +841,11 @@ def _wgmma_pipelined(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epi
         f"{stage_bytes} bytes",
         "const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;",
         f"const int wr = (warp / 4) / {wgn}, wc = (warp / 4) % {wgn};  // this warpgroup's block of C",
-        f"const bool vec_ok = {checks};  // 16-byte aligned operands: cp.async, else element loads",
+        *copy_setup,
         "auto desc = [](unsigned a, int kmajor) -> unsigned long long {  // wgmma shared-memory descriptor",
         f"    return kmajor ? ({desc_expr(True)}) : ({desc_expr(False)});",
         "};",
-        "auto issue = [&](int s, int k0) {  // the k-tile at k0 -> stage s",
-        f"    const unsigned stage = stage0 + s * {stage_bytes};",
-        indent(issue_a),
-        indent(issue_b),
-        "};",
+        *issue_fn,
         f"float d[{acc_regs}];  // accumulators of this thread (m64n{wn} fragment)",
         "#pragma unroll",
         f"for (int j = 0; j < {acc_regs}; ++j) d[j] = 0.0f;",
@@ -753,14 +855,16 @@ def _wgmma_pipelined(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epi
     )
     items = p.batch * _ceil(p.m, tm) * _ceil(p.n, tn) * split
     params = {"tile": (tm, tn, tk), "warpgroups": (wgm, wgn), "instruction": f"m64n{wn}k{fk}",
-              "swizzle": "128B", "stages": stages, "copies": "cp.async", "layouts": layouts, "split_k": split}
-    return GemmCode(variant, "{\n" + indent(body) + "\n}", items, shared, threads, True, params)
+              "swizzle": "128B", "stages": stages, "copies": "tma" if use_tma else "cp.async", "layouts": layouts,
+              "split_k": split}
+    return GemmCode(variant, "{\n" + indent(body) + "\n}", items, shared, threads, True, params, use_tma)
 
 
 def wgmma_gemm(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue, *, variant: str = "wgmma_bf16",
                tile_m: int = 128, tile_n: int = 128, tile_k: int = 64, threads: int = 256, item: str = "item",
                smem: str = "tkx_smem", ptr_a: PtrA | None = None, ptr_b: PtrB | None = None,
-               split: int = 1) -> GemmCode:
+               split: int = 1, shared_budget: int | None = None, tma_a: TmaMap | None = None,
+               tma_b: TmaMap | None = None) -> GemmCode:
     """(e) Hopper warpgroup MMA (``wgmma.mma_async``, sm_90a only), fp32 accumulators in registers.
 
     The block's ``threads / 128`` warpgroups are arranged WGM x WGN over the ``tile_m x tile_n``
@@ -794,7 +898,8 @@ def wgmma_gemm(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue,
         raise ValueError(f"{variant}: tile_n={tn} over {wgn} warpgroup column(s) must give 8 to 256 "
                          "columns each, a multiple of 8")
     piped = _wgmma_pipelined(p, load_a, load_b, epilogue, variant=variant, tm=tm, tn=tn, tk=tk, threads=threads,
-                             item=item, smem=smem, ptr_a=ptr_a, ptr_b=ptr_b, split=split)
+                             item=item, smem=smem, ptr_a=ptr_a, ptr_b=ptr_b, split=split,
+                             shared_budget=shared_budget, tma_a=tma_a, tma_b=tma_b)
     if piped is not None:
         return piped
     sa = _Stage("a", tm, tk, "col" if p.a_k_contiguous else "row", threads)
@@ -1043,11 +1148,14 @@ def choose_variant(p: GemmProblem, *, fp32_math: str = "simt", tensor_cores: boo
 def emit_gemm(variant: str, p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue, *,
               tile_m: int = 64, tile_n: int = 64, tile_k: int = 32, threads: int = 256,
               item: str = "item", smem: str = "tkx_smem", ptr_a: PtrA | None = None,
-              ptr_b: PtrB | None = None, split: int = 1) -> GemmCode:
+              ptr_b: PtrB | None = None, split: int = 1, shared_budget: int | None = None,
+              tma_a: TmaMap | None = None, tma_b: TmaMap | None = None) -> GemmCode:
     """Dispatch to the emitter of ``variant`` (one of :data:`VARIANTS`); ``ptr_a``/``ptr_b``
     (pointers to operand elements in memory, for 16-byte staging) are used by the wgmma variants;
     ``split > 1`` (wgmma only) makes work item ``s * tiles + t`` compute tile ``t`` over the s-th slice
-    of K, and its epilogue sees the C variable ``ks_split`` (the slice)."""
+    of K, and its epilogue sees the C variable ``ks_split`` (the slice); ``shared_budget`` (bytes of
+    shared memory a block may use) sizes the pipelined wgmma's stages (:func:`wgmma_stages`);
+    ``tma_a``/``tma_b`` make it copy operands with the bulk tensor copy engine (:func:`_wgmma_pipelined`)."""
     if split > 1 and variant not in _WGMMA:
         raise ValueError(f"split-K is implemented by the wgmma variants, not {variant}")
     if variant == "simt":
@@ -1056,7 +1164,7 @@ def emit_gemm(variant: str, p: GemmProblem, load_a: LoadA, load_b: LoadB, epilog
     if variant in _WGMMA:
         return wgmma_gemm(p, load_a, load_b, epilogue, variant=variant, tile_m=tile_m, tile_n=tile_n,
                           tile_k=tile_k, threads=threads, item=item, smem=smem, ptr_a=ptr_a, ptr_b=ptr_b,
-                          split=split)
+                          split=split, shared_budget=shared_budget, tma_a=tma_a, tma_b=tma_b)
     if variant in _WMMA:
         return wmma_gemm(p, load_a, load_b, epilogue, variant=variant, tile_m=tile_m, tile_n=tile_n,
                          tile_k=tile_k, threads=threads, item=item, smem=smem)
@@ -1065,12 +1173,61 @@ def emit_gemm(variant: str, p: GemmProblem, load_a: LoadA, load_b: LoadB, epilog
     raise ValueError(f"unknown GEMM variant {variant!r}; one of {VARIANTS}")
 
 
+
+_DECL = re.compile(r"^\s*(?:const\s+)?(?:float|double|int|unsigned|bool|long long|unsigned long long)\s+(\w+)\s*=.*;")
+_STORE = re.compile(r"^\s*tkx_st_\w+\(.*\);")
+
+
+def _batched_epilogue(epilogue: Epilogue, batch: int, *,
+                      batch_index: bool = False) -> tuple[list[str], list[str]] | None:
+    """The epilogue of ``batch`` elements as (computations, stores): element ``u``'s statements
+    with its names prefixed ``tkxE<u>_`` (``row col acc`` and every value it declares), every
+    computation (and so every global load) before any store, so one thread has ``batch``
+    independent loads in flight instead of one (the rolled per-element loop waited a full memory
+    latency per element: 16-25 µs per 128x128 tile of an SGD update on the H200).
+
+    Elements of one tile are distinct output positions and threads already run them in any order,
+    so moving a load of element u' before the store of element u changes nothing the rolled loop
+    guarantees. ``None`` when a statement is not a plain declaration or a store (then the caller
+    keeps the rolled loop). ``batch_index``: each element has its own ``bat`` too (else the
+    elements share the caller's ``bat``: one tile)."""
+    lines = [ln for ln in epilogue("bat", "row", "col", "acc").splitlines() if ln.strip()]
+    names = ["row", "col", "acc"] + (["bat"] if batch_index else [])
+    comp, stores = [], []
+    for ln in lines:
+        code, _, note = ln.partition("//")
+        code = code.strip()
+        if not code:
+            continue
+        m = _DECL.match(code)
+        if m:
+            names.append(m.group(1))
+            comp.append((code, note.strip()))
+        elif _STORE.match(code):
+            stores.append((code, note.strip()))
+        else:
+            return None
+    if not stores:
+        return None
+    pattern = re.compile(r"\b(" + "|".join(re.escape(n) for n in sorted(set(names), key=len, reverse=True)) + r")\b")
+    out_c, out_s = [], []
+    for u in range(batch):
+        def ren(line: tuple[str, str], u: int = u) -> str:
+            text = pattern.sub(lambda mm: f"tkxE{u}_{mm.group(1)}", line[0])
+            return f"{text}  // {line[1]}" if u == 0 and line[1] else text  # element 0 keeps the op's comment
+        out_c += [ren(x) for x in comp]
+        out_s += [ren(x) for x in stores]
+    return out_c, out_s
+
+
 def _wgmma_store_c(base: str, acc_regs: int, wn: int, ldc: int, tm: int, tn: int, threads: int,
                    epilogue: Epilogue, m_guard: bool, n_guard: bool) -> str:
     """The wgmma epilogue: each warpgroup's accumulator fragment of m64nN (register j of lane l in
     warp w is row 16 w + l / 4 + 8 ((j / 2) % 2), column 8 (j / 4) + 2 (l % 4) + j % 2) is written
-    to an fp32 C tile in shared memory at ``base``, then the block applies the epilogue per element."""
-    return block(
+    to an fp32 C tile in shared memory at ``base``, then the block applies the epilogue per element:
+    :data:`EPILOGUE_BATCH` elements per thread and pass (:func:`_batched_epilogue`) when the tile
+    needs no bounds guards, else one element per iteration."""
+    head = [
         f"float* Cs = reinterpret_cast<float*>({base});  // the C tile, fp32, rows padded",
         "#pragma unroll",
         f"for (int j = 0; j < {acc_regs}; ++j) {{",
@@ -1079,10 +1236,29 @@ def _wgmma_store_c(base: str, acc_regs: int, wn: int, ldc: int, tm: int, tn: int
         f"    Cs[r * {ldc} + c] = d[j];",
         "}",
         "__syncthreads();",
-        "#pragma unroll 1  // kept rolled: the epilogue's code appears once",
-        f"for (int e = threadIdx.x; e < {tm * tn}; e += {threads}) {{",
-        f"    const int row = row0 + e / {tn}, col = col0 + e % {tn};",
-        indent(_epilogue_block(epilogue, f"Cs[(e / {tn}) * {ldc} + e % {tn}]", m_guard, n_guard)),
-        "}",
-        "__syncthreads();  // Cs is read before the next work item reuses the workspace",
-    )
+    ]
+    ub = EPILOGUE_BATCH
+    batched = None if (m_guard or n_guard or (tm * tn) % (threads * ub)) else _batched_epilogue(epilogue, ub)
+    if batched is not None:
+        comp, stores = batched
+        coords = []
+        for u in range(ub):
+            x = f"tkxE{u}_"
+            coords += [f"const int {x}e = e + {u * threads};",
+                       f"const int {x}row = row0 + {x}e / {tn}, {x}col = col0 + {x}e % {tn};",
+                       f"const float {x}acc = Cs[({x}e / {tn}) * {ldc} + {x}e % {tn}];"]
+        loop = [
+            f"#pragma unroll 1  // {ub} elements per thread and pass: their loads in flight together, then the stores",
+            f"for (int e = threadIdx.x; e < {tm * tn}; e += {threads * ub}) {{",
+            indent(block(*coords, *comp, *stores)),
+            "}",
+        ]
+    else:
+        loop = [
+            "#pragma unroll 1  // kept rolled: the epilogue's code appears once",
+            f"for (int e = threadIdx.x; e < {tm * tn}; e += {threads}) {{",
+            f"    const int row = row0 + e / {tn}, col = col0 + e % {tn};",
+            indent(_epilogue_block(epilogue, f"Cs[(e / {tn}) * {ldc} + e % {tn}]", m_guard, n_guard)),
+            "}",
+        ]
+    return block(*head, *loop, "__syncthreads();  // Cs is read before the next work item reuses the workspace")

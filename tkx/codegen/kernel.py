@@ -27,11 +27,11 @@ from ..dtypes import FLOAT_DTYPES, INT_DTYPES
 from ..errors import TkxError
 from ..ir import Op, TensorSpec, contiguous_strides
 from ..schedule.model import FusedSchedule, Group, Home
-from ..target import register_budget, register_note
+from ..target import EPILOGUE_BATCH, GPU, register_budget, register_note
 from . import abi
 from . import ops as cops
 from .cuda_prelude import C_TYPES, barrier, barrier_setup, load, prelude, round_to, shared_workspace, store
-from .gemm import GemmProblem, emit_gemm
+from .gemm import GemmProblem, _batched_epilogue, emit_gemm
 from .reduce import emit_reduction, final_reduce, partial_reduce
 from .text import block, indent
 
@@ -85,6 +85,8 @@ class KernelPlan:
     tensor_cores: bool = False
     shared_bytes: int = 0
     notes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: TMA tensor maps the GEMMs read (index = position), for the launch contract.
+    tensor_maps: list[abi.TensorMapSpec] = field(default_factory=list)
 
 
 class _Emitter:
@@ -351,6 +353,41 @@ class _Emitter:
                 return f"({ptr} + {coords(bat, r, c, view)})"
             return at
 
+        def tma_map(view: TensorSpec, fast_dim: int) -> Any:
+            """(box inner, box outer) -> index of a tensor map of ``view`` (registered once per box),
+            when ``Options.gemm_copy`` asks for TMA and the view is a stored 2-D buffer of the 2-byte
+            problem dtype, contiguous along ``fast_dim`` (0: rows, 1: columns), its other stride and
+            its offset multiples of 16 bytes; else ``None``."""
+            if getattr(self.s.options, "gemm_copy", "auto") != "tma" or batched or view.ndim != 2:
+                return None
+            if pointer_to(view, fast_dim) is None or view.buffer in self.s.scratch:
+                return None
+            esize = 2
+            outer = 1 - fast_dim
+            if view.strides[fast_dim] != 1 or (view.strides[outer] * esize) % 16 or (view.offset * esize) % 16:
+                return None
+            buf = view.buffer
+            if buf in self.inputs:
+                role, index, base = "input", self.inputs[buf], 0
+            else:
+                home = self.s.homes.get(buf)
+                if home is None:
+                    return None
+                if home.kind == "arena":
+                    role, index, base = "arena", -1, self.arena.offset(buf)
+                else:
+                    role, index, base = home.kind, home.index, 0
+
+            def register(box_inner: int, box_outer: int) -> int:
+                spec = abi.TensorMapSpec(role, index, base + view.offset * esize, view.dtype,
+                                         (view.shape[fast_dim], view.shape[outer]), view.strides[outer] * esize,
+                                         (box_inner, box_outer))
+                maps = self.plan.tensor_maps
+                if spec not in maps:
+                    maps.append(spec)
+                return maps.index(spec)
+            return register
+
         def epilogue(bat: str, row: str, col: str, acc: str) -> str:
             lin = f"(((long long){bat} * {m} + {row}) * {n} + {col})" if batched else \
                 f"((long long){row} * {n} + {col})"
@@ -371,6 +408,27 @@ class _Emitter:
             # the epilogue, one output element per thread
             scratch, _ = self.pointer(params["partials"])
             total, t = prob.batch * m * n, self.threads
+            ub = EPILOGUE_BATCH
+            batched = _batched_epilogue(epilogue, ub, batch_index=True) if total % (t * ub) == 0 else None
+            if batched is not None:
+                # EPILOGUE_BATCH elements per thread: every slice load and epilogue load in flight
+                # before the first store (one element per thread waited a memory latency per item)
+                comp, stores = batched
+                lines = [f"const long long e = (long long)item * {t * ub} + threadIdx.x;"]
+                for u in range(ub):
+                    x = f"tkxE{u}_"
+                    lines += [f"const long long {x}e = e + {u * t};",
+                              f"const int {x}bat = (int)({x}e / {m * n}), {x}row = (int)(({x}e / {n}) % {m}), "
+                              f"{x}col = (int)({x}e % {n});",
+                              f"float {x}acc = 0.0f;",
+                              "#pragma unroll",
+                              f"for (int s = 0; s < {split}; ++s) {x}acc += {scratch}[s * {total}LL + {x}e];"
+                              "  // slice order"]
+                body = block(*lines, *comp, *stores)
+                self.plan.notes[g.id] = {"variant": f"{variant} split-K final", "split_k": split,
+                                         "elements_per_thread": ub}
+                return (f"{{  // {g.id}: add the {split} split-K slices of {op.id}, then its epilogue, "
+                        f"{ub} elements per thread\n" + indent(body) + "\n}"), total // (t * ub), 0
             body = block(
                 f"const long long e = (long long)item * {t} + threadIdx.x;",
                 f"if (e < {total}LL) {{",
@@ -397,7 +455,10 @@ class _Emitter:
         code = emit_gemm(variant, prob, operand(a), operand(b), final, tile_m=params["tile_m"],
                          tile_n=params["tile_n"], tile_k=params["tile_k"], threads=self.threads,
                          ptr_a=pointer_to(a, 1 if prob.a_k_contiguous else 0),
-                         ptr_b=pointer_to(b, 1 if prob.b_n_contiguous else 0), split=split)
+                         ptr_b=pointer_to(b, 1 if prob.b_n_contiguous else 0), split=split,
+                         shared_budget=GPU.shared_per_block // max(1, int(self.s.options.blocks_per_sm)),
+                         tma_a=tma_map(a, 1 if prob.a_k_contiguous else 0),
+                         tma_b=tma_map(b, 1 if prob.b_n_contiguous else 0))
         self.plan.tensor_cores |= code.tensor_cores
         self.plan.notes[g.id] = {"variant": code.variant, **code.params}
         return code.code, code.work_items, code.shared_bytes
@@ -587,6 +648,8 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
             shared = max(shared, smem)
             parts.append((g, code, n))
         stage_code.append((si, parts))
+    if em.plan.tensor_maps:
+        params.append(abi.Param("tmaps", "const unsigned char* __restrict__", "tensormaps"))
     mode = s.mode
     spin = s.options.spin_limit
     sync, sync_reason, dag = _sync_plan(s, arena, stage_code)
@@ -640,7 +703,7 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
         header = block(header, f"// Sync: counters ({len(dag.counters)} counters, "
                                f"{sum(len(w) for w in dag.waits.values())} waits, no grid barrier): {sync_reason}")
     text = block(header, "", prelude(tensor_cores=em.plan.tensor_cores, counters=sync == "counters",
-                                     timeline=timeline), "", struct, "",
+                                     timeline=timeline, tma=bool(em.plan.tensor_maps)), "", struct, "",
                  functions, "" if functions else None, kernel) + "\n"
     # Source map: the lines of each group (by its marker comment) and of each op.
     lines = text.splitlines()
@@ -682,7 +745,8 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
                               shared_bytes=shared, max_registers=max_regs, spin_limit=int(s.options.spin_limit),
                               exact=bool(s.options.exact), max_blocks=s.options.max_blocks,
                               backend=s.options.backend)
-    launch = abi.LaunchContract(abi.KERNEL_NAME, tuple(params), config, arena.size_bytes)
+    launch = abi.LaunchContract(abi.KERNEL_NAME, tuple(params), config, arena.size_bytes,
+                                tensor_maps=tuple(em.plan.tensor_maps))
     return CudaSource(text=text, launch=launch, schedule=s, arena=arena,
                       op_lines={k: tuple(v) for k, v in op_lines.items()}, group_lines=group_lines,
                       tensor_cores=em.plan.tensor_cores, notes=em.plan.notes, sync=sync, sync_reason=sync_reason,

@@ -22,6 +22,7 @@ import torch
 from ..errors import TkxError
 from . import inputs as _inputs
 from . import status as _status
+from . import tma as _tma
 from .backends import compile
 from .device import require_cuda
 from .kernel import arena_bytes_of, launch_contract, source_options, source_program
@@ -76,6 +77,9 @@ class CompiledRunner:
         self.arena_bytes = arena_bytes_of(source)
         self.kernel = compile(source, self.device, backend=backend, cache=cache)
         self._words = _status.new_words(self.device, _status.words_of(source))
+        specs = getattr(launch_contract(source), "tensor_maps", ())
+        #: The TMA tensor maps of the kernel's bulk tensor copies (``None`` when it makes none).
+        self.tensor_maps = _tma.TensorMaps(specs, self.device) if specs else None
         self._timeline: torch.Tensor | None = None
         if getattr(source, "timeline_tasks", 0):
             self.timeline_buffer()
@@ -136,9 +140,11 @@ class CompiledRunner:
                     words: torch.Tensor) -> list[int]:
         """The kernel's arguments (device addresses) in ABI order (:mod:`tkx.codegen.abi`)."""
         sync, status = _status.word_pointers(words)
-        return pack_args(self.params, [t.data_ptr() for t in flat], [t.data_ptr() for t in outs],
-                         arena.data_ptr(), sync, status, timeline=self.timeline_buffer().data_ptr()
-                         if getattr(self.source, "timeline_tasks", 0) else 0)
+        ins, outp = [t.data_ptr() for t in flat], [t.data_ptr() for t in outs]
+        maps = self.tensor_maps.buffer(ins, outp, arena.data_ptr()).data_ptr() if self.tensor_maps else 0
+        return pack_args(self.params, ins, outp, arena.data_ptr(), sync, status,
+                         timeline=self.timeline_buffer().data_ptr()
+                         if getattr(self.source, "timeline_tasks", 0) else 0, tensormaps=maps)
 
     def timeline_buffer(self) -> torch.Tensor:
         """The device buffer the kernel records its per-task timeline in (``Options(timeline=True)``):
@@ -252,7 +258,7 @@ class CompiledRunner:
 
 
 def pack_args(params: Sequence[Any], inputs: Sequence[int], outputs: Sequence[int], arena: int, sync: int,
-              status: int, *, timeline: int = 0) -> list[int]:
+              status: int, *, timeline: int = 0, tensormaps: int = 0) -> list[int]:
     """Order the addresses as the kernel's parameters (``abi.Param`` roles) ask.
 
     Raises :class:`TkxError` for an unknown role or an index out of range (a code generator
@@ -278,6 +284,11 @@ def pack_args(params: Sequence[Any], inputs: Sequence[int], outputs: Sequence[in
             if not timeline:
                 raise TkxError(f"kernel parameter {p.name} wants a timeline buffer, but none was given")
             args.append(timeline)
+            continue
+        elif role == "tensormaps":
+            if not tensormaps:
+                raise TkxError(f"kernel parameter {p.name} wants the TMA tensor maps, but none were given")
+            args.append(tensormaps)
             continue
         else:
             raise TkxError(f"kernel parameter {p.name} has role {role!r}, which this runtime does not know")
@@ -330,6 +341,11 @@ class GraphRunner:
             try:
                 with torch.cuda.graph(self.graph):
                     runner.launch(flat, self.outputs, self.arena, self._words)
+                # the graph's kernel reads these tensor maps: keep them as long as the graph
+                self._tensor_maps = (runner.tensor_maps.buffer([t.data_ptr() for t in flat],
+                                                               [t.data_ptr() for t in self.outputs],
+                                                               self.arena.data_ptr())
+                                     if runner.tensor_maps else None)
             finally:
                 self._restore(snapshot)
                 torch.cuda.synchronize(device)

@@ -1,0 +1,158 @@
+"""The TMA (bulk tensor copy) wgmma pipeline and the batched GEMM epilogue, checked without a GPU.
+
+``Options(gemm_copy="tma")``: every pipelined wgmma GEMM copies its operand tiles with
+``cp.async.bulk.tensor.2d`` completing on mbarriers, the launch contract lists one tensor map per
+operand box (buffer, extents, stride, box, 128-byte swizzle) and the kernel takes them through a
+``tmaps`` parameter; the kernel compiles for sm_90a without spills. The default keeps cp.async and
+no tensor maps. The runtime's argument packing and the map cache are checked with a fake encoder.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tkx
+from tkx.codegen import abi
+from tkx.codegen import gemm as G
+from tkx.codegen.nvrtc import nvrtc_available
+from tkx.examples import get
+from tkx.options import Options
+from tkx.runtime import tma as rtma
+from tkx.runtime.runner import pack_args
+
+
+def _cuda(name: str, **opts):
+    ex = get(name)
+    exp = tkx.explore(ex.step_fn, ex.make_inputs(0, "cpu"), options=Options(arch="sm_90a", **opts),
+                      loss=ex.loss_output)
+    return exp.cuda
+
+
+@pytest.fixture(scope="module")
+def small_tma():
+    return _cuda("small", gemm_copy="tma")
+
+
+def test_tma_kernel_text_and_contract(small_tma):
+    src = small_tma
+    text = src.text
+    assert "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes" in text
+    assert "mbarrier.arrive.expect_tx" in text and "mbarrier.try_wait.parity" in text
+    assert "cp.async.cg.shared.global" not in text  # every pipelined GEMM of small takes TMA
+    maps = src.launch.tensor_maps
+    assert maps, "no tensor maps in the launch contract"
+    assert [p.role for p in src.launch.params][-1] == "tensormaps"
+    assert "const unsigned char* __restrict__ tmaps" in text
+    gemms = [g for g in src.schedule.groups.values() if g.kind in ("gemm", "gemm_partial")
+             and g.plan.impl.startswith("wgmma") and not (g.kind == "gemm" and g.plan.split_k > 1)]
+    assert gemms and all(src.notes[g.id].get("copies") == "tma" for g in gemms), \
+        {g.id: src.notes[g.id] for g in gemms}
+    for m in maps:
+        assert m.role in ("input", "output", "arena") and m.dtype == "bfloat16" and m.swizzle == 128
+        assert m.stride_bytes % 16 == 0 and m.offset_bytes % 16 == 0
+        assert m.box[0] * 2 == 128 and m.box[1] <= 256, m  # one 128-byte swizzle row inner
+        assert m.stride_bytes >= m.dims[0] * 2
+        if m.role == "input":
+            shape = src.schedule.program.inputs[m.index].value.shape
+            assert sorted(m.dims) == sorted(shape[-2:]), (m, shape)
+    # the maps are distinct (one per buffer view and box), indices in the text exist
+    assert len(set(maps)) == len(maps)
+    assert f"tmaps + {(len(maps) - 1) * 128})" in text
+
+
+def test_default_keeps_cp_async():
+    src = _cuda("small")
+    assert not src.launch.tensor_maps
+    assert "tmaps" not in [p.name for p in src.launch.params]
+    assert "cp.async.bulk.tensor" not in src.text and "cp.async.cg.shared.global" in src.text
+
+
+@pytest.mark.skipif(not nvrtc_available()[0], reason="NVRTC unavailable")
+def test_tma_kernel_compiles_for_sm90a_without_spills(small_tma):
+    from tkx.runtime.kernel import compile_cubin
+
+    b = compile_cubin(small_tma, "sm_90a", cache=False)
+    assert b.report.spill_store_bytes == 0 and b.report.spill_load_bytes == 0, b.report
+    assert b.report.stack_bytes == 0
+
+
+def test_stage_count_follows_the_shared_budget():
+    assert G.wgmma_stages(24576, 16, None) == G.WGMMA_STAGES
+    assert G.wgmma_stages(24576, 16, 227 * 1024) == 8  # 8 x 24 KiB fit in 227 KiB
+    assert G.wgmma_stages(32768, 16, 227 * 1024) == 7
+    assert G.wgmma_stages(32768, 3, 227 * 1024) == 4  # K has 3 steps: all in flight, no more
+    assert G.wgmma_stages(32768, 16, 100 * 1024) == 3
+    assert G.wgmma_stages(65536, 16, 64 * 1024) == 2  # never fewer than double buffering
+
+
+def test_batched_epilogue_moves_loads_before_stores():
+    def epi(bat, row, col, acc):
+        return "\n".join([f"const long long tkx_e = ((long long){row} * 64 + {col});",
+                          f"const float v_mm = {acc};  // mm: mm",
+                          "const float v_add = v_mm + tkx_ld_bf16(in1, tkx_e);  // add: add",
+                          "tkx_st_bf16(out0, tkx_e, v_add);  // store add -> output[0]"])
+    comp, stores = G._batched_epilogue(epi, 4)
+    assert len(comp) == 12 and len(stores) == 4
+    assert all(s.startswith("tkx_st_bf16(out0, tkxE") for s in stores)
+    assert "tkxE3_v_add = tkxE3_v_mm + tkx_ld_bf16(in1, tkxE3_tkx_e)" in comp[-1]
+    assert comp[1].endswith("// mm: mm") and "//" not in comp[4]  # element 0 keeps the op comments
+    # a statement that is not a declaration or a store: keep the rolled loop
+    assert G._batched_epilogue(lambda b, r, c, a: f"if ({r} < 3) x[{c}] = {a};", 4) is None
+
+
+def test_batched_epilogue_in_the_tile_code():
+    p = G.GemmProblem(256, 256, 128, dtype="bfloat16")
+
+    def ld(b, r, c):
+        return f"tkx_ld_bf16(A, {r} * 128 + {c})"
+
+    def epi(b, r, c, acc):
+        return f"const long long tkx_e = ((long long){r} * 256 + {c});\ntkx_st_f32(C, tkx_e, {acc});"
+    code = G.emit_gemm("wgmma_bf16", p, ld, ld, epi, tile_m=128, tile_n=128, tile_k=64,
+                       ptr_a=lambda b, r, k: f"(A + {r} * 128 + {k})", ptr_b=lambda b, k, c: f"(B + {k} * 256 + {c})")
+    assert f"{G.EPILOGUE_BATCH} elements per thread and pass" in code.code
+    ragged = G.GemmProblem(200, 256, 128, dtype="bfloat16")  # row guards: one element per iteration
+    code = G.emit_gemm("wgmma_bf16", ragged, ld, ld, epi, tile_m=128, tile_n=128, tile_k=64,
+                       ptr_a=lambda b, r, k: f"(A + {r} * 128 + {k})", ptr_b=lambda b, k, c: f"(B + {k} * 256 + {c})")
+    assert "kept rolled" in code.code
+
+
+def test_pack_args_passes_the_tensor_maps():
+    params = [abi.Param("in0", "const float*", "input", 0), abi.Param("arena", "unsigned char*", "arena"),
+              abi.Param("tmaps", "const unsigned char*", "tensormaps")]
+    assert pack_args(params, [10], [], 20, 30, 40, tensormaps=50) == [10, 20, 50]
+    with pytest.raises(tkx.TkxError, match="tensor maps"):
+        pack_args(params, [10], [], 20, 30, 40)
+
+
+def test_tensor_map_cache_encodes_once_per_address_set(monkeypatch):
+    specs = (abi.TensorMapSpec("input", 0, 0, "bfloat16", (64, 128), 128, (64, 64)),
+             abi.TensorMapSpec("arena", -1, 4096, "bfloat16", (128, 64), 256, (64, 64)))
+    calls = []
+
+    def fake_encode(spec, base):
+        calls.append((spec, base))
+        return bytes([len(calls)]) * rtma.MAP_BYTES
+    monkeypatch.setattr(rtma, "encode", fake_encode)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: self)
+    maps = rtma.TensorMaps(specs, torch.device("cpu"))
+    first = maps.buffer([1 << 20], [], 1 << 30)
+    assert first.numel() == 256 and [b for _, b in calls] == [1 << 20, 1 << 30]
+    again = maps.buffer([1 << 20], [], 1 << 30)
+    assert again is first and maps.encodes == 1
+    maps.buffer([1 << 21], [], 1 << 30)
+    assert maps.encodes == 2
+
+
+def test_misaligned_operand_is_refused_with_advice():
+    spec = abi.TensorMapSpec("input", 0, 2, "bfloat16", (64, 64), 128, (64, 64))
+    with pytest.raises(rtma.TensorMapError, match="gemm_copy='cp.async'"):
+        rtma.encode(spec, 1 << 20)
+
+
+def test_wgmma_declines_when_no_tile_fits_the_registers():
+    from tkx.target import GemmProblem, choose_gemm
+
+    plan = choose_gemm(GemmProblem(256, 4096, 1024, dtype="bfloat16"), Options(threads_per_block=512), "sm_90a")
+    assert not plan.impl.startswith("wgmma") and "no tile of 512 threads fits" in plan.why
