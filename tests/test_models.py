@@ -370,6 +370,24 @@ def test_max_pool2d_gradient_goes_to_the_first_maximum_and_avg_pool2d():
     check_step(step, (x,))
 
 
+def test_the_float64_arbiter_finds_the_maximum_it_computed():
+    """verify()'s float64 reference kept amax's result rounded to float32, so `x == x.amax()` (argmax,
+    max.dim, max_pool2d's backward) matched no element and its index check fired on the GPU (the
+    cnn_digits failure of the H200 runs): the arbiter must give eager's indices and gradients."""
+    from tkx.runtime.verify import reference_fp64
+
+    def step(x):
+        g, value = torch.func.grad_and_value(lambda x: (F.max_pool2d(x / 7, 2) * 3).sum())(x)
+        return value, g, (x / 7).argmax(dim=-1), (x / 7).min(dim=1)[1]
+
+    x = f(2, 3, 6, 6)  # x / 7 in float64 has digits beyond float32's
+    exp = tkx.explore(step, (x,))
+    got = reference_fp64(exp.optimized, [x])
+    want = step(x)
+    assert torch.equal(got[2], want[2]) and torch.equal(got[3], want[3])
+    assert torch.allclose(got[1].float(), want[1]) and got[1].dtype == torch.float64
+
+
 def test_grouped_conv2d_is_refused_with_the_line():
     def step(x, w):
         return F.conv2d(x, w, groups=2)

@@ -227,6 +227,18 @@ def reference_fp64(program: Any, flat: Sequence[torch.Tensor]) -> list[torch.Ten
             result = args[0].double()
         elif op.kind == "fill" and floating:
             result = torch.full(op.out.shape, float(op.attr("value")), dtype=torch.float64, device=device)
+        elif op.kind in ("amax", "amin") and op.out.dtype == "float32":
+            # the op table's reference rounds to the op's dtype: a float32 extreme of float64 elements would
+            # then equal none of them, and `x == x.amax()` (argmax, max_pool2d's backward) would find no hit
+            dims, keep = tuple(op.attr("dims", ())), bool(op.attr("keepdim", False))
+            fn = torch.amax if op.kind == "amax" else torch.amin
+            result = fn(args[0].double(), dim=dims, keepdim=keep) if dims else args[0].double().clone()
+        elif op.kind == "where" and op.out.dtype == "float32":
+            cond, a, b = args
+            cond = cond.bool() if isinstance(cond, torch.Tensor) else torch.tensor(bool(cond), device=device)
+            a, b = (t.double() if isinstance(t, torch.Tensor) else torch.tensor(float(t), dtype=torch.float64,
+                                                                                device=device) for t in (a, b))
+            result = torch.where(cond, a, b)
         else:  # a cast to bf16/fp16 rounds as the step asks; float32 results stay float64
             result = evaluate(op, args, device)
         result = result.double() if floating else result.to(TORCH[op.out.dtype])
