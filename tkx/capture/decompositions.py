@@ -94,6 +94,22 @@ def _check_index_fake(x, lo, hi, ignore, what):
     return torch.empty_like(x)
 
 
+@torch.library.custom_op("tkx::order_key", mutates_args=())
+def order_key(x: torch.Tensor) -> torch.Tensor:
+    """int64 keys of float ``x`` ordered as ``torch.max`` compares (see :func:`tkx.ops.order_key`).
+
+    Lowered to the IR op ``order_key``; argmax, ``max.dim`` and ``max_pool2d`` pack it with the
+    position so that one exact integer ``amax`` gives the first maximum.
+    """
+    from ..ops import order_key as keys
+    return keys(x)
+
+
+@order_key.register_fake
+def _order_key_fake(x):
+    return torch.empty(x.shape, dtype=torch.int64, device=x.device)
+
+
 def checked_one_hot(labels: torch.Tensor, num_classes: int = -1) -> torch.Tensor:
     """``F.one_hot`` whose labels are checked against ``[0, num_classes)`` first."""
     if num_classes < 0:
@@ -363,6 +379,10 @@ def _std(x, dim=None, *, correction=None, keepdim=False):
     return torch.sqrt(_var(x, dim, correction=correction, keepdim=keepdim))
 
 
+#: The packed keys of :func:`_extreme_and_index` hold the position in their low 32 bits.
+_POSITION_SPAN = 2**32
+
+
 def _extreme_and_index(x, dim, keepdim, largest: bool):
     """(values, first index holding them) along ``dim``; NaN is the maximum (and the minimum), as in torch."""
     if dim is None:
@@ -375,8 +395,15 @@ def _extreme_and_index(x, dim, keepdim, largest: bool):
     shape = [1] * x.dim()
     shape[d] = n
     pos = torch.arange(n, device=x.device).reshape(shape)
-    hit = (x == v) | (x != x)
-    idx = torch.amin(torch.where(hit, pos, n), d, keepdim=True)
+    if x.is_floating_point():
+        # one exact integer max of (order key, n - 1 - position): the first extreme, NaN first; it reads
+        # x once and cannot miss (comparing x with its own max needs the two reads to agree bit for bit)
+        key = torch.ops.tkx.order_key(x if largest else -x)
+        best = torch.amax(key * _POSITION_SPAN + ((n - 1) - pos), d, keepdim=True)
+        idx = (n - 1) - torch.remainder(best, _POSITION_SPAN)
+    else:  # integers and booleans compare exactly
+        hit = x == v
+        idx = torch.amin(torch.where(hit, pos, n), d, keepdim=True)
     if not keepdim:
         v, idx = v.squeeze(d), idx.squeeze(d)
     return v, idx
