@@ -404,6 +404,19 @@ def test_cnn_digits_through_every_cpu_stage():
     assert "philox" in kinds and "gather" in kinds
 
 
+def test_train_cnn_side_by_side_through_the_schedule_interpreter_on_the_cpu():
+    """The smoke test of `python -m tkx.train_cnn` (the gpu-check `cnn` step runs it with the kernel)."""
+    from tkx.train_cnn import train
+
+    report = train(steps=2, device="cpu")
+    assert report["backend"] == "interpreter" and report["steps"] == 2 and len(report["tkx_loss"]) == 2
+    assert report["max_rel_loss_diff"] < 1e-5 and report["rng_offsets_agree"]  # the same dropout masks
+    assert abs(report["test_accuracy_tkx"] - report["test_accuracy_eager"]) < 0.02
+    assert report["eager_loss"][1] != report["eager_loss"][0]  # the step trained
+    with pytest.raises(tkx.TkxError, match="kernel backend needs a CUDA GPU"):
+        train(steps=1, device="cpu", backend="kernel")
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cnn_digits_verifies_and_trains_on_the_gpu():
