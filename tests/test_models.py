@@ -404,6 +404,25 @@ def test_cnn_digits_through_every_cpu_stage():
     assert "philox" in kinds and "gather" in kinds
 
 
+def test_verify_accepts_any_philox_state_but_refuses_a_label_out_of_range():
+    """A guessed range (here the example state's [0, 1)) only says what to draw; make_inputs(1)'s
+    state [1, 0] stopped cnn_digits' verify on the H200 until guesses stopped being checked."""
+    from torch.utils._pytree import tree_flatten
+
+    from tkx.runtime import verify as V
+
+    ex = tkx.examples.get("cnn_digits")
+    program = tkx.explore(ex.step_fn, ex.make_inputs(0)).program
+    ranges = V.integer_ranges(program, tree_flatten(ex.make_inputs(0))[0])
+    flat = tree_flatten(ex.make_inputs(1))[0]
+    V.check_integer_ranges(flat, ranges, 1)
+    rng = next(i for i, s in enumerate(program.inputs) if s.name == "rng")
+    assert not ranges[rng].binding and ranges[rng].why == "the example input's range"
+    flat[-1] = torch.full_like(flat[-1], 10)  # y: a class index, checked by the loss
+    with pytest.raises(V.InputRangeError, match="input y of seed 1"):
+        V.check_integer_ranges(flat, ranges, 1)
+
+
 def test_train_cnn_side_by_side_through_the_schedule_interpreter_on_the_cpu():
     """The smoke test of `python -m tkx.train_cnn` (the gpu-check `cnn` step runs it with the kernel)."""
     from tkx.train_cnn import train
