@@ -378,13 +378,15 @@ def test_the_float64_arbiter_finds_the_maximum_it_computed():
 
     def step(x):
         g, value = torch.func.grad_and_value(lambda x: (F.max_pool2d(x / 7, 2) * 3).sum())(x)
-        return value, g, (x / 7).argmax(dim=-1), (x / 7).min(dim=1)[1]
+        y = x / 7
+        return value, g, y.argmax(dim=-1), y.min(dim=1)[1], (y == y.amax(-1, keepdim=True)).sum()
 
     x = f(2, 3, 6, 6)  # x / 7 in float64 has digits beyond float32's
     exp = tkx.explore(step, (x,))
     got = reference_fp64(exp.optimized, [x])
     want = step(x)
     assert torch.equal(got[2], want[2]) and torch.equal(got[3], want[3])
+    assert float(got[4]) == float(want[4]) == 2 * 3 * 6  # one maximum per row, as a user's one-hot finds it
     assert torch.allclose(got[1].float(), want[1]) and got[1].dtype == torch.float64
 
 
@@ -421,6 +423,46 @@ def test_verify_accepts_any_philox_state_but_refuses_a_label_out_of_range():
     flat[-1] = torch.full_like(flat[-1], 10)  # y: a class index, checked by the loss
     with pytest.raises(V.InputRangeError, match="input y of seed 1"):
         V.check_integer_ranges(flat, ranges, 1)
+
+
+class InterpreterRunner:
+    """A stand-in kernel for :func:`tkx.runtime.verify.verify` on a CPU: the schedule interpreter
+    (the kernel's groups, stages and arena, computed with torch)."""
+
+    def __init__(self, step, inputs):
+        from tkx.runtime.inputs import allocate_outputs, flatten_args
+        exp = tkx.explore(step, inputs)
+        self.program, self.schedule, self.arena = exp.optimized, exp.schedule, exp.arena
+        self.options, self.device, self.step_fn = tkx.Options(), torch.device("cpu"), step
+        self._alloc, self._flat = allocate_outputs, flatten_args
+        # as runtime.build() keeps them: verify() guesses the ranges of unconstrained integers from these
+        self.example_integers = [None if t.is_floating_point() else t for t in self.flatten(inputs)]
+
+    def flatten(self, args):
+        return self._flat(self.program, args)
+
+    def allocate_outputs(self):
+        return self._alloc(self.program, self.device)
+
+    def new_arena(self):
+        return torch.empty(16, dtype=torch.uint8)
+
+    def run_flat(self, flat, *, out=None, arena=None, check=True):
+        from tkx.schedule.interpreter import run
+        result = run(self.schedule, self.arena, flat, update_inputs=True)
+        for o, v in zip(out, result.outputs):
+            o.copy_(v)
+        return out
+
+
+def test_cnn_digits_verify_passes_end_to_end_on_the_cpu():
+    """The whole of verify() (eager, the reference, the float64 arbiter, integer ranges, two seeds)
+    with the schedule interpreter in the kernel's place: what stopped cnn_digits on the H200."""
+    from tkx.runtime import verify as V
+
+    ex = tkx.examples.get("cnn_digits")
+    result = V.verify(InterpreterRunner(ex.step_fn, ex.make_inputs(0)), seeds=(0, 1), make_inputs=ex.make_inputs)
+    assert result.passed, result.summary()
 
 
 def test_train_cnn_side_by_side_through_the_schedule_interpreter_on_the_cpu():
