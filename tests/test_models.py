@@ -343,6 +343,93 @@ def test_bf16_compute_with_fp32_masters():
     assert "bfloat16" in {op.out.dtype for op in exp.program.ops}
 
 
+def _tiny_model(*layers):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*layers)
+    return model, {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+def test_bf16_autocast_forward_with_fp32_master_weights_and_adamw():
+    """As people write it: an nn.Module called through functional_call under torch.autocast(bfloat16),
+    the loss in fp32, AdamW (bias-corrected, decoupled decay) on the fp32 masters with a tensor step count."""
+    model, params = _tiny_model(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32),
+                                torch.nn.Linear(32, 4))
+
+    def loss_fn(params, x, y):
+        with torch.autocast(device_type=x.device.type, dtype=torch.bfloat16):
+            logits = torch.func.functional_call(model, params, (x,))
+        return F.cross_entropy(logits.float(), y)
+
+    def step(params, m, v, t, x, y):
+        grads, loss = torch.func.grad_and_value(loss_fn)(params, x, y)
+        t.add_(1)
+        for k, p in params.items():
+            g = grads[k]
+            m[k].mul_(0.9).add_(g, alpha=0.1)
+            v[k].mul_(0.999).addcmul_(g, g, value=0.001)
+            m_hat, v_hat = m[k] / (1 - 0.9 ** t), v[k] / (1 - 0.999 ** t)
+            p.mul_(1 - 1e-3 * 0.01).sub_(1e-3 * m_hat / (v_hat.sqrt() + 1e-8))
+        return loss
+
+    zeros = {k: torch.zeros_like(p) for k, p in params.items()}
+    inputs = (params, zeros, {k: z.clone() for k, z in zeros.items()}, torch.zeros(()), f(8, 16),
+              torch.randint(0, 4, (8,), generator=g))
+    exp = check_step(step, inputs, rtol=2e-2, atol=2e-3)
+    assert {"bfloat16", "float32"} <= {op.out.dtype for op in exp.program.ops}
+    assert any(op.kind == "mm" and op.out.dtype == "bfloat16" for op in exp.program.ops)
+
+
+def test_fp16_autocast_with_dynamic_loss_scaling_written_out():
+    """GradScaler's logic written by hand: scaled loss, unscaled gradients, one isfinite/all check over
+    every gradient, the momentum-SGD update skipped with torch.where, the scale backed off after an
+    overflow and grown every 2 good steps (an int32 growth tracker), all in place."""
+    model, params = _tiny_model(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+
+    def loss_fn(params, x, y):
+        with torch.autocast(device_type=x.device.type, dtype=torch.float16):
+            logits = torch.func.functional_call(model, params, (x,))
+        return F.cross_entropy(logits.float(), y)
+
+    def step(params, buf, scale, growth, x, y):
+        grads, scaled = torch.func.grad_and_value(lambda p: loss_fn(p, x, y) * scale)(params)
+        grads = {k: g / scale for k, g in grads.items()}
+        finite = torch.stack([torch.isfinite(g).all() for g in grads.values()]).all()
+        for k, p in params.items():
+            new_buf = buf[k] * 0.9 + grads[k]
+            buf[k].copy_(torch.where(finite, new_buf, buf[k]))
+            p.copy_(torch.where(finite, p - 0.1 * new_buf, p))
+        grown = growth + 1
+        scale.copy_(torch.where(finite, torch.where(grown >= 2, scale * 2.0, scale), scale * 0.5))
+        growth.copy_(torch.where(finite & (grown < 2), grown, torch.zeros_like(growth)))
+        return scaled / scale, finite
+
+    x, y = f(8, 16), torch.randint(0, 4, (8,), generator=g)
+    for s, skipped in ((1024.0, False), (1e30, True)):  # 1e30: the fp16 gradients overflow
+        inputs = ({k: v.clone() for k, v in params.items()}, {k: torch.zeros_like(v) for k, v in params.items()},
+                  torch.tensor(s), torch.tensor(1, dtype=torch.int32), x, y)
+        exp = check_step(step, inputs, rtol=2e-3, atol=1e-3)
+        assert bool(step(*inputs)[1]) is not skipped
+    assert "float16" in {op.out.dtype for op in exp.program.ops}
+
+
+def test_gradscaler_kernels_unscale_and_update_scale():
+    """The two ATen ops torch.amp.GradScaler calls (unscale_ and update), for a step that ports it."""
+    def step(w, grad, scale, found_inf, growth):
+        torch._amp_foreach_non_finite_check_and_unscale_([grad], found_inf, 1.0 / scale)
+        w.copy_(torch.where(found_inf == 0, w - 0.1 * grad, w))
+        torch._amp_update_scale_(scale, growth, found_inf, 2.0, 0.5, 2)
+        return grad * 1.0
+
+    for bad, tracker in ((False, 1), (True, 0)):  # a good step that grows the scale; an overflow
+        grad = f(4).half()
+        grad[1] = float("inf") if bad else 1.0
+        inputs = (f(4), grad, torch.tensor(1024.0), torch.zeros(()), torch.tensor(tracker, dtype=torch.int32))
+        check_step(step, inputs)
+        eager = [t.clone() for t in inputs]
+        step(*eager)
+        assert float(eager[2]) == (512.0 if bad else 2048.0) and int(eager[4]) == 0
+
+
 # -- convolution and pooling -------------------------------------------------------------------
 
 

@@ -447,6 +447,30 @@ def _embedding_dense_backward(grad_output, indices, num_weights, padding_idx, sc
     return g.new_zeros(num_weights, d).index_put((idx,), g, accumulate=True)
 
 
+def _amp_unscale(grads, found_inf, inv_scale):
+    """``torch._amp_foreach_non_finite_check_and_unscale_`` (GradScaler.unscale_): every gradient times
+    ``inv_scale``; ``found_inf`` becomes 1.0 when any gradient holds an inf or a NaN."""
+    bad = found_inf
+    out = []
+    for g in grads:
+        out.append(g * inv_scale)
+        bad = torch.maximum(bad, torch.logical_not(torch.isfinite(g)).any().to(found_inf.dtype))
+    return out, bad
+
+
+def _amp_update_scale(scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval):
+    """``torch._amp_update_scale_`` (GradScaler.update): back off and reset the tracker after an inf,
+    else count the good step and grow the scale (when the grown scale is finite) every
+    ``growth_interval`` good steps."""
+    found = found_inf != 0
+    good = growth_tracker + 1
+    grow = good == growth_interval
+    grown = scale * growth_factor
+    new_scale = torch.where(found, scale * backoff_factor, torch.where(grow & torch.isfinite(grown), grown, scale))
+    new_tracker = torch.where(found | grow, torch.zeros_like(good), good)
+    return new_scale, new_tracker
+
+
 def _foreach_norm(tensors, ord=2, dtype=None):
     return [torch.linalg.vector_norm(t, ord) for t in tensors]
 
@@ -463,6 +487,8 @@ def decomposition_table() -> dict[torch._ops.OpOverload, Callable]:
                    (aten.argmin.default, _argmin), (aten.any.default, _any), (aten.any.dim, _any),
                    (aten.any.dims, _any), (aten.all.default, _all), (aten.all.dim, _all), (aten.all.dims, _all),
                    (aten._foreach_norm.Scalar, _foreach_norm),
+                   (aten._amp_foreach_non_finite_check_and_unscale.default, _amp_unscale),
+                   (aten._amp_update_scale.default, _amp_update_scale),
                    (aten.embedding_dense_backward.default, _embedding_dense_backward)):
         table[op] = fn
     table.update(USER_DECOMPOSITIONS)
