@@ -114,22 +114,33 @@ def _bn_step(training):
     return step
 
 
-@pytest.mark.parametrize("shape", [(16, 4), (4, 3, 5, 5)], ids=["1d", "2d"])
-def test_batch_norm_training_updates_running_stats_in_place_as_eager(shape):
-    c = shape[1]
-    inputs = (f(c) + 1, f(c), f(c), torch.rand(c, generator=g) + 0.5, f(*shape) * 2 + 1)
-    exp = check_step(_bn_step(True), inputs)  # compares the running stats after the step with eager's
-    assert sorted(u.input_index for u in exp.program.updates) == [2, 3]
-    # and eager's nn.BatchNorm module agrees with what the reference interpreter wrote in place
-    module = (torch.nn.BatchNorm1d if len(shape) == 2 else torch.nn.BatchNorm2d)(c)
-    with torch.no_grad():
-        module.weight.copy_(inputs[0]), module.bias.copy_(inputs[1])
-        module.running_mean.copy_(inputs[2]), module.running_var.copy_(inputs[3])
-        module.train()(inputs[4])
-    mine = [t.clone() for t in inputs]
-    tkx.reference.run(exp.optimized, mine, update_inputs=True)
-    torch.testing.assert_close(mine[2], module.running_mean, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(mine[3], module.running_var, rtol=1e-5, atol=1e-6)
+
+class _SelfAttention(torch.nn.Module):
+    def __init__(self, need_weights):
+        super().__init__()
+        self.attn, self.need_weights = torch.nn.MultiheadAttention(16, 2, batch_first=True), need_weights
+
+    def forward(self, x):
+        causal = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool, device=x.device).tril().logical_not()
+        return self.attn(x, x, x, attn_mask=causal, need_weights=self.need_weights)[0]
+
+
+@pytest.mark.parametrize("layer", ["multihead_attention", "multihead_attention_weights", "transformer_encoder_layer"])
+def test_torch_nn_attention_modules(layer):
+    """nn.MultiheadAttention (with and without its weights) and nn.TransformerEncoderLayer as people call
+    them: their inner scaled_dot_product_attention runs as its math, not torch's fused CPU/CUDA kernel."""
+    torch.manual_seed(0)
+    model = (torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+             if layer == "transformer_encoder_layer" else _SelfAttention(need_weights=layer.endswith("weights")))
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+
+    def step(params, x):
+        grads, value = torch.func.grad_and_value(
+            lambda p: torch.func.functional_call(model, p, (x,)).square().sum())(params)
+        return value, grads
+
+    exp = check_step(step, (params, f(2, 5, 16)), nvrtc=layer == "transformer_encoder_layer")
+    assert {"bmm", "amax", "exp"} <= {op.kind for op in exp.program.ops}
 
 
 def test_batch_norm_eval_uses_running_stats():

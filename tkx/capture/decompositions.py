@@ -301,10 +301,28 @@ def _max_pool2d_dispatch(*args: Any, **kwargs: Any) -> Any:
     return max_pool2d_math(*args, **kwargs)
 
 
+_MULTI_HEAD_ATTENTION = torch.nn.functional.multi_head_attention_forward
+
+
+def multi_head_attention_math(*args: Any, **kwargs: Any) -> Any:
+    """``F.multi_head_attention_forward`` (``nn.MultiheadAttention``, ``nn.TransformerEncoderLayer``)
+    with its inner ``scaled_dot_product_attention`` (``need_weights=False``) written out by
+    :func:`attention_math`: torch calls it from Python below the level tkx intercepts, where it would
+    reach a fused kernel (``_scaled_dot_product_flash_attention``) that has no tkx lowering."""
+    module = torch.nn.functional
+    saved = module.scaled_dot_product_attention
+    module.scaled_dot_product_attention = attention_math
+    try:
+        return _MULTI_HEAD_ATTENTION(*args, **kwargs)
+    finally:
+        module.scaled_dot_product_attention = saved
+
+
 #: torch functions replaced while tracing (composite ops torch decomposes before any table sees them).
 FUNCTION_OVERRIDES: dict[Callable, Callable] = {
     torch.nn.functional.one_hot: checked_one_hot,
     torch.nn.functional.scaled_dot_product_attention: attention_math,
+    torch.nn.functional.multi_head_attention_forward: multi_head_attention_math,
     torch.nn.functional.conv2d: conv2d_math, torch.conv2d: conv2d_math,
     torch.nn.functional.max_pool2d: _max_pool2d_dispatch, torch.max_pool2d: _max_pool2d_dispatch,
     torch.nn.functional.max_pool2d_with_indices: lambda *a, **k: max_pool2d_math(*a, **{**k, "return_indices": True}),
