@@ -170,6 +170,20 @@ def swiglu(x, w_gate, w_up, w_down):
     return (F.silu(x @ w_gate) * (x @ w_up)) @ w_down
 
 
+def test_group_norm_as_in_a_cnn():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(2, 4, 3, padding=1), torch.nn.GroupNorm(2, 4), torch.nn.SiLU())
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+
+    def step(params, x):
+        grads, value = torch.func.grad_and_value(
+            lambda p, x: torch.func.functional_call(model, p, (x,)).square().mean(), argnums=(0, 1))(params, x)
+        return value, grads
+
+    exp = check_step(step, (params, f(2, 2, 6, 6)))
+    assert "rsqrt" in {op.kind for op in exp.program.ops}
+
+
 def test_rms_norm_rope_and_swiglu():
     def step(x, w, positions, w_gate, w_up, w_down):
         def loss(w, w_gate, w_up, w_down):
