@@ -170,6 +170,23 @@ def swiglu(x, w_gate, w_up, w_down):
     return (F.silu(x @ w_gate) * (x @ w_up)) @ w_down
 
 
+def test_multihead_attention_dropout_draws_from_philox_in_eager_and_tkx_alike():
+    torch.manual_seed(0)
+    attn = torch.nn.MultiheadAttention(8, 2, dropout=0.25, batch_first=True)
+    params = {k: v.detach().clone() for k, v in attn.named_parameters()}
+
+    def step(params, x, state):
+        with tkx.random.philox(state):
+            grads, value = torch.func.grad_and_value(lambda p: torch.func.functional_call(
+                attn, p, (x, x, x), {"need_weights": False})[0].square().sum())(params)
+        return value, grads
+
+    check_step(step, (params, f(2, 6, 8), tkx.random.philox_state(5)), nvrtc=False)
+    x = f(2, 6, 8)
+    a, b = (step(params, x, tkx.random.philox_state(s))[0] for s in (5, 6))
+    assert torch.equal(a, step(params, x, tkx.random.philox_state(5))[0]) and not torch.equal(a, b)
+
+
 def test_group_norm_as_in_a_cnn():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(2, 4, 3, padding=1), torch.nn.GroupNorm(2, 4), torch.nn.SiLU())

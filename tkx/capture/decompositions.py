@@ -22,6 +22,7 @@ lowering rejects.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -304,16 +305,22 @@ def _max_pool2d_dispatch(*args: Any, **kwargs: Any) -> Any:
 
 
 _MULTI_HEAD_ATTENTION = torch.nn.functional.multi_head_attention_forward
+_TORCH_SDPA = torch.nn.functional.scaled_dot_product_attention
 
 
-def multi_head_attention_math(*args: Any, **kwargs: Any) -> Any:
+def multi_head_attention_math(*args: Any, dropout: Callable | None = None, **kwargs: Any) -> Any:
     """``F.multi_head_attention_forward`` (``nn.MultiheadAttention``, ``nn.TransformerEncoderLayer``)
     with its inner ``scaled_dot_product_attention`` (``need_weights=False``) written out by
     :func:`attention_math`: torch calls it from Python below the level tkx intercepts, where it would
-    reach a fused kernel (``_scaled_dot_product_flash_attention``) that has no tkx lowering."""
+    reach a fused kernel (``_scaled_dot_product_flash_attention``) that has no tkx lowering. The name
+    in ``torch.nn.functional`` is swapped for the call; ``dropout`` (from :func:`tkx.random.philox`)
+    draws the attention dropout, and a swap made with it is kept by nested calls."""
     module = torch.nn.functional
     saved = module.scaled_dot_product_attention
-    module.scaled_dot_product_attention = attention_math
+    if dropout is not None:
+        module.scaled_dot_product_attention = functools.partial(attention_math, dropout=dropout)
+    elif saved is _TORCH_SDPA:
+        module.scaled_dot_product_attention = attention_math
     try:
         return _MULTI_HEAD_ATTENTION(*args, **kwargs)
     finally:
