@@ -79,6 +79,7 @@ class Kind(str, enum.Enum):
     CAST = "cast"
     CLAMP = "clamp"
     INDEX_CHECK = "index_check"
+    ORDER_KEY = "order_key"
     # pointwise, binary
     ADD = "add"
     SUB = "sub"
@@ -188,7 +189,7 @@ class OpDef:
     recompute only cheap producers); ``boolean``: the result is 0/1; ``int_exact``: the op
     is computed exactly in integer registers when its operands are integers (otherwise an
     integer result is refused at lowering); ``dtype``: ``"promote"`` (torch's promotion,
-    taken from the FX node), ``"bool"``, ``"float"`` (true division); ``reduction``: the
+    taken from the FX node), ``"bool"``, ``"float"`` (true division), ``"int64"`` (``order_key``); ``reduction``: the
     :class:`Reduction` of a reduction row; ``ref_takes_op``: ``ref`` is called as
     ``ref(op, args, device)`` (it needs attrs or the output dtype); ``statements``: the code
     generator emits the op as C statements of its own (index ops, ``index_check``), not from ``c``.
@@ -333,6 +334,20 @@ def _where_ref(op: Any, args: list[Any], device: torch.device) -> torch.Tensor:
 
 def _cast_ref(op: Any, args: list[Any], device: torch.device) -> torch.Tensor:
     return args[0].to(TORCH[op.out.dtype])
+
+
+def order_key(x: torch.Tensor) -> torch.Tensor:
+    """int64 keys that order float ``x`` as ``torch.max``/``argmax`` compare it: ``-0.0`` and ``+0.0``
+    get one key, every NaN the key ``2**31 - 1`` (above ``+inf``'s ``0x7f800000``); otherwise the
+    float32 bits read as an int32, negative values with their magnitude bits flipped, so that
+    ``a < b`` exactly when ``key(a) < key(b)``. Keys lie in ``(-2**31, 2**31)``, so
+    ``key * 2**32 + position`` fits an int64. ``x`` of any float dtype (converted to float32, exact
+    for bf16/fp16)."""
+    x = x.to(torch.float32).contiguous()
+    x = torch.where(x == 0, torch.zeros_like(x), x)
+    bits = x.view(torch.int32).to(torch.int64)
+    key = torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+    return torch.where(torch.isnan(x), torch.full_like(key, 2**31 - 1), key)
 
 
 def _clamp_ref(op: Any, args: list[Any], device: torch.device) -> torch.Tensor:
@@ -539,6 +554,10 @@ ROWS: tuple[OpDef, ...] = (
           "x, after checking attrs['lo'] <= x < attrs['hi'] (or x == attrs['ignore']); an index out of range sets "
           "the kernel's error word and the interpreters raise KernelError", (),
           _index_check_ref, None, int_exact=True, ref_takes_op=True, statements=True),
+    OpDef(Kind.ORDER_KEY, "pointwise", 1,
+          "int64 key ordering float x as torch.max compares it (-0.0 == +0.0, NaN above +inf): the exact "
+          "single-pass argmax of max.dim, argmax/argmin and max_pool2d", (), order_key,
+          lambda a, e: f"tkx_order_key({a})", int_exact=True, dtype="int64"),
     # binary pointwise
     OpDef(Kind.ADD, "pointwise", 2, "x + y", (), torch.add, _binary("+", "__fadd_rn"), commutative=True,
           int_exact=True),

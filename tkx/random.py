@@ -114,6 +114,9 @@ class _Philox(TorchFunctionMode):
         if func is F.scaled_dot_product_attention:
             from .capture.decompositions import attention_math
             return attention_math(*args, **kwargs, dropout=self.dropout)
+        if func is F.multi_head_attention_forward:  # nn.MultiheadAttention: its SDPA's dropout from Philox too
+            from .capture.decompositions import multi_head_attention_math
+            return multi_head_attention_math(*args, **kwargs, dropout=self.dropout)
         if func in (torch.rand, torch.randn):
             size = args[0] if len(args) == 1 and isinstance(args[0], (list, tuple, torch.Size)) else args
             if kwargs.pop("generator", None) is not None:

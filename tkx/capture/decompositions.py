@@ -22,6 +22,7 @@ lowering rejects.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -69,6 +70,8 @@ TORCH_DECOMPOSED = [
     aten._native_batch_norm_legit_functional, aten._batch_norm_with_update,
     aten._batch_norm_with_update_functional, aten._batch_norm_no_update, aten.native_batch_norm_backward,
     aten.batch_norm_backward,
+    # GroupNorm (nn.GroupNorm, F.group_norm) and its backward
+    aten.native_group_norm, aten.native_group_norm_backward,
 ]
 
 _REDUCTION_NONE, _REDUCTION_MEAN, _REDUCTION_SUM = 0, 1, 2
@@ -92,6 +95,22 @@ def check_index(x: torch.Tensor, lo: int, hi: int, ignore: int | None, what: str
 @check_index.register_fake
 def _check_index_fake(x, lo, hi, ignore, what):
     return torch.empty_like(x)
+
+
+@torch.library.custom_op("tkx::order_key", mutates_args=())
+def order_key(x: torch.Tensor) -> torch.Tensor:
+    """int64 keys of float ``x`` ordered as ``torch.max`` compares (see :func:`tkx.ops.order_key`).
+
+    Lowered to the IR op ``order_key``; argmax, ``max.dim`` and ``max_pool2d`` pack it with the
+    position so that one exact integer ``amax`` gives the first maximum.
+    """
+    from ..ops import order_key as keys
+    return keys(x)
+
+
+@order_key.register_fake
+def _order_key_fake(x):
+    return torch.empty(x.shape, dtype=torch.int64, device=x.device)
 
 
 def checked_one_hot(labels: torch.Tensor, num_classes: int = -1) -> torch.Tensor:
@@ -285,10 +304,34 @@ def _max_pool2d_dispatch(*args: Any, **kwargs: Any) -> Any:
     return max_pool2d_math(*args, **kwargs)
 
 
+_MULTI_HEAD_ATTENTION = torch.nn.functional.multi_head_attention_forward
+_TORCH_SDPA = torch.nn.functional.scaled_dot_product_attention
+
+
+def multi_head_attention_math(*args: Any, dropout: Callable | None = None, **kwargs: Any) -> Any:
+    """``F.multi_head_attention_forward`` (``nn.MultiheadAttention``, ``nn.TransformerEncoderLayer``)
+    with its inner ``scaled_dot_product_attention`` (``need_weights=False``) written out by
+    :func:`attention_math`: torch calls it from Python below the level tkx intercepts, where it would
+    reach a fused kernel (``_scaled_dot_product_flash_attention``) that has no tkx lowering. The name
+    in ``torch.nn.functional`` is swapped for the call; ``dropout`` (from :func:`tkx.random.philox`)
+    draws the attention dropout, and a swap made with it is kept by nested calls."""
+    module = torch.nn.functional
+    saved = module.scaled_dot_product_attention
+    if dropout is not None:
+        module.scaled_dot_product_attention = functools.partial(attention_math, dropout=dropout)
+    elif saved is _TORCH_SDPA:
+        module.scaled_dot_product_attention = attention_math
+    try:
+        return _MULTI_HEAD_ATTENTION(*args, **kwargs)
+    finally:
+        module.scaled_dot_product_attention = saved
+
+
 #: torch functions replaced while tracing (composite ops torch decomposes before any table sees them).
 FUNCTION_OVERRIDES: dict[Callable, Callable] = {
     torch.nn.functional.one_hot: checked_one_hot,
     torch.nn.functional.scaled_dot_product_attention: attention_math,
+    torch.nn.functional.multi_head_attention_forward: multi_head_attention_math,
     torch.nn.functional.conv2d: conv2d_math, torch.conv2d: conv2d_math,
     torch.nn.functional.max_pool2d: _max_pool2d_dispatch, torch.max_pool2d: _max_pool2d_dispatch,
     torch.nn.functional.max_pool2d_with_indices: lambda *a, **k: max_pool2d_math(*a, **{**k, "return_indices": True}),
@@ -363,6 +406,10 @@ def _std(x, dim=None, *, correction=None, keepdim=False):
     return torch.sqrt(_var(x, dim, correction=correction, keepdim=keepdim))
 
 
+#: The packed keys of :func:`_extreme_and_index` hold the position in their low 32 bits.
+_POSITION_SPAN = 2**32
+
+
 def _extreme_and_index(x, dim, keepdim, largest: bool):
     """(values, first index holding them) along ``dim``; NaN is the maximum (and the minimum), as in torch."""
     if dim is None:
@@ -375,8 +422,15 @@ def _extreme_and_index(x, dim, keepdim, largest: bool):
     shape = [1] * x.dim()
     shape[d] = n
     pos = torch.arange(n, device=x.device).reshape(shape)
-    hit = (x == v) | (x != x)
-    idx = torch.amin(torch.where(hit, pos, n), d, keepdim=True)
+    if x.is_floating_point():
+        # one exact integer max of (order key, n - 1 - position): the first extreme, NaN first; it reads
+        # x once and cannot miss (comparing x with its own max needs the two reads to agree bit for bit)
+        key = torch.ops.tkx.order_key(x if largest else -x)
+        best = torch.amax(key * _POSITION_SPAN + ((n - 1) - pos), d, keepdim=True)
+        idx = (n - 1) - torch.remainder(best, _POSITION_SPAN)
+    else:  # integers and booleans compare exactly
+        hit = x == v
+        idx = torch.amin(torch.where(hit, pos, n), d, keepdim=True)
     if not keepdim:
         v, idx = v.squeeze(d), idx.squeeze(d)
     return v, idx
@@ -420,6 +474,30 @@ def _embedding_dense_backward(grad_output, indices, num_weights, padding_idx, sc
     return g.new_zeros(num_weights, d).index_put((idx,), g, accumulate=True)
 
 
+def _amp_unscale(grads, found_inf, inv_scale):
+    """``torch._amp_foreach_non_finite_check_and_unscale_`` (GradScaler.unscale_): every gradient times
+    ``inv_scale``; ``found_inf`` becomes 1.0 when any gradient holds an inf or a NaN."""
+    bad = found_inf
+    out = []
+    for g in grads:
+        out.append(g * inv_scale)
+        bad = torch.maximum(bad, torch.logical_not(torch.isfinite(g)).any().to(found_inf.dtype))
+    return out, bad
+
+
+def _amp_update_scale(scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval):
+    """``torch._amp_update_scale_`` (GradScaler.update): back off and reset the tracker after an inf,
+    else count the good step and grow the scale (when the grown scale is finite) every
+    ``growth_interval`` good steps."""
+    found = found_inf != 0
+    good = growth_tracker + 1
+    grow = good == growth_interval
+    grown = scale * growth_factor
+    new_scale = torch.where(found, scale * backoff_factor, torch.where(grow & torch.isfinite(grown), grown, scale))
+    new_tracker = torch.where(found | grow, torch.zeros_like(good), good)
+    return new_scale, new_tracker
+
+
 def _foreach_norm(tensors, ord=2, dtype=None):
     return [torch.linalg.vector_norm(t, ord) for t in tensors]
 
@@ -436,6 +514,8 @@ def decomposition_table() -> dict[torch._ops.OpOverload, Callable]:
                    (aten.argmin.default, _argmin), (aten.any.default, _any), (aten.any.dim, _any),
                    (aten.any.dims, _any), (aten.all.default, _all), (aten.all.dim, _all), (aten.all.dims, _all),
                    (aten._foreach_norm.Scalar, _foreach_norm),
+                   (aten._amp_foreach_non_finite_check_and_unscale.default, _amp_unscale),
+                   (aten._amp_update_scale.default, _amp_update_scale),
                    (aten.embedding_dense_backward.default, _embedding_dense_backward)):
         table[op] = fn
     table.update(USER_DECOMPOSITIONS)

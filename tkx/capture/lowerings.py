@@ -415,6 +415,14 @@ def check_index(L: Any, node: torch.fx.Node) -> TensorSpec:
                                                           "what": str(what)})
 
 
+@builtin(torch.ops.tkx.order_key.default)
+def order_key(L: Any, node: torch.fx.Node) -> TensorSpec:
+    x = L.tensor(node.args[0])
+    if x.dtype not in ("float32", "bfloat16", "float16"):
+        raise L.fail("bad-input", f"tkx::order_key of a {x.dtype} tensor", "pass a floating tensor")
+    return L.emit("order_key", (x,), x.shape, "int64", {})
+
+
 @builtin(torch.ops.tkx.philox_uniform.default)
 def philox_uniform(L: Any, node: torch.fx.Node) -> TensorSpec:
     """``tkx.random``'s draws: one ``philox`` op keyed by the state input (seed, offset) and the counter

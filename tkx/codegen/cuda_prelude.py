@@ -134,6 +134,13 @@ DTYPES = dedent(r"""
         float r = fmodf(a, b);
         return (r != 0.0f && ((r < 0.0f) != (b < 0.0f))) ? r + b : r;
     }
+    // An int64 ordering floats as torch.max does (the order_key op): -0.0 equals +0.0, NaN is above
+    // +inf; argmax/max.dim/max_pool2d pack it with the position and take one exact integer max.
+    TKX_INLINE long long tkx_order_key(float x) {
+        if (x != x) return 2147483647LL;
+        const int b = __float_as_int(x == 0.0f ? 0.0f : x);
+        return (long long)(b >= 0 ? b : b ^ 0x7fffffff);
+    }
     // torch.xlogy: 0 where x == 0 (unless y is NaN), else x * log(y).
     TKX_INLINE float tkx_xlogy(float x, float y) {
         if (y != y) return TKX_NAN;

@@ -35,7 +35,7 @@ from .cuda_prelude import round_to
 #: Kinds whose result is a 0/1 float whatever their operands.
 BOOLEAN_RESULT = table.BOOLEAN_RESULT
 #: Operands of these positions are not converted to the compute type (a condition is tested against 0).
-_UNCONVERTED = {"where": (0,), "philox": (0, 1, 2)}
+_UNCONVERTED = {"where": (0,), "philox": (0, 1, 2), "order_key": (0,)}
 
 
 def _convert(text: str, src: str, dst: str) -> str:
