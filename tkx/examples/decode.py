@@ -102,9 +102,9 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor, quant: str, group: int) -> 
     """The bf16 weight ``[N, K]`` of a quantised one, written as a user writes it in a step:
     ``q.to(bf16) * scale`` with the scale repeated over each group of ``group`` input columns."""
     if quant == "int4":
-        lo = (q & 0xF).to(torch.int32) - 8
-        hi = (q >> 4).to(torch.int32) - 8
-        q = torch.stack((lo, hi), dim=-1).reshape(q.shape[0], -1)
+        # byte // 16**j % 16 is nibble j (low first): [N, K/2, 2] -> [N, K], each q + 8 -> q
+        nibble = 1 + 15 * torch.arange(2, dtype=torch.int32, device=q.device)  # [1, 16] (16 ** j)
+        q = ((q.to(torch.int32).unsqueeze(-1) // nibble) % 16 - 8).reshape(q.shape[0], -1)
     n, k = q.shape
     w = q.to(BF16).reshape(n, k // group, group) * scale[..., None]
     return w.reshape(n, k)
