@@ -119,7 +119,7 @@ def _skinny_long_operand(c: Candidate) -> bool:
 def _gemm_operand(c: Candidate) -> Verdict | None:
     if c.consumer.family != "matmul":
         return None
-    if c.producer.family == "pointwise" and c.cost <= 8 and _skinny_long_operand(c):
+    if c.producer.family == "pointwise" and c.cost <= 16 and _skinny_long_operand(c):
         return fuse("gemv-operand", f"fused: the GEMV loads each element of this operand once, so {c.producer.kind} "
                                     "is computed in its operand load (a weight dequantised on the fly)")
     if c.producer.family == "generator" or (c.producer.kind == "cast" and c.cost <= 1):
