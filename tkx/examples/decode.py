@@ -4,8 +4,9 @@
 
 * ``tokens``: int64 ``[B]``, the current token of each of ``B`` sequences;
 * ``pos``: int64 0-d tensor, the position those tokens sit at (the same for every sequence);
-* ``k_cache``, ``v_cache``: bf16 ``[L, B, H, S, D]`` (layers, batch, heads, cache positions, head
-  width), **updated in place**: the step writes the new keys and values at position ``pos``;
+* ``k_cache``, ``v_cache``: tuples of ``L`` bf16 tensors ``[B, H, S, D]`` (one per layer: batch, heads,
+  cache positions, head width), **updated in place**: the step writes the new keys and values at
+  position ``pos``;
 * ``params``: a dict of weights in ``nn.Linear`` layout ``[N_out, K_in]`` (``F.linear`` computes
   ``x @ W.T``), bf16, or weight-only quantised (below);
 * returns int64 ``[B]``: the greedy next token (``argmax`` of the logits).
@@ -153,11 +154,12 @@ def make_decode_step(cfg: DecodeConfig, quant: str = "bf16") -> Callable:
             v = F.linear(h, p["wv"]).view(b, H, D)
             q, k = rope_at(q, pos, cfg.theta), rope_at(k, pos, cfg.theta)
             at = pos.view(1)                                           # a 1-element index: index_put
-            k_cache[layer, :, :, at] = k.unsqueeze(2)                  # the cache append, in place
-            v_cache[layer, :, :, at] = v.unsqueeze(2)
-            scores = (q.unsqueeze(2) @ k_cache[layer].transpose(-2, -1)).float() / math.sqrt(D)  # [B, H, 1, S]
+            kc, vc = k_cache[layer], v_cache[layer]
+            kc[:, :, at] = k.unsqueeze(2)                              # the cache append, in place
+            vc[:, :, at] = v.unsqueeze(2)
+            scores = (q.unsqueeze(2) @ kc.transpose(-2, -1)).float() / math.sqrt(D)   # [B, H, 1, S]
             scores = torch.where(keep, scores, float("-inf"))
-            att = scores.softmax(-1).to(BF16) @ v_cache[layer]         # [B, H, 1, D]
+            att = scores.softmax(-1).to(BF16) @ vc                     # [B, H, 1, D]
             x = x + F.linear(att.reshape(b, H * D), p["wo"])
             h = rms_norm(x, params[f"l{layer}.mlp_norm"], cfg.eps)
             x = x + F.linear(F.silu(F.linear(h, p["w_gate"])) * F.linear(h, p["w_up"]), p["w_down"])
@@ -191,12 +193,16 @@ def make_params(cfg: DecodeConfig, quant: str = "bf16", seed: int = 0, device="c
 
 
 def make_decode_inputs(cfg: DecodeConfig, quant: str = "bf16", seed: int = 0, device="cpu", start: int = 0):
-    """``(params, k_cache, v_cache, tokens, pos)``: empty caches (zeros), random tokens, ``pos = start``."""
+    """``(params, k_cache, v_cache, tokens, pos)``: empty caches (tuples of zeros, one per layer), random
+    tokens, ``pos = start``."""
     gen = seeded_generator(seed + 1000)
-    shape = (cfg.layers, cfg.batch, cfg.heads, cfg.cache, cfg.head_dim)
+    shape = (cfg.batch, cfg.heads, cfg.cache, cfg.head_dim)
     tokens = torch.randint(0, cfg.vocab, (cfg.batch,), generator=gen).to(device)
-    return (make_params(cfg, quant, seed, device), torch.zeros(shape, dtype=BF16, device=device),
-            torch.zeros(shape, dtype=BF16, device=device), tokens,
+
+    def caches():
+        return tuple(torch.zeros(shape, dtype=BF16, device=device) for _ in range(cfg.layers))
+
+    return (make_params(cfg, quant, seed, device), caches(), caches(), tokens,
             torch.tensor(start, dtype=torch.int64, device=device))
 
 
