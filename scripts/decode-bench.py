@@ -89,7 +89,7 @@ def timed(make, ex: D.DecodeExample, graphed: bool | str) -> float:
     return sorted(samples)[len(samples) // 2]
 
 
-def run(quants: list[str], config: str, syncs: list[str], tokens: int, out: Path) -> dict:
+def run(quants: list[str], config: str, syncs: dict[str, list[str]], tokens: int, out: Path) -> dict:
     results: dict = {"gpu": torch.cuda.get_device_name(DEV), "torch": torch.__version__, "config": config,
                      "tokens_verified": tokens, "peak_bytes_per_s": GPU.peak_bytes_per_s, "variants": {}}
     for quant in quants:
@@ -100,7 +100,7 @@ def run(quants: list[str], config: str, syncs: list[str], tokens: int, out: Path
         want = greedy(ex.step_fn, ex, tokens)
         rec["eager_tokens"] = want.T.tolist()
         times: dict[str, float | str] = {}
-        for sync in syncs:
+        for sync in syncs[quant]:
             key = "tkx" if sync == "barrier" else f"tkx ({sync})"
             try:
                 runner, build_s = build(ex, sync)
@@ -158,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quants", default="bf16,int8,int4")
     ap.add_argument("--config", default="decode", choices=sorted(D.CONFIGS))
     ap.add_argument("--syncs", default="barrier,counters", help="tkx Options.sync values to time")
+    ap.add_argument("--sync-quants", default="bf16",
+                    help="formats timed with every --syncs value (the others with the first one only)")
     ap.add_argument("--tokens", type=int, default=20)
     ap.add_argument("--prepare", metavar="QUANT", help="only compile QUANT's kernels and torch.compile caches")
     a = ap.parse_args(argv)
@@ -166,7 +168,9 @@ def main(argv: list[str] | None = None) -> int:
         prepare(a.prepare, a.config, syncs)
         return 0
     a.out.mkdir(parents=True, exist_ok=True)
-    results = run(a.quants.split(","), a.config, syncs, a.tokens, a.out)
+    every = a.sync_quants.split(",")
+    results = run(a.quants.split(","), a.config, {q: syncs if q in every else syncs[:1] for q in a.quants.split(",")},
+                  a.tokens, a.out)
     text = table(results)
     (a.out / "decode-bench.md").write_text(text)
     print(text)

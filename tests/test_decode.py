@@ -175,6 +175,35 @@ def test_quantised_gemv_tile_dequantises_in_the_operand_load(quant):
         assert exp.cuda.check("sm_90").spill_bytes == 0
 
 
+@pytest.mark.parametrize("quant", ["bf16", "int4"])
+def test_streaming_gemv_is_chosen_for_decode_sized_weights_and_compiles(quant):
+    """A weight of decode size (long side >= 256) gets the streaming GEMV (tkx/codegen/gemv.py): columns
+    split over the grid in one wave, K unrolled; its kernel compiles without spills, and the interpreters
+    give AMK's column-tiled result."""
+    n, k, group = 512, 256, 128
+    w = rnd(n, k, scale=0.1)
+    x = rnd(4, k, dtype=BF16)
+    if quant == "bf16":
+        wb = w.to(BF16)
+        (out,), exp = tkx_run(lambda x, w: F.linear(x, w), [x, wb], arch="sm_90a")
+        want = amk_linear(x, wb, n_tile=64)
+    else:
+        qw, s = D.quantize_int4(w, group)
+        (out,), exp = tkx_run(lambda x, qw, s: F.linear(x, D.dequantize(qw, s, "int4", group)), [x, qw, s],
+                              arch="sm_90a")
+        want = (f32(x) @ amk_dequant(qw, s, "int4", group, k).t()).to(BF16)
+    close(out, want, f"streaming GEMV {quant}")
+    (grp,) = [grp for grp in exp.schedule.groups.values() if grp.kind == "gemm"]
+    assert grp.plan["impl"] == "gemv_stream"
+    assert "contiguous along K" in grp.plan["why"]
+    from tkx.codegen.gemv import columns_per_warp
+    assert columns_per_warp(512, 1, 8, 132) == 1 and columns_per_warp(4096, 1, 8, 132) == 4
+    assert columns_per_warp(10**6, 1, 8, 132) == 8
+    if nvrtc_available():
+        assert "streaming GEMV" in exp.cuda.text
+        assert exp.cuda.check("sm_90a").spill_bytes == 0
+
+
 @pytest.mark.parametrize("quant", ["int8", "int4"])
 def test_dequant(quant):
     """DEQUANT on its own: the user's unpack + scale equals AMK's storage convention bit for bit."""

@@ -32,6 +32,7 @@ from . import abi
 from . import ops as cops
 from .cuda_prelude import C_TYPES, barrier, barrier_setup, load, prelude, round_to, shared_workspace, store
 from .gemm import GemmProblem, _batched_epilogue, emit_gemm
+from .gemv import gemv_stream
 from .reduce import emit_reduction, final_reduce, partial_reduce
 from .text import block, indent
 
@@ -485,13 +486,16 @@ class _Emitter:
             final = partial_store
         else:
             final = epilogue
-        code = emit_gemm(variant, prob, operand(a), operand(b), final, tile_m=params["tile_m"],
-                         tile_n=params["tile_n"], tile_k=params["tile_k"], threads=self.threads,
-                         ptr_a=pointer_to(a, 1 if prob.a_k_contiguous else 0),
-                         ptr_b=pointer_to(b, 1 if prob.b_n_contiguous else 0), split=split,
-                         shared_budget=GPU.shared_per_block // max(1, int(self.s.options.blocks_per_sm)),
-                         tma_a=tma_map(a, 1 if prob.a_k_contiguous else 0),
-                         tma_b=tma_map(b, 1 if prob.b_n_contiguous else 0))
+        if variant == "gemv_stream":
+            code = gemv_stream(prob, operand(a), operand(b), final, threads=self.threads, blocks=self.s.blocks)
+        else:
+            code = emit_gemm(variant, prob, operand(a), operand(b), final, tile_m=params["tile_m"],
+                             tile_n=params["tile_n"], tile_k=params["tile_k"], threads=self.threads,
+                             ptr_a=pointer_to(a, 1 if prob.a_k_contiguous else 0),
+                             ptr_b=pointer_to(b, 1 if prob.b_n_contiguous else 0), split=split,
+                             shared_budget=GPU.shared_per_block // max(1, int(self.s.options.blocks_per_sm)),
+                             tma_a=tma_map(a, 1 if prob.a_k_contiguous else 0),
+                             tma_b=tma_map(b, 1 if prob.b_n_contiguous else 0))
         self.plan.tensor_cores |= code.tensor_cores
         self.plan.notes[g.id] = {"variant": code.variant, **code.params}
         return code.code, code.work_items, code.shared_bytes
