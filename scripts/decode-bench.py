@@ -44,7 +44,9 @@ def example(quant: str, config: str) -> D.DecodeExample:
 
 
 def build(ex: D.DecodeExample, sync: str):
-    opts = tkx.Options(sync=sync) if sync != "barrier" else tkx.Options()
+    timeline = sync.endswith("+timeline")
+    sync = sync.removesuffix("+timeline")
+    opts = tkx.Options(sync=sync, timeline=timeline) if sync != "barrier" or timeline else tkx.Options()
     t0 = time.perf_counter()
     runner = tkx.runtime.build(ex.step_fn, ex.make_inputs(0, device=DEV), opts, name=ex.name)
     return runner, time.perf_counter() - t0
@@ -59,11 +61,14 @@ def greedy(fn, ex: D.DecodeExample, n: int) -> torch.Tensor:
     return D.generate(fn, ex.make_inputs(0, device=DEV), n).cpu()
 
 
-def prepare(quant: str, config: str, syncs: list[str]) -> None:
+def prepare(quant: str, config: str, syncs: list[str], what: str) -> None:
     ex = example(quant, config)
-    for sync in syncs:
-        _, s = build(ex, sync)
-        print(f"[{ex.name}] tkx sync={sync} built in {s:.1f} s", flush=True)
+    if what in ("all", "tkx"):
+        for sync in syncs:
+            _, s = build(ex, sync)
+            print(f"[{ex.name}] tkx sync={sync} built in {s:.1f} s", flush=True)
+    if what == "tkx":
+        return
     args = ex.make_inputs(0, device=DEV)
     for mode in (None, "max-autotune-no-cudagraphs"):
         t0 = time.perf_counter()
@@ -71,6 +76,23 @@ def prepare(quant: str, config: str, syncs: list[str]) -> None:
         fn(*args)
         torch.cuda.synchronize()
         print(f"[{ex.name}] torch.compile {mode or 'default'} in {time.perf_counter() - t0:.1f} s", flush=True)
+
+
+def save_timeline(ex: D.DecodeExample, out: Path) -> None:
+    """One step of ``ex`` with ``Options(sync="counters", timeline=True)``: every task's block, group, item,
+    start/end/wait (ns from the first start) -> ``OUT/decode-timeline.json``."""
+    runner, _ = build(ex, "counters+timeline")
+    args = ex.make_inputs(0, device=DEV, start=ex.config.cache // 2)
+    for _ in range(3):  # warm: the recorded launch is the last one
+        runner(*args)
+    tl = runner.timeline()
+    spans = [dict(block=s.block, task=s.task, group=s.group, item=s.item, start=s.start, end=s.end, wait=s.wait)
+             for s in tl.spans]
+    groups = {gid: {"kind": g.kind, "anchor": g.anchor, "impl": str(dict(g.plan).get("impl", ""))}
+              for gid, g in runner.schedule.groups.items()}
+    (out / "decode-timeline.json").write_text(json.dumps({"name": tl.name, "unit": tl.unit, "makespan": tl.makespan,
+                                                          "spans": spans, "groups": groups}))
+    print(f"[{ex.name}] timeline: {len(spans)} tasks, makespan {tl.makespan:.0f} {tl.unit}", flush=True)
 
 
 def timed(make, ex: D.DecodeExample, graphed: bool | str) -> float:
@@ -161,16 +183,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sync-quants", default="bf16",
                     help="formats timed with every --syncs value (the others with the first one only)")
     ap.add_argument("--tokens", type=int, default=20)
+    ap.add_argument("--timeline", action="store_true", help="also record one bf16 step's task timeline (counters)")
     ap.add_argument("--prepare", metavar="QUANT", help="only compile QUANT's kernels and torch.compile caches")
+    ap.add_argument("--what", default="all", choices=("all", "tkx", "torch"), help="what --prepare compiles")
     a = ap.parse_args(argv)
     syncs = a.syncs.split(",")
     if a.prepare:
-        prepare(a.prepare, a.config, syncs)
+        prepare(a.prepare, a.config, syncs, a.what)
         return 0
     a.out.mkdir(parents=True, exist_ok=True)
     every = a.sync_quants.split(",")
     results = run(a.quants.split(","), a.config, {q: syncs if q in every else syncs[:1] for q in a.quants.split(",")},
                   a.tokens, a.out)
+    if a.timeline:
+        try:
+            save_timeline(example("bf16", a.config), a.out)
+        except Exception as exc:
+            print(f"timeline failed: {type(exc).__name__}: {exc}", flush=True)
     text = table(results)
     (a.out / "decode-bench.md").write_text(text)
     print(text)

@@ -18,12 +18,14 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 t0=$(date +%s)
 for q in ${QUANTS//,/ }; do
     syncs=barrier
-    [ "$q" = bf16 ] && syncs=barrier,counters
-    "$PY" scripts/decode-bench.py --prepare "$q" --syncs "$syncs" > "$OUT/prepare-$q.log" 2>&1 &
+    [ "$q" = bf16 ] && syncs=barrier,counters,counters+timeline
+    for what in tkx torch; do
+        "$PY" scripts/decode-bench.py --prepare "$q" --what $what --syncs "$syncs" > "$OUT/prepare-$q-$what.log" 2>&1 &
+    done
 done
 wait
 echo "[decode-gpu] caches warm after $(( $(date +%s) - t0 )) s"; tail -n 4 "$OUT"/prepare-*.log
-"$PY" scripts/decode-bench.py --out "$OUT" --quants "$QUANTS" --syncs barrier,counters --sync-quants bf16 \
+"$PY" scripts/decode-bench.py --out "$OUT" --quants "$QUANTS" --syncs barrier,counters --sync-quants bf16 --timeline \
     2>&1 | tee "$OUT/decode-bench.log"
 echo "[decode-gpu] benchmark done after $(( $(date +%s) - t0 )) s"
 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_decode.py 2>&1 | tail -n 15 | tee "$OUT/pytest-gpu.log"
