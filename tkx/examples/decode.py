@@ -14,7 +14,8 @@
 Per layer: RMSNorm, the q/k/v projections, rotary embeddings at ``pos`` (rotate-half, base 10000),
 the cache append, attention of the one query over the whole cache with the positions after ``pos``
 masked out (a static shape: the cache length ``S`` is fixed), the output projection and residual,
-RMSNorm, a SwiGLU MLP and residual; then a final RMSNorm, the LM head and ``argmax``.
+RMSNorm, a SwiGLU MLP and residual; then a final RMSNorm, the LM head (in fp32: bf16 logits tie too often
+for a greedy choice that does not depend on the summation order) and ``argmax``.
 
 Weight-only quantisation, written as users write it (the step dequantises, tkx fuses that into
 the GEMV's operand load):
@@ -163,7 +164,10 @@ def make_decode_step(cfg: DecodeConfig, quant: str = "bf16") -> Callable:
             x = x + F.linear(att.reshape(b, H * D), p["wo"])
             h = rms_norm(x, params[f"l{layer}.mlp_norm"], cfg.eps)
             x = x + F.linear(F.silu(F.linear(h, p["w_gate"])) * F.linear(h, p["w_up"]), p["w_down"])
-        logits = F.linear(rms_norm(x, params["final_norm"], cfg.eps), params["head"])   # [B, V]
+        # the LM head in fp32 (its bf16 weight widened in the GEMV's load): bf16 logits tie often over a
+        # vocabulary of thousands, and a tie makes the greedy token depend on the summation order
+        h = rms_norm(x, params["final_norm"], cfg.eps)
+        logits = F.linear(h.float(), params["head"].float())          # [B, V] fp32
         return logits.argmax(-1)
 
     decode_step.__name__ = f"decode_step_{quant}"
