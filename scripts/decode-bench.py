@@ -129,6 +129,10 @@ def run(quants: list[str], config: str, syncs: dict[str, list[str]], tokens: int
                 got = greedy(runner, ex, tokens)
                 rec[f"{key} same tokens"] = bool(torch.equal(got, want))
                 rec[f"{key} tokens"] = got.T.tolist()
+                forced = D.compare_greedy(runner, ex, tokens, device=DEV)
+                rec[f"{key} teacher-forced"] = {"ok": forced.ok, "summary": str(forced),
+                                                "differences": [list(d) for d in forced.differences]}
+                print(f"[{ex.name}] {key}: teacher-forced: {forced}", flush=True)
                 rec[f"{key} build_s"] = build_s
                 rec[f"{key} resources"] = runner.resources.summary()
                 print(f"[{ex.name}] {key}: {tokens} tokens equal to eager: {rec[f'{key} same tokens']}", flush=True)
@@ -136,9 +140,9 @@ def run(quants: list[str], config: str, syncs: dict[str, list[str]], tokens: int
             except Exception as exc:  # a failure is a result
                 times[key] = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
             print(f"[{ex.name}] {key}: {times[key]}", flush=True)
-        baselines = [("eager", lambda: ex.step_fn, False), ("eager+cudagraph", lambda: ex.step_fn, True),
-                     ("torch.compile", lambda: compiled(ex, None), True),
-                     ("torch.compile max-autotune", lambda: compiled(ex, "max-autotune-no-cudagraphs"), True)]
+        baselines = [("eager", lambda ex=ex: ex.step_fn, False), ("eager+cudagraph", lambda ex=ex: ex.step_fn, True),
+                     ("torch.compile", lambda ex=ex: compiled(ex, None), True),
+                     ("torch.compile max-autotune", lambda ex=ex: compiled(ex, "max-autotune-no-cudagraphs"), True)]
         for name, make, graphed in baselines:
             try:
                 times[name] = timed(make, ex, graphed)
@@ -171,6 +175,9 @@ def table(results: dict) -> str:
     for quant, rec in results["variants"].items():
         same = {k[:-len(" same tokens")]: v for k, v in rec.items() if k.endswith(" same tokens")}
         lines.append(f"- {quant}: {results['tokens_verified']} greedy tokens equal to eager: {same}")
+        for k, v in rec.items():
+            if k.endswith(" teacher-forced"):
+                lines.append(f"  - {k}: {v['summary']}")
     return "\n".join(lines) + "\n"
 
 

@@ -270,17 +270,17 @@ def flash_partials(q, k, v, tile):
     return acc.squeeze(-2), m, e.sum(-1)
 
 
-def combine(acc, m, l):
+def combine(acc, m, denom):
     big = m.amax(-1, keepdim=True)
     w = torch.exp(m - big)
-    return (acc * w.unsqueeze(-1)).sum(-2) / (l * w).sum(-1, keepdim=True)
+    return (acc * w.unsqueeze(-1)).sum(-2) / (denom * w).sum(-1, keepdim=True)
 
 
 def test_attention_partials_and_combine_split_over_kv_tiles():
     """ATTENTION_TILE (PARTIAL_WRITE) + ATTENTION_COMBINE: flash-decoding written in PyTorch, split over
     4 KV tiles, compiles in tkx; its partials and the combined output equal AMK's online-softmax merge."""
     q, k, v, _ = _attention_inputs(s=64)
-    (acc, m, l), _ = tkx_run(lambda q, k, v: flash_partials(q, k, v, 16), [q, k, v])
+    (acc, m, denom), _ = tkx_run(lambda q, k, v: flash_partials(q, k, v, 16), [q, k, v])
     (out,), _ = tkx_run(lambda q, k, v: combine(*flash_partials(q, k, v, 16)), [q, k, v])
     parts = []
     for p in range(4):
@@ -290,7 +290,7 @@ def test_attention_partials_and_combine_split_over_kv_tiles():
         ep = torch.exp(sc - mp[..., None])
         parts.append((torch.einsum("bhk,bhkd->bhd", ep, f32(v[:, :, sl])), mp, ep.sum(-1)))
     close(m, torch.stack([p[1] for p in parts], -1), "partial m")
-    close(l, torch.stack([p[2] for p in parts], -1), "partial l", rel=1e-4)
+    close(denom, torch.stack([p[2] for p in parts], -1), "partial l", rel=1e-4)
     close(acc, torch.stack([p[0] for p in parts], -2), "partial acc", rel=1e-4)
     mm = torch.stack([p[1] for p in parts]).amax(0)
     num = sum(p[0] * torch.exp(p[1] - mm)[..., None] for p in parts)
@@ -421,6 +421,22 @@ def test_decode_kernel_compiles_with_nvrtc():
     assert report.spill_bytes == 0, report
 
 
+def test_teacher_forced_comparison_accepts_equal_tokens_and_flags_wrong_ones():
+    ex = D.get("decode_tiny_int8")
+    same = D.compare_greedy(ex.step_fn, ex, 5)
+    assert same.equal and same.ok and "all 5 x 2" in str(same)
+    with_logits = D.make_decode_step(ex.config, ex.quant, return_logits=True)
+
+    def runner_up(*args):  # a step that is wrong: the second-best token
+        return with_logits(*args)[1].topk(2, dim=-1).indices[:, 1]
+
+    wrong = D.compare_greedy(runner_up, ex, 5)
+    assert not wrong.equal and len(wrong.differences) == 10
+    assert not wrong.ok and "BEYOND" in str(wrong)
+    exact_tie = D.GreedyComparison(wrong.tokens, wrong.got, ((0, 0, 1, 2, 0.0),), 2 ** -7, (0.1,))
+    assert exact_tie.ok and not exact_tie.equal
+
+
 def test_decode_registry_and_byte_counts():
     assert D.names()[:3] == ["decode", "decode_int8", "decode_int4"]
     with pytest.raises(KeyError, match="decode_int4"):
@@ -436,8 +452,12 @@ def test_decode_registry_and_byte_counts():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("name", ["decode", "decode_int8", "decode_int4"])
 def test_decode_kernel_gives_eagers_20_tokens_on_the_gpu(name):
+    """20 greedy steps, teacher-forced on eager's tokens: every token equals eager's, or is a near-tie in
+    eager's own fp32 logits (cuBLAS and tkx sum in different orders; a 4096-way argmax over bf16 activations
+    meets a near-tie now and then, see docs/results/decode-h200.md)."""
     ex = D.get(name)
     runner = tkx.runtime.build(ex.step_fn, ex.make_inputs(0, device="cuda"))
-    want = D.generate(ex.step_fn, ex.make_inputs(0, device="cuda"), TOKENS)
-    got = D.generate(runner, ex.make_inputs(0, device="cuda"), TOKENS)
-    assert torch.equal(got, want), (got.T, want.T)
+    cmp = D.compare_greedy(runner, ex, TOKENS, device="cuda")
+    print(name, cmp)
+    assert cmp.ok, str(cmp)
+    assert len(cmp.differences) <= 2, str(cmp)

@@ -48,7 +48,8 @@ QUANTS = ("bf16", "int8", "int4")
 LINEARS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 
 __all__ = ["DecodeConfig", "DecodeExample", "CONFIGS", "QUANTS", "get", "names", "make_decode_step",
-           "quantize_int8", "quantize_int4", "dequantize", "generate", "weight_bytes", "cache_bytes"]
+           "quantize_int8", "quantize_int4", "dequantize", "generate", "weight_bytes", "cache_bytes",
+           "compare_greedy", "GreedyComparison"]
 
 
 @dataclass(frozen=True)
@@ -132,8 +133,9 @@ def rope_at(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
     return x * emb.cos().to(x.dtype) + rotated * emb.sin().to(x.dtype)
 
 
-def make_decode_step(cfg: DecodeConfig, quant: str = "bf16") -> Callable:
-    """The decode step of ``cfg`` with weights stored as ``quant`` (``"bf16"``, ``"int8"``, ``"int4"``)."""
+def make_decode_step(cfg: DecodeConfig, quant: str = "bf16", *, return_logits: bool = False) -> Callable:
+    """The decode step of ``cfg`` with weights stored as ``quant`` (``"bf16"``, ``"int8"``, ``"int4"``);
+    with ``return_logits`` it returns ``(next_tokens, logits)`` (fp32 ``[B, V]``) instead of the tokens."""
     if quant not in QUANTS:
         raise ValueError(f"quant must be one of {QUANTS}, got {quant!r}")
     L, H, D, S = cfg.layers, cfg.heads, cfg.head_dim, cfg.cache
@@ -168,7 +170,7 @@ def make_decode_step(cfg: DecodeConfig, quant: str = "bf16") -> Callable:
         # vocabulary of thousands, and a tie makes the greedy token depend on the summation order
         h = rms_norm(x, params["final_norm"], cfg.eps)
         logits = F.linear(h.float(), params["head"].float())          # [B, V] fp32
-        return logits.argmax(-1)
+        return (logits.argmax(-1), logits) if return_logits else logits.argmax(-1)
 
     decode_step.__name__ = f"decode_step_{quant}"
     decode_step.__qualname__ = decode_step.__name__
@@ -219,6 +221,63 @@ def generate(step: Callable, inputs: tuple, n: int) -> torch.Tensor:
         tokens = step(params, kc, vc, tokens, pos + i)
         out.append(tokens)
     return torch.stack(out)
+
+
+@dataclass(frozen=True)
+class GreedyComparison:
+    """Greedy tokens of a compiled step against eager, teacher-forced (both are fed eager's tokens).
+
+    ``tokens``: eager's int64 ``[n, B]``; ``got``: the other step's; ``differences``: ``(step, sequence,
+    eager's token, its token, margin)`` for each token that differs, where ``margin`` is eager's best logit
+    minus eager's logit of the other token; ``tolerances``: for each difference, the largest margin that
+    counts as a near-tie (``rel x |eager's best logit|``: the summation-order noise of bf16 activations).
+    ``equal``: every token the same; ``ok``: every difference a near-tie.
+    """
+
+    tokens: torch.Tensor
+    got: torch.Tensor
+    differences: tuple[tuple[int, int, int, int, float], ...]
+    rel: float
+    tolerances: tuple[float, ...] = ()
+
+    @property
+    def equal(self) -> bool:
+        return not self.differences
+
+    @property
+    def ok(self) -> bool:
+        return all(d[4] <= tol for d, tol in zip(self.differences, self.tolerances))
+
+    def __str__(self) -> str:
+        n, b = self.tokens.shape
+        if self.equal:
+            return f"all {n} x {b} greedy tokens equal to eager"
+        worst = max(d[4] for d in self.differences)
+        return (f"{n * b - len(self.differences)} of {n * b} greedy tokens equal to eager (teacher-forced); "
+                f"{len(self.differences)} differ with eager's logit margin up to {worst:.4g} "
+                f"({'near-ties, within' if self.ok else 'BEYOND'} the tolerance {self.rel:g} x |best logit|)")
+
+
+def compare_greedy(step: Callable, ex: DecodeExample, n: int = 20, device="cpu", rel: float = 2 ** -7):
+    """Run ``step`` (e.g. a tkx runner) and eager for ``n`` greedy steps from ``ex.make_inputs(0, device)``,
+    both fed eager's tokens (so one near-tie does not change every later step), on separate caches.
+    Returns a :class:`GreedyComparison`; a token that differs counts as a near-tie when eager's logit of it
+    is within ``rel x |eager's best logit|`` of the best."""
+    with_logits = make_decode_step(ex.config, ex.quant, return_logits=True)
+    mine, eager = ex.make_inputs(0, device), ex.make_inputs(0, device)
+    tok, pos = eager[3], eager[4]
+    want, got, diffs, tols = [], [], [], []
+    for i in range(n):
+        e_tok, logits = with_logits(eager[0], eager[1], eager[2], tok, pos + i)
+        m_tok = step(mine[0], mine[1], mine[2], tok, pos + i)
+        want.append(e_tok.cpu())
+        got.append(m_tok.cpu())
+        for b in torch.nonzero(e_tok != m_tok).flatten().tolist():
+            best = float(logits[b, e_tok[b]])
+            diffs.append((i, b, int(e_tok[b]), int(m_tok[b]), best - float(logits[b, m_tok[b]])))
+            tols.append(rel * abs(best))
+        tok = e_tok
+    return GreedyComparison(torch.stack(want), torch.stack(got), tuple(diffs), rel, tuple(tols))
 
 
 def weight_bytes(cfg: DecodeConfig, quant: str = "bf16") -> int:
