@@ -14,15 +14,17 @@ import torch
 #: dtypes a value may have, with their size in bytes.
 DTYPE_BYTES: dict[str, int] = {
     "float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "bool": 1,
+    "int8": 1, "uint8": 1,  # weight-only quantised weights (int8, packed int4)
 }
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")
-INT_DTYPES = ("int64", "int32")
+INT_DTYPES = ("int64", "int32", "int8", "uint8")
 #: Short names used by the printer (JAX style).
 DTYPE_SHORT = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "int64": "i64",
-               "int32": "i32", "bool": "bool"}
+               "int32": "i32", "bool": "bool", "int8": "i8", "uint8": "u8"}
 #: IR dtype -> torch dtype.
 TORCH = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-         "int64": torch.int64, "int32": torch.int32, "bool": torch.bool}
+         "int64": torch.int64, "int32": torch.int32, "bool": torch.bool, "int8": torch.int8,
+         "uint8": torch.uint8}
 
 
 def f32(x: float) -> float:

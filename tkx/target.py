@@ -537,8 +537,35 @@ class _Gemv(GemmEmitter):
         return 40
 
 
+#: Smallest long side and K a streaming GEMV is chosen for (below it the plain gemv's fewer
+#: instructions win, and the small programs of the tests keep their schedules).
+STREAM_MIN_LONG, STREAM_MIN_K = 256, 64
+
+
+class _GemvStream(_Gemv):
+    """Decode GEMVs (:mod:`tkx.codegen.gemv`): the long operand contiguous along K (an ``nn.Linear``
+    weight), columns split over the whole grid, K unrolled so many loads are in flight."""
+
+    name = "gemv_stream"
+    capabilities = Capabilities(ARCHES, "registers (no tiles; loads unrolled over K)", (1, 1, 1))
+    summary = "M <= 4 or N <= 4, long operand contiguous along K: columns over the grid, many loads in flight"
+
+    def _supports(self, p, options):
+        why = super()._supports(p, options)
+        if why:
+            return why
+        small_m = p.m <= p.n
+        long_n = p.n if small_m else p.m
+        if (p.b_n_contiguous if small_m else not p.a_k_contiguous):
+            return "gemv_stream needs the long operand contiguous along K"
+        if long_n < STREAM_MIN_LONG or p.k < STREAM_MIN_K:
+            return f"gemv_stream is for a long side >= {STREAM_MIN_LONG} and K >= {STREAM_MIN_K}"
+        return None
+
+
 #: Every GEMM emitter, in the order :func:`choose_gemm` asks them.
 GEMM_EMITTERS: tuple[GemmEmitter, ...] = (
+    _GemvStream(),
     _Gemv(),
     _Wgmma("wgmma_bf16", "bfloat16", 16, "Hopper wgmma m64nNk16 on bf16, fp32 accumulators (sm_90a)"),
     _Wgmma("wgmma_f16", "float16", 16, "Hopper wgmma m64nNk16 on fp16, fp32 accumulators (sm_90a)"),
@@ -559,6 +586,10 @@ def gemm_emitter(name: str) -> GemmEmitter:
 
 
 def _reason_chosen(e: GemmEmitter, p: GemmProblem, options: Any) -> str:
+    if e.name == "gemv_stream":
+        side = "M" if p.m <= p.n else "N"
+        return (f"{side} = {min(p.m, p.n)} <= {SKINNY_MAX} and the long operand is contiguous along K: a streaming "
+                "GEMV (columns over the grid, loads unrolled)")
     if e.name == "gemv":
         side = "M" if p.m <= p.n else "N"
         return f"{side} = {min(p.m, p.n)} <= {SKINNY_MAX}: skinny, tiles would be mostly empty"
@@ -584,7 +615,7 @@ def choose_gemm(p: GemmProblem, options: Any, arch: str = "sm_80") -> GemmPlan:
         reason = e.supports(p, options, arch)
         if reason is None:
             why = _reason_chosen(e, p, options)
-            if declined and e.name != "gemv":
+            if declined and not e.name.startswith("gemv"):
                 why += " (" + "; ".join(dict.fromkeys(declined)) + ")"
             return e.plan(p, options, why)
         # say why a tensor-core emitter for these operands declined (not the other dtypes' ones)

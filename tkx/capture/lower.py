@@ -42,7 +42,8 @@ from .trace import node_tag
 aten = torch.ops.aten
 
 TORCH_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16",
-                torch.int64: "int64", torch.int32: "int32", torch.bool: "bool"}
+                torch.int64: "int64", torch.int32: "int32", torch.bool: "bool",
+                torch.int8: "int8", torch.uint8: "uint8"}
 IR_TO_TORCH = {v: k for k, v in TORCH_DTYPES.items()}
 
 VIEW_OPS = {

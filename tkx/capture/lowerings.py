@@ -238,6 +238,12 @@ def _scatter_sum(L: Any, base: TensorSpec, hit: TensorSpec, vals: TensorSpec, dt
 def _scatter_last(L: Any, base: TensorSpec, hit: TensorSpec, vals_src: TensorSpec, pos: int) -> TensorSpec:
     """``base`` with the value of the last write (largest j) at each written position."""
     big = hit.shape
+    if big[-1] == 1:  # one index (a KV-cache append at a position): a pointwise where, no reduction
+        written = _strided(hit, big[:-1], list(contiguous_strides(big[:-1])))
+        strides = list(vals_src.strides)
+        strides[pos] = 0
+        value = _strided(vals_src, base.shape, strides)
+        return L.emit("where", (written, value, base), base.shape, base.dtype)
     j = L.emit("iota", (), big, "int64", {"start": 0, "step": 1, "dim": len(big) - 1}, base=f"{L.node.name}_j")
     cand = L.emit("where", (hit, j, -1), big, "int64", base=f"{L.node.name}_cand")
     last = L.emit("amax", (cand,), big[:-1], "int64", {"dims": (len(big) - 1,), "keepdim": False},

@@ -53,7 +53,7 @@ KERNEL_NAME = "tkx_step"
 #: structs). The one table: parameters, arena casts and the prelude's helpers all read it.
 C_TYPES: Mapping[str, str] = MappingProxyType({
     "float32": "float", "bfloat16": "tkx_bf16", "float16": "tkx_f16",
-    "int64": "long long", "int32": "int", "bool": "bool",
+    "int64": "long long", "int32": "int", "bool": "bool", "int8": "signed char", "uint8": "unsigned char",
 })
 
 #: Error code in ``status[0]`` written by the kernel -> what it means (``status[1]`` holds the

@@ -43,7 +43,7 @@ from .text import dedent
 
 #: Suffix of the ``tkx_ld_*``/``tkx_st_*``/``tkx_round_*`` helpers of each dtype.
 SUFFIX = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "int64": "i64", "int32": "i32",
-          "bool": "bool"}
+          "bool": "bool", "int8": "i8", "uint8": "u8"}
 
 
 DTYPES = dedent(r"""
@@ -89,6 +89,8 @@ DTYPES = dedent(r"""
     // Integers load into long long registers (exact); a float context converts them.
     TKX_INLINE long long tkx_ld_i64(const long long* p, long long i) { return p[i]; }
     TKX_INLINE long long tkx_ld_i32(const int* p, long long i) { return (long long)p[i]; }
+    TKX_INLINE long long tkx_ld_i8(const signed char* p, long long i) { return (long long)p[i]; }
+    TKX_INLINE long long tkx_ld_u8(const unsigned char* p, long long i) { return (long long)p[i]; }
     TKX_INLINE float tkx_ld_bool(const bool* p, long long i) { return p[i] ? 1.0f : 0.0f; }
 
     // Stores: round a float to the buffer's dtype (integers truncate toward zero, like .to()).
@@ -101,6 +103,8 @@ DTYPES = dedent(r"""
     }
     TKX_INLINE void tkx_st_i64(long long* p, long long i, long long x) { p[i] = x; }
     TKX_INLINE void tkx_st_i32(int* p, long long i, long long x) { p[i] = (int)x; }
+    TKX_INLINE void tkx_st_i8(signed char* p, long long i, long long x) { p[i] = (signed char)x; }
+    TKX_INLINE void tkx_st_u8(unsigned char* p, long long i, long long x) { p[i] = (unsigned char)x; }
     TKX_INLINE void tkx_st_bool(bool* p, long long i, float x) { p[i] = x != 0.0f; }
 
     // Round a float to the nearest value of a dtype, kept as float (what a store then a load gives).
@@ -491,6 +495,8 @@ def round_to(dtype: str, expr: str) -> str:
         return expr
     if dtype == "int32":
         return f"(long long)(int)({expr})"
+    if dtype in ("int8", "uint8"):
+        return f"(long long)({'signed' if dtype == 'int8' else 'unsigned'} char)({expr})"
     return f"tkx_round_{SUFFIX[dtype]}({expr})"
 
 

@@ -32,6 +32,7 @@ from . import abi
 from . import ops as cops
 from .cuda_prelude import C_TYPES, barrier, barrier_setup, load, prelude, round_to, shared_workspace, store
 from .gemm import GemmProblem, _batched_epilogue, emit_gemm
+from .gemv import gemv_stream
 from .reduce import emit_reduction, final_reduce, partial_reduce
 from .text import block, indent
 
@@ -277,14 +278,47 @@ class _Emitter:
         memo: dict = {}
         registers = dict(first)
         inl = set(g.inlined)
+        masked = self.masked_in_place(g, start)
         for op_id in g.ops[start:]:
             op = self.ops[op_id]
+            if op_id in masked:  # where(m, v, old) into old's own bytes: store v where m holds, read nothing else
+                cond = self.element(op.inputs[0], lin, lines, memo, registers, inl)
+                inner: list[str] = []
+                value = self.element(op.inputs[1], lin, inner, dict(memo), registers, inl)
+                ptr, dtype = self.home_pointer(self.s.homes[op_id], op_id)
+                inner.append(store(dtype, ptr, lin, value) + f"  // store {op_id} -> {self.s.homes[op_id]}")
+                lines += [f"if ((float)({cond}) != 0.0f) {{  // {op_id}: a masked write in place "
+                          "(elsewhere the bytes already hold the old value)", indent(block(inner)), "}"]
+                continue
             var = self.value_statements(op, lin, lines, memo, registers, inl)
             registers[op_id] = var
         for s in g.stores:
+            if s in masked:
+                continue
             ptr, dtype = self.home_pointer(self.s.homes[s], s)
             lines.append(store(dtype, ptr, lin, registers[s]) + f"  // store {s} -> {self.s.homes[s]}")
         return block(lines)
+
+    def masked_in_place(self, g: Group, start: int) -> set[str]:
+        """The group's ops ``where(mask, value, old)`` stored in place over ``old``, an input read at the same
+        point, that no later op of the group reads (a cache append: a few positions of a big state tensor
+        change). Their stores happen only where ``mask`` holds and ``old`` is never loaded."""
+        if g.kind != "pointwise":
+            return set()
+        out = set()
+        later_reads: set[str] = set()
+        for op_id in reversed(g.ops[start:]):
+            op = self.ops[op_id]
+            home = self.s.homes.get(op_id)
+            old = op.inputs[2] if op.kind == "where" else None
+            root = self.p.inputs[home.index].value if home is not None and home.kind == "input" else None
+            if (root is not None and isinstance(old, TensorSpec) and op_id in g.stores and op_id not in later_reads
+                    and self.inputs.get(old.buffer) == home.index and old.shape == op.out.shape
+                    and old.offset == root.offset and old.strides == root.strides and root.is_dense
+                    and old.dtype == op.out.dtype):
+                out.add(op_id)
+            later_reads |= {x.buffer for x in op.inputs if isinstance(x, TensorSpec)}
+        return out
 
     # -- groups -------------------------------------------------------------------------------------
     def group_code(self, g: Group) -> tuple[str, int, int]:
@@ -452,13 +486,16 @@ class _Emitter:
             final = partial_store
         else:
             final = epilogue
-        code = emit_gemm(variant, prob, operand(a), operand(b), final, tile_m=params["tile_m"],
-                         tile_n=params["tile_n"], tile_k=params["tile_k"], threads=self.threads,
-                         ptr_a=pointer_to(a, 1 if prob.a_k_contiguous else 0),
-                         ptr_b=pointer_to(b, 1 if prob.b_n_contiguous else 0), split=split,
-                         shared_budget=GPU.shared_per_block // max(1, int(self.s.options.blocks_per_sm)),
-                         tma_a=tma_map(a, 1 if prob.a_k_contiguous else 0),
-                         tma_b=tma_map(b, 1 if prob.b_n_contiguous else 0))
+        if variant == "gemv_stream":
+            code = gemv_stream(prob, operand(a), operand(b), final, threads=self.threads, blocks=self.s.blocks)
+        else:
+            code = emit_gemm(variant, prob, operand(a), operand(b), final, tile_m=params["tile_m"],
+                             tile_n=params["tile_n"], tile_k=params["tile_k"], threads=self.threads,
+                             ptr_a=pointer_to(a, 1 if prob.a_k_contiguous else 0),
+                             ptr_b=pointer_to(b, 1 if prob.b_n_contiguous else 0), split=split,
+                             shared_budget=GPU.shared_per_block // max(1, int(self.s.options.blocks_per_sm)),
+                             tma_a=tma_map(a, 1 if prob.a_k_contiguous else 0),
+                             tma_b=tma_map(b, 1 if prob.b_n_contiguous else 0))
         self.plan.tensor_cores |= code.tensor_cores
         self.plan.notes[g.id] = {"variant": code.variant, **code.params}
         return code.code, code.work_items, code.shared_bytes

@@ -31,6 +31,10 @@ cnn_digits             step(params, momentum_buf, rng, x, y)       64, 1x8x8, co
                        -> loss
 =====================  ==========================================  ============================  ==========
 
+Inference lives apart: :mod:`tkx.examples.decode` holds AMK's decode step (a Llama-style model, bf16 /
+int8 / int4 weights, in-place K/V caches, greedy ``argmax``) with its own registry (``decode.get``), since
+its step returns tokens rather than a loss.
+
 Functional steps (``-> (loss, new_params)``) mutate nothing; in-place steps (``-> loss``) update their
 parameter and optimizer-state arguments the way ``torch.optim`` does. This package imports nothing from
 the rest of tkx but :mod:`tkx.random` (``cnn_digits`` draws its dropout in the step).

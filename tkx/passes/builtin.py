@@ -155,6 +155,8 @@ def canonicalize_views(program: Program) -> Program:
 LOSSLESS = {
     "bool": frozenset({"bool", "int32", "int64", "float16", "bfloat16", "float32"}),
     "int32": frozenset({"int32", "int64"}),
+    "int8": frozenset({"int8", "int32", "int64", "float16", "bfloat16", "float32"}),
+    "uint8": frozenset({"uint8", "int32", "int64", "float16", "bfloat16", "float32"}),
     "int64": frozenset({"int64"}),
     "float16": frozenset({"float16", "float32"}),
     "bfloat16": frozenset({"bfloat16", "float32"}),

@@ -43,7 +43,7 @@ def describe_params(s: Any, g: Any) -> tuple[str, str]:
     if g.kind == "gemm":
         batch = f"[{p['batch']}×] " if p.get("batch", 1) > 1 else ""
         head = f"{_kind_prefix(anchor)}{batch}{p['m']}×{p['k']} @ {p['k']}×{p['n']} · {p['impl']}"
-        if p["impl"] != "gemv":
+        if not str(p["impl"]).startswith("gemv"):
             head += f" tile {p['tile_m']}×{p['tile_n']}×{p['tile_k']}"
         if p.get("split_k", 1) > 1:
             head += f" split-k {p['split_k']}"

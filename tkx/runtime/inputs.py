@@ -21,7 +21,8 @@ from ..errors import TkxError
 from ..ir import InputSpec, Program
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-                "int64": torch.int64, "int32": torch.int32, "bool": torch.bool}
+                "int64": torch.int64, "int32": torch.int32, "bool": torch.bool,
+                "int8": torch.int8, "uint8": torch.uint8}
 _NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 
 

@@ -37,7 +37,8 @@ from ..words import plural
 from .inputs import TORCH_DTYPES
 
 #: Default tolerance on the relative error, by IR dtype.
-TOLERANCES = {"float32": 1e-5, "bfloat16": 2e-2, "float16": 2e-2, "int64": 0.0, "int32": 0.0, "bool": 0.0}
+TOLERANCES = {"float32": 1e-5, "bfloat16": 2e-2, "float16": 2e-2, "int64": 0.0, "int32": 0.0, "bool": 0.0, "int8": 0.0,
+              "uint8": 0.0}
 #: float32 tolerance when fp32 GEMMs run on tf32 tensor cores.
 TF32_TOLERANCE = 5e-3
 
@@ -340,7 +341,7 @@ def tolerance_for(dtype: str, options: Any = None, overrides: Mapping[str, float
 
 #: IR op kinds whose integer operand indexes another operand (the op table's index ops).
 INDEX_KINDS = ("gather", "embedding", "index_select", "take_along_dim", "scatter", "scatter_add", "index")
-_INT_DTYPES = ("int64", "int32")
+_INT_DTYPES = ("int64", "int32", "int8", "uint8")
 
 
 @dataclass(frozen=True)

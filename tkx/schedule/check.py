@@ -62,7 +62,7 @@ def check_hazards(s: FusedSchedule, arena: ArenaPlan | None = None) -> list[str]
     return problems
 
 
-_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "bool": 1}
+_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "bool": 1, "int8": 1, "uint8": 1}
 
 
 def _check_views(s: FusedSchedule, arena: ArenaPlan | None) -> list[str]:

@@ -27,6 +27,7 @@ from typing import Any
 from .. import ops
 from ..errors import TkxError
 from ..ir import Op, Program, TensorSpec
+from ..target import SKINNY_MAX
 from ..watchdog import UserCodeTimeout, user_code
 
 #: Kinds the op table marks as transcendental (their cost class): recomputed only when needed.
@@ -99,9 +100,28 @@ def _switches(c: Candidate) -> Verdict | None:
     return None
 
 
+def _skinny_long_operand(c: Candidate) -> bool:
+    """The producer is the long operand of a skinny matrix product (the GEMV emitters' domain:
+    ``min(M, N) <= SKINNY_MAX``), read only by it: each of its elements is loaded once per
+    output, in the GEMV's operand load, so computing it there (a weight dequantised on the fly)
+    costs no extra reads."""
+    op = c.consumer
+    a, b = (op.inputs[1], op.inputs[2]) if op.kind == "addmm" else (op.inputs[0], op.inputs[1])
+    if not (isinstance(a, TensorSpec) and isinstance(b, TensorSpec)) or c.consumers != 1:
+        return False
+    m, n = a.shape[-2], b.shape[-1]
+    if min(m, n) > SKINNY_MAX:
+        return False
+    long, short = (b, a) if m <= n else (a, b)
+    return long.buffer == c.producer.id and short.buffer != c.producer.id
+
+
 def _gemm_operand(c: Candidate) -> Verdict | None:
     if c.consumer.family != "matmul":
         return None
+    if c.producer.family == "pointwise" and c.cost <= 16 and _skinny_long_operand(c):
+        return fuse("gemv-operand", f"fused: the GEMV loads each element of this operand once, so {c.producer.kind} "
+                                    "is computed in its operand load (a weight dequantised on the fly)")
     if c.producer.family == "generator" or (c.producer.kind == "cast" and c.cost <= 1):
         return fuse("cheap-operand", f"fused: {c.producer.kind} is recomputed while loading GEMM tiles")
     return keep("gemm-operand", "not fused: a GEMM re-reads each operand element once per tile, "
@@ -128,7 +148,8 @@ def _deep_inline(c: Candidate) -> Verdict | None:
 
 BUILTIN_RULES: tuple[FusionRule, ...] = (
     FusionRule("option-switches", CANDIDATE_KINDS, _switches, "honour fuse_* options"),
-    FusionRule("gemm-operand", ("inline",), _gemm_operand, "only cheap casts/generators feed GEMM tiles"),
+    FusionRule("gemm-operand", ("inline",), _gemm_operand,
+               "only cheap casts/generators feed GEMM tiles (and any short chain the long operand of a GEMV)"),
     FusionRule("multi-use", ("inline",), _multi_use, "recompute multi-use producers only when cheap"),
     FusionRule("expression-size", ("inline",), _deep_inline, "bound inline expression size"),
 )

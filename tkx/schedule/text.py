@@ -26,7 +26,7 @@ def describe_group(s: FusedSchedule, g: Group) -> str:
         head = (f"{anchor.kind} {anchor.id} [{p['batch']}x] {p['m']}x{p['k']} @ {p['k']}x{p['n']}"
                 if p["batch"] > 1 else f"{anchor.kind} {anchor.id} {p['m']}x{p['k']} @ {p['k']}x{p['n']}")
         head += f"  {p['impl']}"
-        if p["impl"] != "gemv":
+        if not str(p["impl"]).startswith("gemv"):
             head += f" tile {p['tile_m']}x{p['tile_n']}x{p['tile_k']}"
         if p.get("split_k", 1) > 1:
             head += (f" split-K {p['split_k']} slices" if g.kind == "gemm_partial"

@@ -1,0 +1,344 @@
+"""A Llama-style **decode step** (AMK's workload) in plain PyTorch: one new token per sequence.
+
+``decode_step(params, k_cache, v_cache, tokens, pos) -> next_tokens``
+
+* ``tokens``: int64 ``[B]``, the current token of each of ``B`` sequences;
+* ``pos``: int64 0-d tensor, the position those tokens sit at (the same for every sequence);
+* ``k_cache``, ``v_cache``: tuples of ``L`` bf16 tensors ``[B, H, S, D]`` (one per layer: batch, heads,
+  cache positions, head width), **updated in place**: the step writes the new keys and values at
+  position ``pos``;
+* ``params``: a dict of weights in ``nn.Linear`` layout ``[N_out, K_in]`` (``F.linear`` computes
+  ``x @ W.T``), bf16, or weight-only quantised (below);
+* returns int64 ``[B]``: the greedy next token (``argmax`` of the logits).
+
+Per layer: RMSNorm, the q/k/v projections, rotary embeddings at ``pos`` (rotate-half, base 10000),
+the cache append, attention of the one query over the whole cache with the positions after ``pos``
+masked out (a static shape: the cache length ``S`` is fixed), the output projection and residual,
+RMSNorm, a SwiGLU MLP and residual; then a final RMSNorm, the LM head (in fp32: bf16 logits tie too often
+for a greedy choice that does not depend on the summation order) and ``argmax``.
+
+Weight-only quantisation, written as users write it (the step dequantises, tkx fuses that into
+the GEMV's operand load):
+
+* ``"int8"``: ``w_q`` int8 ``[N, K]`` and ``w_s`` bf16 ``[N, K // G]``; ``W = w_q.to(bf16) * w_s``
+  repeated over each group of ``G`` input columns (symmetric, ``real = q * scale``);
+* ``"int4"``: ``w_q`` uint8 ``[N, K // 2]`` holding two 4-bit values per byte, column ``2b`` in the
+  low nibble and ``2b + 1`` in the high one, each stored as ``q + 8`` (``q`` in ``[-8, 7]``);
+  ``w_s`` as for int8. These are AMK's storage conventions.
+
+Shapes of the registered configurations (:data:`CONFIGS`): ``decode`` is 4 layers, width 512,
+8 heads of 64, SwiGLU hidden 1536, vocabulary 4096, a cache of 1024 positions and batch 4; ``decode_tiny``
+(2 layers, width 64, 2 heads of 32, hidden 128, vocabulary 256, cache 32, batch 2) keeps the CPU tests fast.
+This module imports nothing from the rest of tkx.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from ._base import randn, seeded_generator
+
+BF16 = torch.bfloat16
+QUANTS = ("bf16", "int8", "int4")
+LINEARS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+
+__all__ = ["DecodeConfig", "DecodeExample", "CONFIGS", "QUANTS", "get", "names", "make_decode_step",
+           "quantize_int8", "quantize_int4", "dequantize", "generate", "weight_bytes", "cache_bytes",
+           "compare_greedy", "GreedyComparison"]
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Sizes of a decode model. ``group``: input columns sharing one quantisation scale."""
+
+    layers: int = 4
+    width: int = 512
+    heads: int = 8
+    hidden: int = 1536
+    vocab: int = 4096
+    cache: int = 1024
+    batch: int = 4
+    group: int = 128
+    eps: float = 1e-6
+    theta: float = 10000.0
+
+    @property
+    def head_dim(self) -> int:
+        return self.width // self.heads
+
+    def linear_shapes(self) -> dict[str, tuple[int, int]]:
+        """name -> ``(N_out, K_in)`` of every projection of one layer."""
+        c, h = self.width, self.hidden
+        return {"wq": (c, c), "wk": (c, c), "wv": (c, c), "wo": (c, c),
+                "w_gate": (h, c), "w_up": (h, c), "w_down": (c, h)}
+
+
+# -- quantisation (as users store weights) ----------------------------------------------------------
+
+
+def quantize_int8(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric group-wise int8: ``(q int8 [N, K], scale bf16 [N, K // group])``, ``w ~ q * scale``."""
+    n, k = w.shape
+    g = w.float().reshape(n, k // group, group)
+    scale = (g.abs().amax(-1) / 127.0).clamp_min(1e-8).to(BF16)
+    q = torch.round(g / scale.float()[..., None]).clamp(-127, 127).to(torch.int8)
+    return q.reshape(n, k), scale
+
+
+def quantize_int4(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric group-wise int4 packed two per byte: ``(q uint8 [N, K // 2], scale bf16 [N, K // group])``;
+    byte ``b`` holds column ``2b`` in its low nibble and ``2b + 1`` in its high nibble, each as ``q + 8``."""
+    n, k = w.shape
+    g = w.float().reshape(n, k // group, group)
+    scale = (g.abs().amax(-1) / 7.0).clamp_min(1e-8).to(BF16)
+    q = torch.round(g / scale.float()[..., None]).clamp(-8, 7).to(torch.int32).reshape(n, k) + 8
+    packed = (q[:, 0::2] | (q[:, 1::2] << 4)).to(torch.uint8)
+    return packed, scale
+
+
+def dequantize(q: torch.Tensor, scale: torch.Tensor, quant: str, group: int) -> torch.Tensor:
+    """The bf16 weight ``[N, K]`` of a quantised one, written as a user writes it in a step:
+    ``q.to(bf16) * scale`` with the scale repeated over each group of ``group`` input columns."""
+    if quant == "int4":
+        # byte // 16**j % 16 is nibble j (low first): [N, K/2, 2] -> [N, K], each q + 8 -> q
+        nibble = 1 + 15 * torch.arange(2, dtype=torch.int32, device=q.device)  # [1, 16] (16 ** j)
+        q = ((q.to(torch.int32).unsqueeze(-1) // nibble) % 16 - 8).reshape(q.shape[0], -1)
+    n, k = q.shape
+    w = q.to(BF16).reshape(n, k // group, group) * scale[..., None]
+    return w.reshape(n, k)
+
+
+# -- the model --------------------------------------------------------------------------------------
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x / sqrt(mean(x**2) + eps) * w`` over the last dim, in fp32, cast back to ``x.dtype``."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
+
+
+def rope_at(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary embedding (rotate-half) of ``x [B, H, D]`` at the 0-d int64 position ``pos``."""
+    d = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d))
+    angles = pos.float() * inv_freq                                   # [D/2]
+    emb = torch.cat((angles, angles), dim=-1)
+    x1, x2 = x.chunk(2, dim=-1)
+    rotated = torch.cat((-x2, x1), dim=-1)
+    return x * emb.cos().to(x.dtype) + rotated * emb.sin().to(x.dtype)
+
+
+def make_decode_step(cfg: DecodeConfig, quant: str = "bf16", *, return_logits: bool = False) -> Callable:
+    """The decode step of ``cfg`` with weights stored as ``quant`` (``"bf16"``, ``"int8"``, ``"int4"``);
+    with ``return_logits`` it returns ``(next_tokens, logits)`` (fp32 ``[B, V]``) instead of the tokens."""
+    if quant not in QUANTS:
+        raise ValueError(f"quant must be one of {QUANTS}, got {quant!r}")
+    L, H, D, S = cfg.layers, cfg.heads, cfg.head_dim, cfg.cache
+
+    def weight(p: dict, name: str) -> torch.Tensor:
+        if quant == "bf16":
+            return p[name]
+        return dequantize(p[name + ".q"], p[name + ".s"], quant, cfg.group)
+
+    def decode_step(params, k_cache, v_cache, tokens, pos):
+        b = tokens.shape[0]
+        x = F.embedding(tokens, params["embed"])                       # [B, C] bf16
+        keep = torch.arange(S, device=tokens.device) <= pos            # [S]: positions written so far
+        for layer in range(L):
+            p = {name: weight(params, f"l{layer}.{name}") for name in LINEARS}
+            h = rms_norm(x, params[f"l{layer}.attn_norm"], cfg.eps)
+            q = F.linear(h, p["wq"]).view(b, H, D)
+            k = F.linear(h, p["wk"]).view(b, H, D)
+            v = F.linear(h, p["wv"]).view(b, H, D)
+            q, k = rope_at(q, pos, cfg.theta), rope_at(k, pos, cfg.theta)
+            at = pos.view(1)                                           # a 1-element index: index_put
+            kc, vc = k_cache[layer], v_cache[layer]
+            kc[:, :, at] = k.unsqueeze(2)                              # the cache append, in place
+            vc[:, :, at] = v.unsqueeze(2)
+            scores = (q.unsqueeze(2) @ kc.transpose(-2, -1)).float() / math.sqrt(D)   # [B, H, 1, S]
+            scores = torch.where(keep, scores, float("-inf"))
+            att = scores.softmax(-1).to(BF16) @ vc                     # [B, H, 1, D]
+            x = x + F.linear(att.reshape(b, H * D), p["wo"])
+            h = rms_norm(x, params[f"l{layer}.mlp_norm"], cfg.eps)
+            x = x + F.linear(F.silu(F.linear(h, p["w_gate"])) * F.linear(h, p["w_up"]), p["w_down"])
+        # the LM head in fp32 (its bf16 weight widened in the GEMV's load): bf16 logits tie often over a
+        # vocabulary of thousands, and a tie makes the greedy token depend on the summation order
+        h = rms_norm(x, params["final_norm"], cfg.eps)
+        logits = F.linear(h.float(), params["head"].float())          # [B, V] fp32
+        return (logits.argmax(-1), logits) if return_logits else logits.argmax(-1)
+
+    decode_step.__name__ = f"decode_step_{quant}"
+    decode_step.__qualname__ = decode_step.__name__
+    return decode_step
+
+
+def make_params(cfg: DecodeConfig, quant: str = "bf16", seed: int = 0, device="cpu") -> dict[str, torch.Tensor]:
+    """Random weights (bf16; the projections quantised when ``quant`` says so), drawn on the CPU."""
+    gen = seeded_generator(seed)
+    c = cfg.width
+    params = {"embed": randn(gen, cfg.vocab, c, scale=1.0, dtype=BF16, device=device)}
+    for layer in range(cfg.layers):
+        params[f"l{layer}.attn_norm"] = (1 + randn(gen, c, scale=0.1)).to(device=device, dtype=BF16)
+        params[f"l{layer}.mlp_norm"] = (1 + randn(gen, c, scale=0.1)).to(device=device, dtype=BF16)
+        for name, (n, k) in cfg.linear_shapes().items():
+            w = randn(gen, n, k, scale=1 / math.sqrt(k))
+            if quant == "bf16":
+                params[f"l{layer}.{name}"] = w.to(device=device, dtype=BF16)
+            else:
+                q, s = (quantize_int8 if quant == "int8" else quantize_int4)(w, cfg.group)
+                params[f"l{layer}.{name}.q"], params[f"l{layer}.{name}.s"] = q.to(device), s.to(device)
+    params["final_norm"] = (1 + randn(gen, c, scale=0.1)).to(device=device, dtype=BF16)
+    # a head with large weights makes the greedy choice well separated (few near-ties in bf16)
+    params["head"] = randn(gen, cfg.vocab, c, scale=4 / math.sqrt(c), dtype=BF16, device=device)
+    return params
+
+
+def make_decode_inputs(cfg: DecodeConfig, quant: str = "bf16", seed: int = 0, device="cpu", start: int = 0):
+    """``(params, k_cache, v_cache, tokens, pos)``: empty caches (tuples of zeros, one per layer), random
+    tokens, ``pos = start``."""
+    gen = seeded_generator(seed + 1000)
+    shape = (cfg.batch, cfg.heads, cfg.cache, cfg.head_dim)
+    tokens = torch.randint(0, cfg.vocab, (cfg.batch,), generator=gen).to(device)
+
+    def caches():
+        return tuple(torch.zeros(shape, dtype=BF16, device=device) for _ in range(cfg.layers))
+
+    return (make_params(cfg, quant, seed, device), caches(), caches(), tokens,
+            torch.tensor(start, dtype=torch.int64, device=device))
+
+
+def generate(step: Callable, inputs: tuple, n: int) -> torch.Tensor:
+    """Greedy decoding: ``n`` calls of ``step(params, k_cache, v_cache, tokens, pos)``, each feeding its
+    tokens to the next at ``pos + 1``; the caches are updated in place. Returns int64 ``[n, B]``."""
+    params, kc, vc, tokens, pos = inputs
+    out = []
+    for i in range(n):
+        tokens = step(params, kc, vc, tokens, pos + i)
+        out.append(tokens)
+    return torch.stack(out)
+
+
+@dataclass(frozen=True)
+class GreedyComparison:
+    """Greedy tokens of a compiled step against eager, teacher-forced (both are fed eager's tokens).
+
+    ``tokens``: eager's int64 ``[n, B]``; ``got``: the other step's; ``differences``: ``(step, sequence,
+    eager's token, its token, margin)`` for each token that differs, where ``margin`` is eager's best logit
+    minus eager's logit of the other token; ``tolerances``: for each difference, the largest margin that
+    counts as a near-tie (``rel x |eager's best logit|``: the summation-order noise of bf16 activations).
+    ``equal``: every token the same; ``ok``: every difference a near-tie.
+    """
+
+    tokens: torch.Tensor
+    got: torch.Tensor
+    differences: tuple[tuple[int, int, int, int, float], ...]
+    rel: float
+    tolerances: tuple[float, ...] = ()
+
+    @property
+    def equal(self) -> bool:
+        return not self.differences
+
+    @property
+    def ok(self) -> bool:
+        return all(d[4] <= tol for d, tol in zip(self.differences, self.tolerances))
+
+    def __str__(self) -> str:
+        n, b = self.tokens.shape
+        if self.equal:
+            return f"all {n} x {b} greedy tokens equal to eager"
+        worst = max(d[4] for d in self.differences)
+        return (f"{n * b - len(self.differences)} of {n * b} greedy tokens equal to eager (teacher-forced); "
+                f"{len(self.differences)} differ with eager's logit margin up to {worst:.4g} "
+                f"({'near-ties, within' if self.ok else 'BEYOND'} the tolerance {self.rel:g} x |best logit|)")
+
+
+def compare_greedy(step: Callable, ex: DecodeExample, n: int = 20, device="cpu", rel: float = 2 ** -7):
+    """Run ``step`` (e.g. a tkx runner) and eager for ``n`` greedy steps from ``ex.make_inputs(0, device)``,
+    both fed eager's tokens (so one near-tie does not change every later step), on separate caches.
+    Returns a :class:`GreedyComparison`; a token that differs counts as a near-tie when eager's logit of it
+    is within ``rel x |eager's best logit|`` of the best."""
+    with_logits = make_decode_step(ex.config, ex.quant, return_logits=True)
+    mine, eager = ex.make_inputs(0, device), ex.make_inputs(0, device)
+    tok, pos = eager[3], eager[4]
+    want, got, diffs, tols = [], [], [], []
+    for i in range(n):
+        e_tok, logits = with_logits(eager[0], eager[1], eager[2], tok, pos + i)
+        m_tok = step(mine[0], mine[1], mine[2], tok, pos + i)
+        want.append(e_tok.cpu())
+        got.append(m_tok.cpu())
+        for b in torch.nonzero(e_tok != m_tok).flatten().tolist():
+            best = float(logits[b, e_tok[b]])
+            diffs.append((i, b, int(e_tok[b]), int(m_tok[b]), best - float(logits[b, m_tok[b]])))
+            tols.append(rel * abs(best))
+        tok = e_tok
+    return GreedyComparison(torch.stack(want), torch.stack(got), tuple(diffs), rel, tuple(tols))
+
+
+def weight_bytes(cfg: DecodeConfig, quant: str = "bf16") -> int:
+    """Bytes of weights one step reads: every projection (with its scales), the norms, the LM head and
+    ``batch`` embedding rows."""
+    per_el = {"bf16": 2.0, "int8": 1.0, "int4": 0.5}[quant]
+    n = 0
+    for _ in range(cfg.layers):
+        for nn_, kk in cfg.linear_shapes().values():
+            n += int(nn_ * kk * per_el) + (0 if quant == "bf16" else 2 * nn_ * (kk // cfg.group))
+        n += 2 * 2 * cfg.width
+    return n + 2 * cfg.width + 2 * cfg.vocab * cfg.width + 2 * cfg.batch * cfg.width
+
+
+def cache_bytes(cfg: DecodeConfig) -> int:
+    """Bytes of K/V cache one step reads when attention spans the whole cache (bf16)."""
+    return 2 * 2 * cfg.layers * cfg.batch * cfg.heads * cfg.cache * cfg.head_dim
+
+
+@dataclass(frozen=True)
+class DecodeExample:
+    """A registered decode configuration: ``step_fn`` and ``make_inputs(seed=0, device="cpu")``."""
+
+    name: str
+    config: DecodeConfig
+    quant: str
+    description: str = ""
+    step_fn: Callable = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "step_fn", make_decode_step(self.config, self.quant))
+
+    def make_inputs(self, seed: int = 0, device="cpu", start: int = 0) -> tuple:
+        return make_decode_inputs(self.config, self.quant, seed, device, start)
+
+    @property
+    def example_inputs(self) -> tuple:
+        return self.make_inputs(0)
+
+
+CONFIGS = {"decode": DecodeConfig(),
+           "decode_tiny": DecodeConfig(layers=2, width=64, heads=2, hidden=128, vocab=256, cache=32, batch=2,
+                                       group=32)}
+
+_REGISTRY = {
+    (name if quant == "bf16" else f"{name}_{quant}"): DecodeExample(
+        name if quant == "bf16" else f"{name}_{quant}", cfg, quant,
+        f"Llama-style decode step ({cfg.layers} layers, width {cfg.width}, {cfg.heads} heads, vocabulary "
+        f"{cfg.vocab}, cache {cfg.cache}, batch {cfg.batch}), {quant} weights")
+    for name, cfg in CONFIGS.items() for quant in QUANTS
+}
+
+
+def names() -> list[str]:
+    """Registered decode examples: ``decode``, ``decode_int8``, ``decode_int4`` and the ``decode_tiny`` ones."""
+    return list(_REGISTRY)
+
+
+def get(name: str) -> DecodeExample:
+    """The decode example called ``name``; ``KeyError`` naming the available ones otherwise."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"no decode example named {name!r}; available: {', '.join(_REGISTRY)}") from None
