@@ -437,10 +437,9 @@ def schedule(program: Program, options: Any = None, *, rules: tuple[FusionRule, 
             w.domain_of[op.id] = op.id
 
     # Step 3b: row-persistent multi-reduction fusion (softmax, cross-entropy, layer norm in one pass).
-    row_groups = {}
-    if getattr(options, "fuse_rows", True):
-        from .rows import RowFusion
-        row_groups = RowFusion(w).run()
+    # (Options.fuse_rows=False is a rule: the candidates are still recorded, as not fused.)
+    from .rows import RowFusion
+    row_groups = RowFusion(w).run()
 
     # Which domain values must be stored: read from memory by another group, or a sink.
     stored: set[str] = set()

@@ -209,10 +209,37 @@ class RowFusion:
             return "rows adjacent in memory (a reduction over a leading dim)"
         return None
 
+    # -- stages ------------------------------------------------------------------------
+    def _level(self, members: list[str], skip: set[str]) -> int:
+        """The stage a group made of ``members`` would get at the earliest: one after the latest
+        group it reads from memory (longest path over the current domains; ``skip``: their anchors)."""
+        from . import _group_reads
+
+        w = self.w
+        memo: dict[str, int] = {}
+
+        def lev(anchor: str, depth: int = 0) -> int:
+            if anchor not in memo:
+                memo[anchor] = 0
+                if depth < len(w.domains) + 1:
+                    reads = _group_reads(w, w.domains[anchor])[0]
+                    deps = {w.domain_of[b] for b in reads if b in w.domain_of and w.domain_of[b] != anchor}
+                    memo[anchor] = 1 + max((lev(d, depth + 1) for d in deps), default=-1)
+            return memo[anchor]
+
+        reads = _group_reads(w, members)[0]
+        deps = {w.domain_of[b] for b in reads if b in w.domain_of and w.domain_of[b] not in skip}
+        return 1 + max((lev(d) for d in deps), default=-1)
+
     # -- the sweep -----------------------------------------------------------------------
     def run(self) -> dict[str, RowGroup]:
         """Merge domains of ``w`` in program order; returns the row groups (anchor -> RowGroup) that
-        received at least one join."""
+        received at least one join.
+
+        A domain that reads a row group's values joins it, and so does a *sibling* reduction over
+        the same rows that reads none (cross-entropy's backward ``sum`` next to its forward ones), as
+        long as the merged group needs nothing computed later than the row group already does (a join
+        never makes the row group wait a stage longer)."""
         w, g = self.w, self.g
         for op in g.program.ops:
             if w.domain_of.get(op.id) != op.id:
@@ -224,16 +251,25 @@ class RowFusion:
             for anchor in sorted({self.home[m] for m in self.home}, key=g.pos.__getitem__):
                 rg = self.groups[anchor]
                 members = set(w.domains[anchor])
-                if not any(self._reads(g.ops[m], members) for m in domain):
+                reads = any(self._reads(g.ops[m], members) for m in domain)
+                same_rows = op.family == "reduction" and row_key(op) == (rg.shape, rg.dims) \
+                    and op.out.dtype not in INT_DTYPES
+                if not reads and not same_rows:
                     continue
-                if (row_key(op) != (rg.shape, rg.dims) or op.out.dtype in INT_DTYPES) \
-                        if op.family == "reduction" else self._kind(rg, op) is None:
+                if not same_rows and (op.family == "reduction" or self._kind(rg, op) is None):
                     continue  # other rows, or another shape: not a candidate
-                producer = next(m for m in reversed(w.domains[anchor]) if any(
-                    self._reads(g.ops[d], {m}) for d in domain))
+                producer = next((m for m in reversed(w.domains[anchor]) if any(
+                    self._reads(g.ops[d], {m}) for d in domain)), rg.reductions[-1])
                 why = self._legal(rg, domain)
+                if why is None:
+                    before = self._level(w.domains[anchor], {anchor})
+                    after = self._level(w.domains[anchor] + domain, {anchor, op.id})
+                    if after > before:
+                        why = (f"not fused: it reads a value computed later than the row group's inputs, "
+                               f"so the row group would wait {after - before} stage(s) longer")
                 if why is not None:
-                    w.record("row", producer, op.id, "legality", _keep("illegal", why))
+                    if reads:
+                        w.record("row", producer, op.id, "legality", _keep("illegal", why))
                     continue
                 if not w.ask("row", g.ops[producer], op, None):
                     continue
