@@ -116,8 +116,8 @@ def _row_fits(c: Candidate) -> Verdict | None:
     if size > MAX_ROW:
         return keep("row-too-long", f"not fused: a row of {size} elements does not fit in one warp's registers "
                                     f"(at most {MAX_ROW})")
-    return fuse("row-persistent", f"fused: one warp keeps the row of {size} in registers, so "
-                                  f"{c.consumer.kind} reads {c.producer.kind}'s result without a barrier")
+    return fuse("row-persistent", f"fused: one warp keeps the row of {size} in registers; {c.consumer.kind} is "
+                                  f"one more pass over it in the same work item, with no barrier")
 
 
 def _gemm_operand(c: Candidate) -> Verdict | None:
