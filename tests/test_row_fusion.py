@@ -73,7 +73,8 @@ def test_log_softmax_and_layer_norm_through_every_stage():
 
 
 def test_cross_entropy_step_forward_and_backward():
-    w, x, y = _f(16, 10) / 4, _f(32, 16, seed=1), torch.randint(0, 10, (32,), generator=torch.Generator().manual_seed(3))
+    labels = torch.randint(0, 10, (32,), generator=torch.Generator().manual_seed(3))
+    w, x, y = _f(16, 10) / 4, _f(32, 16, seed=1), labels
     exp = check_step(ce_step, (w, x, y))
     groups = _row_groups(exp)
     kinds = [exp.schedule.op(o).kind for o in _reductions(groups[0], exp)]

@@ -87,7 +87,7 @@ class _RowContext:
         self.cached = True
 
     def broadcast(self, x: TensorSpec, root: TensorSpec) -> bool:
-        from ..schedule.rows import is_row_broadcast
+        from ..schedule.rowshape import is_row_broadcast
         return is_row_broadcast(x, root, self.shape, self.dims)
 
     def cache(self, ptr: str, idx: str, dtype: str, expr: str, lines: list[str]) -> str:
@@ -344,7 +344,8 @@ class _Emitter:
         kept in registers ``tkx_rc*[K]`` after their first pass), a warp all-reduce gives every lane the
         result, the row-level ops after it are computed at the row; a last pass computes and stores the
         row-shaped (full) values. A work item is one row per warp."""
-        from ..schedule.rows import member_kind, row_key
+        from ..schedule.rows import member_kind
+        from ..schedule.rowshape import row_key
         from .reduce import row_pass_close, row_pass_fold, row_pass_open
 
         anchor = self.ops[g.anchor]

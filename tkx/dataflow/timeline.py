@@ -105,7 +105,9 @@ class Timeline:
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
         text = repr(self)
         try:
-            svg = self.svg()  # inline, so hovering a bar shows its task
+            # inline (hovering a bar shows its task); HTML needs no namespace URL, and a page that names
+            # no URL stays self-contained
+            svg = self.svg().replace(' xmlns="http://www.w3.org/2000/svg"', "", 1)
         except Exception:  # never a traceback in a notebook cell
             return {"text/plain": text}
         return {"text/plain": text, "text/html": f'<div class="tkx-timeline" style="overflow:auto;max-height:70vh">'

@@ -438,8 +438,12 @@ def schedule(program: Program, options: Any = None, *, rules: tuple[FusionRule, 
 
     # Step 3b: row-persistent multi-reduction fusion (softmax, cross-entropy, layer norm in one pass).
     # (Options.fuse_rows=False is a rule: the candidates are still recorded, as not fused.)
+    from types import SimpleNamespace
+
     from .rows import RowFusion
-    row_groups = RowFusion(w).run()
+    helpers = SimpleNamespace(is_identity=is_identity, memory_deps=_memory_deps, would_cycle=_would_cycle,
+                              group_reads=_group_reads, rows_contiguous=rows_contiguous)
+    row_groups = RowFusion(w, helpers).run()
 
     # Which domain values must be stored: read from memory by another group, or a sink.
     stored: set[str] = set()

@@ -35,10 +35,9 @@ from typing import Any
 from .. import ops as optable
 from ..dtypes import INT_DTYPES
 from ..ir import Op, TensorSpec, contiguous_strides
+from .rowshape import MAX_ROW, ROW_PER_LANE, is_row_broadcast, row_key
 
-#: Longest row (elements) one warp keeps in registers: 32 lanes x 16 values.
-ROW_PER_LANE = 16
-MAX_ROW = 32 * ROW_PER_LANE
+__all__ = ["MAX_ROW", "ROW_PER_LANE", "RowFusion", "RowGroup", "is_row_broadcast", "member_kind", "row_key"]
 
 FULL, ROW, OTHER = "full", "row", "other"
 
@@ -63,44 +62,15 @@ class RowGroup:
         return math.prod(self.shape[d] for d in self.dims)
 
 
-def row_key(op: Op) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-    """(input shape, reduced dims) of a reduction, or None when it has no reduced dims."""
-    x = op.inputs[0]
-    if not isinstance(x, TensorSpec):
-        return None
-    dims = tuple(sorted(d % max(x.ndim, 1) for d in op.attr("dims", ())))
-    if not dims:
-        return None
-    return tuple(x.shape), dims
-
-
-def is_row_broadcast(view: TensorSpec, root: TensorSpec, shape: tuple[int, ...], dims: tuple[int, ...]) -> bool:
-    """Does ``view`` (of the row-shaped value ``root``) give, at every point of ``shape``, the value of
-    that point's row (the reduced dims broadcast, the kept dims in order)?"""
-    if tuple(view.shape) != tuple(shape) or view.offset != root.offset or not root.is_dense:
-        return False
-    if root.strides != contiguous_strides(root.shape):
-        return False
-    kept = [d for d in range(len(shape)) if d not in dims]
-    kept_strides = contiguous_strides(tuple(shape[d] for d in kept))
-    if math.prod(shape[d] for d in kept) != root.numel:
-        return False
-    for d, st in zip(kept, kept_strides):
-        if shape[d] != 1 and view.strides[d] != st:
-            return False
-    return all(shape[d] == 1 or view.strides[d] == 0 for d in dims)
-
-
-def _identity(view: TensorSpec, root: TensorSpec) -> bool:
-    from . import is_identity
-    return is_identity(view, root)
-
-
 class RowFusion:
     """Step 3b of the scheduler on its scratchpad ``w`` (see the module docstring)."""
 
-    def __init__(self, w: Any) -> None:
+    def __init__(self, w: Any, helpers: Any) -> None:
+        """``w``: the scheduler's scratchpad; ``helpers``: its graph walks (``is_identity``, ``memory_deps``,
+        ``would_cycle``, ``group_reads``, ``rows_contiguous``; passed in so this module imports none of the
+        scheduler)."""
         self.w = w
+        self.h = helpers
         self.g = w.graph
         self.groups: dict[str, RowGroup] = {}  # anchor -> row group
         self.home: dict[str, str] = {}  # member op -> row group anchor
@@ -127,9 +97,9 @@ class RowFusion:
             if x.buffer in members:
                 m = ops[x.buffer]
                 k = self._kind(rg, m)
-                ok = (at == FULL and k == FULL and tuple(x.shape) == rg.shape and _identity(x, m.out)) or \
+                ok = (at == FULL and k == FULL and tuple(x.shape) == rg.shape and self.h.is_identity(x, m.out)) or \
                      (at == FULL and k == ROW and is_row_broadcast(x, m.out, rg.shape, rg.dims)) or \
-                     (at == ROW and k == ROW and _identity(x, m.out))
+                     (at == ROW and k == ROW and self.h.is_identity(x, m.out))
                 if not ok:
                     return (f"not fused: {x.buffer} would be read at other coordinates than the row pass "
                             f"computes")
@@ -139,12 +109,12 @@ class RowFusion:
                 if not point:
                     nxt = OTHER
                 elif at == FULL and tuple(x.shape) == rg.shape and tuple(inner.out.shape) == rg.shape \
-                        and _identity(x, inner.out):
+                        and self.h.is_identity(x, inner.out):
                     nxt = FULL
                 elif at == FULL and self._kind(rg, inner) == ROW and is_row_broadcast(x, inner.out, rg.shape,
                                                                                        rg.dims):
                     nxt = ROW
-                elif at == ROW and _identity(x, inner.out):
+                elif at == ROW and self.h.is_identity(x, inner.out):
                     nxt = ROW
                 else:
                     nxt = OTHER
@@ -168,8 +138,6 @@ class RowFusion:
 
     def _legal(self, rg: RowGroup, domain: list[str]) -> str | None:
         """Why the domain (a reduction's or a pointwise group's ops) cannot join ``rg``; None if it can."""
-        from . import _memory_deps, _would_cycle
-
         ops = self.g.ops
         members = set(self.w.domains[rg.anchor])
         both = members | set(domain)
@@ -188,24 +156,22 @@ class RowFusion:
             if why is not None:
                 return why
         for m in domain:
-            for dep in _memory_deps(self.w, ops[m], both):
+            for dep in self.h.memory_deps(self.w, ops[m], both):
                 if any(self.g.depends(dep, x) for x in members):
                     return "not fused: another operand is computed after the row group"
-        if _would_cycle(self.w, both):
+        if self.h.would_cycle(self.w, both):
             return "not fused: the two groups would each wait for the other's values"
         return None
 
     def _eligible(self, op: Op) -> str | None:
         """Why reduction ``op`` cannot start a row group (None when it can)."""
-        from . import rows_contiguous
-
         key = row_key(op)
         if key is None:
             return "no reduced dims"
         if op.out.dtype in INT_DTYPES:
             return "an integer reduction"
         x = op.inputs[0]
-        if rows_contiguous(x, key[1]):
+        if self.h.rows_contiguous(x, key[1]):
             return "rows adjacent in memory (a reduction over a leading dim)"
         return None
 
@@ -213,8 +179,6 @@ class RowFusion:
     def _level(self, members: list[str], skip: set[str]) -> int:
         """The stage a group made of ``members`` would get at the earliest: one after the latest
         group it reads from memory (longest path over the current domains; ``skip``: their anchors)."""
-        from . import _group_reads
-
         w = self.w
         memo: dict[str, int] = {}
 
@@ -222,12 +186,12 @@ class RowFusion:
             if anchor not in memo:
                 memo[anchor] = 0
                 if depth < len(w.domains) + 1:
-                    reads = _group_reads(w, w.domains[anchor])[0]
+                    reads = self.h.group_reads(w, w.domains[anchor])[0]
                     deps = {w.domain_of[b] for b in reads if b in w.domain_of and w.domain_of[b] != anchor}
                     memo[anchor] = 1 + max((lev(d, depth + 1) for d in deps), default=-1)
             return memo[anchor]
 
-        reads = _group_reads(w, members)[0]
+        reads = self.h.group_reads(w, members)[0]
         deps = {w.domain_of[b] for b in reads if b in w.domain_of and w.domain_of[b] not in skip}
         return 1 + max((lev(d) for d in deps), default=-1)
 

@@ -103,7 +103,7 @@ def _switches(c: Candidate) -> Verdict | None:
 
 
 def _row_fits(c: Candidate) -> Verdict | None:
-    from .rows import MAX_ROW, row_key
+    from .rowshape import MAX_ROW, row_key
 
     key = row_key(c.consumer) if c.consumer.family == "reduction" else None
     if key is not None:
