@@ -240,3 +240,15 @@ def test_cost_constants_from_json(tmp_path, monkeypatch):
     monkeypatch.setenv("TKX_COSTS", str(path2))
     with pytest.raises(ValueError, match="calibrate"):
         costs.constants()
+
+
+def test_timeline_is_a_stage_with_a_report_section():
+    from tkx.render.report import report_html
+
+    ex = get("tiny_online")
+    exp = tkx.explore(ex.step_fn, ex.example_inputs, mode="grid")
+    tl = exp.timeline
+    assert tl.unit == "events" and len(tl.spans) == dataflow.build(exp.schedule, exp.arena).num_tasks
+    html = report_html(exp, gpu=False)
+    sec = html.split('id="tkx-sec-timeline"', 1)[1].split("</section>", 1)[0]
+    assert "<svg" in sec and sec.count("<title>") == len(tl.spans)
