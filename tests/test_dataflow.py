@@ -217,7 +217,10 @@ def test_timeline_from_the_vm_renders():
     assert svg.startswith("<svg") and svg.count("<title>") == dag.num_tasks
     for g in dag.order:
         assert f">{g}</text>" in svg
-    assert "image/svg+xml;base64" in tl._repr_mimebundle_()["text/html"]
+    html = tl._repr_mimebundle_()["text/html"]
+    assert "<svg" in html and html.count("<title>") == dag.num_tasks  # inline: hovering a bar names its task
+    assert "http" not in html  # no namespace URL: a report page stays self-contained
+    assert Timeline.from_json(tl.to_json()) == tl
     rows = [((s.block << 32) | s.task, int(s.start) + 10, int(s.end) + 10, int(s.wait)) for s in tl.spans]
     back = Timeline.from_records(dag, rows)
     assert {(s.block, s.task, s.group) for s in back.spans} == {(s.block, s.task, s.group) for s in tl.spans}
@@ -237,3 +240,15 @@ def test_cost_constants_from_json(tmp_path, monkeypatch):
     monkeypatch.setenv("TKX_COSTS", str(path2))
     with pytest.raises(ValueError, match="calibrate"):
         costs.constants()
+
+
+def test_timeline_is_a_stage_with_a_report_section():
+    from tkx.render.report import report_html
+
+    ex = get("tiny_online")
+    exp = tkx.explore(ex.step_fn, ex.example_inputs, mode="grid")
+    tl = exp.timeline
+    assert tl.unit == "events" and len(tl.spans) == dataflow.build(exp.schedule, exp.arena).num_tasks
+    html = report_html(exp, gpu=False)
+    sec = html.split('id="tkx-sec-timeline"', 1)[1].split("</section>", 1)[0]
+    assert "<svg" in sec and sec.count("<title>") == len(tl.spans)

@@ -36,11 +36,9 @@ def _sanitize(text: str) -> str:
     return text
 
 
-def test_eight_notebooks_in_order():
-    numbers = [p.stem[:2] for p in NOTEBOOKS]
-    assert numbers[:8] == [f"{i:02d}" for i in range(8)]
-    assert numbers == sorted(set(numbers)), "two notebooks share a number"
-    assert "09" in numbers  # 09_decode_megakernel (08 belongs to the dataflow notebook)
+def test_notebooks_numbered_in_order_without_gaps():
+    assert len(NOTEBOOKS) >= 9  # 00-08 at least (08: dataflow synchronisation)
+    assert [p.stem[:2] for p in NOTEBOOKS] == [f"{i:02d}" for i in range(len(NOTEBOOKS))]
 
 
 def test_the_makefile_treats_exactly_the_lax_notebooks_as_lax():

@@ -309,6 +309,6 @@ def test_schedule_diff_fuse_epilogues():
 
 def test_schedule_diff_digits():
     e = explored("digits_mlp")
-    d = e.schedule.diff(e.with_options(fuse_reductions=False).schedule)
+    d = e.schedule.diff(e.with_options(fuse_reductions=False, fuse_rows=False).schedule)
     assert d.decisions_flipped and (d.groups_changed or d.groups_moved) and d.groups_added
-    assert "stages: 7 -> " in str(d)
+    assert f"stages: {len(e.schedule.stages)} -> " in str(d)

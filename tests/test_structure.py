@@ -165,7 +165,7 @@ def test_pipeline_table_names_every_option_and_every_stage_once():
     assert set(named) == fields, set(fields) ^ set(named)
     for s in pipeline.STAGES:
         assert all(names.index(n) < names.index(s.name) for n in s.needs), s.name
-    assert pipeline.CPU_STAGES == ("captured", "program", "passes", "schedule", "arena", "cuda")
+    assert pipeline.CPU_STAGES == ("captured", "program", "passes", "schedule", "arena", "cuda", "timeline")
     assert tkx.explore.__module__ == "tkx.explore"
     from tkx.explore import STAGE_OF_OPTION, STAGES
     assert STAGES == pipeline.NAMES and STAGE_OF_OPTION["tile_m"] == "schedule"

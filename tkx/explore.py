@@ -132,6 +132,11 @@ class Exploration:
         return self._get("cuda")
 
     @property
+    def timeline(self):
+        """:class:`tkx.dataflow.timeline.Timeline`: the task VM's Gantt chart of one launch (CPU; VM events)."""
+        return self._get("timeline")
+
+    @property
     def runner(self):
         """:class:`tkx.runtime.CompiledRunner` (needs a GPU)."""
         return self._get("runner")

@@ -84,6 +84,9 @@ class Options:
     fuse_epilogues: bool = _opt(True, "fuse pointwise ops that follow a GEMM into its epilogue",
                                 choices=_BOOL)
     fuse_reductions: bool = _opt(True, "fuse pointwise producers into reductions", choices=_BOOL)
+    fuse_rows: bool = _opt(True, "row-persistent fusion: reductions over the same rows (softmax's max and sum, "
+                           "layer norm's mean and variance) and the row's pointwise outputs in one group, "
+                           "the row in registers", choices=_BOOL)
     tile_m: int = _opt(64, "GEMM tile rows per block", choices=(16, 32, 64, 128))
     tile_n: int = _opt(64, "GEMM tile columns per block", choices=(16, 32, 64, 128))
     tile_k: int = _opt(32, "GEMM reduction depth staged per step", choices=(8, 16, 32, 64))

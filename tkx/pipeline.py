@@ -12,7 +12,7 @@ first-time reader needs to know about it. Everything that walks the pipeline rea
 A new stage (a task DAG, a timeline) is one more row. ::
 
     >>> [s.name for s in STAGES]
-    ['captured', 'program', 'passes', 'optimized', 'schedule', 'arena', 'cuda', 'runner']
+    ['captured', 'program', 'passes', 'optimized', 'schedule', 'arena', 'cuda', 'timeline', 'runner']
     >>> first_stage_of("tile_m")
     'schedule'
 
@@ -115,6 +115,11 @@ def _cuda(ctx: Context, get: Callable[[str], Any]) -> Any:
     return generate(get("schedule"), get("arena"))
 
 
+def _timeline(ctx: Context, get: Callable[[str], Any]) -> Any:
+    from .dataflow.timeline import vm_timeline
+    return vm_timeline(get("schedule"), get("arena"), ctx.example_inputs)
+
+
 def _runner(ctx: Context, get: Callable[[str], Any]) -> Any:
     from .runtime.runner import CompiledRunner
     return CompiledRunner(get("cuda"))
@@ -150,7 +155,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("schedule", "Fused schedule", "schedule", "FusedSchedule", ("optimized",), _schedule,
           # Code generation and the runtime read the options from the schedule, which is cheap to
           # recompute: the codegen/launch options invalidate it too, so every later stage sees them.
-          options=("rules", "fuse_pointwise", "fuse_epilogues", "fuse_reductions", "tile_m", "tile_n",
+          options=("rules", "fuse_pointwise", "fuse_epilogues", "fuse_reductions", "fuse_rows", "tile_m", "tile_n",
                    "tile_k", "threads_per_block", "blocks_per_sm", "max_blocks", "split_k", "mode",
                    "fp32_math", "arch", "gemm_copy", "spin_limit", "exact", "backend", "sync", "timeline"),
           fingerprint=_rule_fingerprint, depends_on="the user fusion rules",
@@ -164,6 +169,11 @@ STAGES: tuple[Stage, ...] = (
     Stage("cuda", "CUDA source", "CUDA", "CudaSource", ("schedule", "arena"), _cuda,
           about="The generated source of ONE cooperative persistent kernel that runs the whole training "
                 "step."),
+    Stage("timeline", "Task timeline", "timeline", "Timeline", ("schedule", "arena"), _timeline,
+          about="Which block runs which task (a work item of a group) when: the task DAG run by the CPU task VM "
+                "with the exact counter semantics, times in VM events (a task's wait is the grey bar before "
+                "it; barriers show as gaps). On a GPU, Options(timeline=True) and runner.timeline() give the "
+                "same chart from %globaltimer in ns."),
     Stage("runner", "Compiled runner and verification", "runner", "CompiledRunner", ("cuda",), _runner,
           gpu=True,
           about="The kernel compiled with NVRTC and loaded on the GPU: registers, shared memory, spills, "

@@ -690,6 +690,7 @@ class ReductionPlan(Plan):
     rows_contiguous: bool = False
     parts: int | None = None
     partials: str | None = None
+    passes: int = 1
 
 
 @dataclass(frozen=True, eq=False)
@@ -726,6 +727,9 @@ class ReductionEmitter:
             nbytes = rows * (plan.parts or 1) * 4
         elif self.name == "block":
             items = rows
+        elif self.name == "row":  # one warp per row, every pass over the row in registers
+            items = _ceil(rows, threads // 32)
+            return Cost(items, rows * size * max(plan.passes, 1), nbytes)
         else:
             items = _ceil(rows, threads // 32)
         return Cost(items, rows * size, nbytes)
@@ -736,6 +740,8 @@ REDUCTION_EMITTERS: tuple[ReductionEmitter, ...] = (
     ReductionEmitter("warp", "one warp per row, shuffle reduction"),
     ReductionEmitter("block", "one block per row, block reduction"),
     ReductionEmitter("partial", "two phases: chunks of rows into scratch, then one warp per row folds them"),
+    ReductionEmitter("row", "row-persistent: one warp per row, several reductions and the row's pointwise "
+                            "outputs in one work item, the row in registers"),
 )
 
 

@@ -78,6 +78,31 @@ def _unravel(lin: str, shape: tuple[int, ...]) -> list[str]:
     return out[::-1]
 
 
+class _RowContext:
+    """State of a row-persistent group while it is emitted: the row's shape and reduced dims, the full-row
+    members computed where read (``lazy``), and the per-lane register arrays caching the row's loads."""
+
+    def __init__(self, shape: tuple[int, ...], dims: tuple[int, ...], lazy: set[str], lanes: int) -> None:
+        self.shape, self.dims, self.lazy, self.lanes = shape, dims, lazy, lanes
+        self.slots: dict[tuple[str, str], tuple[str, str]] = {}  # (pointer, index) -> (array, C type)
+        self.cached = True
+
+    def broadcast(self, x: TensorSpec, root: TensorSpec) -> bool:
+        from ..schedule.rowshape import is_row_broadcast
+        return is_row_broadcast(x, root, self.shape, self.dims)
+
+    def cache(self, ptr: str, idx: str, dtype: str, expr: str, lines: list[str]) -> str:
+        """The register holding this lane's element ``k`` of the load ``expr`` (loaded on first use)."""
+        key = (ptr, idx)
+        if key not in self.slots:
+            self.slots[key] = (f"tkx_rc{len(self.slots)}", cops.c_type(dtype))
+            lines.append(f"{self.slots[key][0]}[k] = {expr};  // the row stays in registers")
+        return f"{self.slots[key][0]}[k]"
+
+    def declarations(self) -> list[str]:
+        return [f"{ctype} {name}[{self.lanes}];" for name, ctype in self.slots.values()]
+
+
 @dataclass
 class KernelPlan:
     """Scratchpad of code generation: device functions, per-group code, the source map."""
@@ -100,6 +125,7 @@ class _Emitter:
         self.exact = bool(s.options.exact)
         self.threads = s.threads
         self.plan = KernelPlan()
+        self._row: _RowContext | None = None  # set while a row-persistent group is emitted
 
     # -- memory ---------------------------------------------------------------------------
     def pointer(self, buf: str) -> tuple[str, str]:
@@ -153,16 +179,24 @@ class _Emitter:
         root = self.ops[x.buffer].out if x.buffer in self.ops else self.p.inputs[self.inputs[x.buffer]].value
         same_point = x.numel == root.numel and x.offset == root.offset and (
             (x.is_dense and root.is_dense) or x.strides == root.strides)
+        row = self._row
         if x.buffer in registers:
             if not same_point:
+                if row is not None and row.broadcast(x, root):
+                    return registers[x.buffer]  # a row value, broadcast over the row
                 raise TkxError(f"codegen: {x.buffer} is a register but is read through a view")
             return registers[x.buffer]
         idx = lin if same_point else _mixed_index(lin, x.shape, x.strides, x.offset)
-        if x.buffer in self.s.inlined:
+        if x.buffer in self.s.inlined or (row is not None and x.buffer in row.lazy and same_point):
             if lines is not None and same_point:
                 return self.value_statements(self.ops[x.buffer], lin, lines, memo, registers, group_inlined)
+            if lines is not None and row is not None and row.broadcast(x, root):
+                # a row-level value read broadcast: computed once at the row (tkx_e), from registers
+                return self.value_statements(self.ops[x.buffer], "tkx_e", lines, memo, registers, group_inlined)
             return f"{self.function(x.buffer)}(TKX_ARGS, {idx})"
         ptr, dtype = self.pointer(x.buffer)
+        if row is not None and lines is not None and row.cached and "tkx_lin" in idx:
+            return row.cache(ptr, idx, dtype, load(dtype, ptr, idx), lines)
         return load(dtype, ptr, idx)
 
     def value_statements(self, op: Op, lin: str, lines: list[str], memo: dict | None,
@@ -334,7 +368,94 @@ class _Emitter:
             return "{\n" + indent(body) + "\n}", max(1, -(-n // t)), 0
         if g.kind in ("gemm", "gemm_partial"):
             return self.gemm_code(g)
+        if g.params.get("strategy") == "row":
+            return self.row_code(g)
         return self.reduction_code(g)
+
+    def row_code(self, g: Group) -> tuple[str, int, int]:
+        """A row-persistent group (:mod:`tkx.schedule.rows`): one warp per row; pass ``i`` reduces the
+        ``i``-th reduction's input over the row (each lane its ``K = ceil(size / 32)`` elements, the loads
+        kept in registers ``tkx_rc*[K]`` after their first pass), a warp all-reduce gives every lane the
+        result, the row-level ops after it are computed at the row; a last pass computes and stores the
+        row-shaped (full) values. A work item is one row per warp."""
+        from ..schedule.rows import member_kind
+        from ..schedule.rowshape import row_key
+        from .reduce import row_pass_close, row_pass_fold, row_pass_open
+
+        anchor = self.ops[g.anchor]
+        key = row_key(anchor)
+        assert key is not None
+        shape, dims = key
+        rows, size = int(g.params["rows"]), int(g.params["size"])
+        kept = [d for d in range(len(shape)) if d not in dims]
+        lanes_k = -(-size // 32)
+        warps = self.threads // 32
+        cs = ["0"] * len(shape)
+        for d, c in zip(kept, _unravel("(long long)row", tuple(shape[d] for d in kept))):
+            cs[d] = c
+        for d, c in zip(dims, _unravel("r", tuple(shape[d] for d in dims))):
+            cs[d] = c
+        lin = _linear(cs, shape)
+        kinds = {m: member_kind(self.ops[m], shape, rows) for m in g.ops}
+        ctx = _RowContext(shape, dims, lazy={m for m, k in kinds.items() if k == "full"}, lanes=lanes_k)
+        inl = set(g.inlined)
+        registers: dict[str, str] = {}
+        row_memo: dict = {}
+        out: list[str] = []
+
+        def element_loop(inner: list[str]) -> str:
+            return block("#pragma unroll",
+                         f"for (int k = 0; k < {lanes_k}; ++k) {{  // this lane's elements of the row",
+                         indent(block("const int r = lane + 32 * k;",
+                                      f"if (r < {size}) {{",
+                                      indent(block(f"const long long tkx_lin = {lin};", inner)),
+                                      "}")),
+                         "}")
+
+        self._row = ctx
+        try:
+            for m in g.ops:
+                op = self.ops[m]
+                if kinds[m] == "reduction":
+                    acc = f"acc_{m}"
+                    inner: list[str] = []
+                    memo: dict = {}
+                    x = self.element(op.inputs[0], "tkx_lin", inner, memo, registers, inl)
+                    inner.append(row_pass_fold(op.kind, acc, x))
+                    close, result = row_pass_close(op.kind, acc, size)
+                    out += [f"// pass over the row: {m} = {op.kind}", row_pass_open(op.kind, acc),
+                            element_loop(inner), close,
+                            f"const float v_{m} = {round_to(op.out.dtype, result)};  // {m}: {op.kind}"]
+                    registers[m] = f"v_{m}"
+                elif kinds[m] == "row":
+                    registers[m] = self.value_statements(op, "tkx_e", out, row_memo, registers, inl)
+                if kinds[m] != "full" and m in g.stores:
+                    ptr, dtype = self.home_pointer(self.s.homes[m], m)
+                    out.append(f"if (lane == 0) {store(dtype, ptr, 'tkx_e', registers[m])}  "
+                               f"// store {m} -> {self.s.homes[m]}")
+            tail = [m for m in g.ops if kinds[m] == "full" and m in g.stores]
+            if tail:
+                inner = []
+                memo = {}
+                for m in tail:
+                    var = self.value_statements(self.ops[m], "tkx_lin", inner, memo, registers, inl)
+                    ptr, dtype = self.home_pointer(self.s.homes[m], m)
+                    inner.append(store(dtype, ptr, "tkx_lin", var) + f"  // store {m} -> {self.s.homes[m]}")
+                out += ["// last pass: the row's own values", element_loop(inner)]
+        finally:
+            self._row = None
+        body = block("const int lane = threadIdx.x % 32;",
+                     f"const int row = item * {warps} + threadIdx.x / 32;",
+                     f"if (row < {rows}) {{  // the whole warp takes the same branch",
+                     indent(block("const long long tkx_e = row;", *ctx.declarations(), *out)),
+                     "}")
+        reds = [m for m in g.ops if kinds[m] == "reduction"]
+        code = "{\n" + indent(block(f"// {g.id}: row-persistent, {len(reds)} reductions "
+                                     f"({', '.join(reds)}) over {rows} rows of {size}: one warp per row", body)) \
+            + "\n}"
+        self.plan.notes[g.id] = {"strategy": "row", "passes": len(reds), "values_per_lane": lanes_k,
+                                 "cached_loads": len(ctx.slots)}
+        return code, max(1, -(-rows // warps)), 0
 
     def copy_code(self, g: Group) -> tuple[str, int, int]:
         task = next(c for c in self.s.copies if c.group == g.id)

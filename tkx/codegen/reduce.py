@@ -290,3 +290,22 @@ def emit_reduction(strategy: str, kind: str, rows: int, size: int, element: Elem
         raise ValueError(f"one-phase strategies are {sorted(emitters)}; use partial_reduce/final_reduce "
                          f"for a two-phase reduction, got {strategy!r}")
     return emitters[strategy](kind, rows, size, element, finish, threads=threads, item=item, ctype=ctype)
+
+
+# -- row-persistent passes (tkx.schedule.rows): one warp per row, several reductions in turn ---------
+def row_pass_open(kind: str, acc: str) -> str:
+    """C statement: declare the float accumulator ``acc`` of a ``kind`` reduction at its identity."""
+    return f"float {acc} = {_identity(kind, 'float')};"
+
+
+def row_pass_fold(kind: str, acc: str, x: str) -> str:
+    """C statement: fold element ``x`` into ``acc`` (each lane folds its own elements in order)."""
+    return _fold(kind, acc, x)
+
+
+def row_pass_close(kind: str, acc: str, size: int) -> tuple[str, str]:
+    """(C statement, C expression): the warp's all-reduce of ``acc`` (every lane gets the row's result:
+    a butterfly of ``__shfl_xor_sync``, the same order in every lane) and the reduced value (divided by
+    ``size`` for a mean)."""
+    return f"{acc} = {_row(kind).warp}({acc});  // every lane of the warp gets the row's result", \
+        _result(kind, acc, size)

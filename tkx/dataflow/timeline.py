@@ -75,15 +75,58 @@ class Timeline:
         from ..render.timeline import timeline_svg
         return timeline_svg(self)
 
+    def to_json(self) -> dict[str, Any]:
+        """The spans as plain data (``{"name", "unit", "blocks", "makespan", "busy", "spans": [...]}``, each
+        span a dict of :class:`Span`'s fields; times in :attr:`unit`)."""
+        return {"name": self.name, "unit": self.unit, "blocks": self.blocks, "makespan": self.makespan,
+                "busy": self.busy(), "spans": [dict(vars(s)) for s in self.spans]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Timeline:
+        """The inverse of :meth:`to_json`."""
+        return cls(data["name"], tuple(Span(**s) for s in data["spans"]), data.get("unit", "ns"))
+
+    def write(self, folder: Any, stem: str | None = None) -> tuple[str, str]:
+        """Write ``<stem>.svg`` (the Gantt chart) and ``<stem>.json`` (:meth:`to_json`) into ``folder``
+        (created); returns both paths. ``stem`` defaults to ``timeline-<name>``."""
+        import json
+        import os
+
+        os.makedirs(folder, exist_ok=True)
+        stem = stem or f"timeline-{self.name}"
+        svg_path, json_path = os.path.join(folder, stem + ".svg"), os.path.join(folder, stem + ".json")
+        with open(svg_path, "w", encoding="utf-8") as f:
+            f.write(self.svg() + "\n")
+        with open(json_path, "w", encoding="utf-8") as f:
+            json.dump(self.to_json(), f, indent=1)
+            f.write("\n")
+        return svg_path, json_path
+
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        import base64
         text = repr(self)
         try:
-            data = base64.b64encode(self.svg().encode()).decode()
+            # inline (hovering a bar shows its task); HTML needs no namespace URL, and a page that names
+            # no URL stays self-contained
+            svg = self.svg().replace(' xmlns="http://www.w3.org/2000/svg"', "", 1)
         except Exception:  # never a traceback in a notebook cell
             return {"text/plain": text}
-        return {"text/plain": text, "text/html": f'<img src="data:image/svg+xml;base64,{data}" alt="{text}">'}
+        return {"text/plain": text, "text/html": f'<div class="tkx-timeline" style="overflow:auto;max-height:70vh">'
+                                                 f"<p>{text.strip('<>')}</p>{svg}</div>"}
 
     def __repr__(self) -> str:
         return (f"<tkx.Timeline {self.name}: {len(self.spans)} tasks on {self.blocks} blocks, makespan "
                 f"{self.makespan:g} {self.unit}, {100 * self.busy():.0f}% busy>")
+
+
+def vm_timeline(schedule: Any, arena: Any, inputs: Any, *, blocks: int | None = None) -> Timeline:
+    """The timeline of one launch of ``schedule`` run by the task VM in program order (policy ``eager``,
+    ordering only: no values computed, so it is fast), on ``blocks`` blocks (default: 1 in block mode,
+    else the schedule's grid capped at 8). Times are VM events. Raises what :func:`tkx.dataflow.vm.run`
+    raises."""
+    from .dag import build
+    from .vm import run
+
+    dag = build(schedule, arena)
+    if blocks is None:
+        blocks = 1 if schedule.mode == "block" else max(1, min(int(schedule.blocks), 8))
+    return Timeline.from_vm(run(dag, inputs, blocks=blocks, policy="eager", launches=1, values=False))

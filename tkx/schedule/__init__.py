@@ -364,6 +364,14 @@ def _reduction_plan(op: Op, threads: int) -> ReductionPlan:
                             threads, SM_COUNT)
 
 
+def _row_plan(rg: Any, g: _Graph) -> ReductionPlan:
+    """The plan of a row group: one warp per row, the row in registers, one pass per reduction."""
+    kinds = ", ".join(g.ops[r].kind for r in rg.reductions)
+    why = (f"row-persistent: {len(rg.reductions)} reductions ({kinds}) over rows of {rg.size} in one work item, "
+           f"one warp per row keeping its {-(-rg.size // 32)} value(s) per lane in registers")
+    return ReductionPlan("row", why, rg.rows, rg.size, False, passes=len(rg.reductions))
+
+
 def _group_cost(group: Group, program_ops: dict[str, Op], threads: int) -> Cost:
     anchor = program_ops[group.anchor] if group.anchor in program_ops else None
     p = group.plan
@@ -428,6 +436,15 @@ def schedule(program: Program, options: Any = None, *, rules: tuple[FusionRule, 
             w.domains[op.id] = [op.id]
             w.domain_of[op.id] = op.id
 
+    # Step 3b: row-persistent multi-reduction fusion (softmax, cross-entropy, layer norm in one pass).
+    # (Options.fuse_rows=False is a rule: the candidates are still recorded, as not fused.)
+    from types import SimpleNamespace
+
+    from .rows import RowFusion
+    helpers = SimpleNamespace(is_identity=is_identity, memory_deps=_memory_deps, would_cycle=_would_cycle,
+                              group_reads=_group_reads, rows_contiguous=rows_contiguous)
+    row_groups = RowFusion(w, helpers).run()
+
     # Which domain values must be stored: read from memory by another group, or a sink.
     stored: set[str] = set()
     group_reads: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
@@ -451,6 +468,8 @@ def schedule(program: Program, options: Any = None, *, rules: tuple[FusionRule, 
         params: Any
         if kind == "gemm":
             params = _gemm_plan(a, options, arch)
+        elif kind == "reduction" and anchor in row_groups:
+            params = _row_plan(row_groups[anchor], g)
         elif kind == "reduction":
             params = _reduction_plan(a, threads)
         else:

@@ -77,6 +77,7 @@ class FusionDecision:
             "epilogue": f"{c} {'runs' if self.fused else 'does not run'} in the epilogue of {p}",
             "side_output": f"{c} is {'' if self.fused else 'not '}stored from the tile of {p}",
             "loop": f"{p} and {c} {'share' if self.fused else 'do not share'} one loop",
+            "row": f"{c} {'joins' if self.fused else 'does not join'} the row pass of {p}",
             "in-place": f"{c} is {'written in place into' if self.fused else 'staged, then copied into'} {p}",
         }.get(self.kind, f"{self.kind} {p} -> {c}: {'fused' if self.fused else 'not fused'}")
         why = self.reason

@@ -20,6 +20,7 @@ Add a rule from a notebook cell::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +33,7 @@ from ..watchdog import UserCodeTimeout, user_code
 
 #: Kinds the op table marks as transcendental (their cost class): recomputed only when needed.
 TRANSCENDENTAL = ops.TRANSCENDENTAL
-CANDIDATE_KINDS = ("inline", "epilogue", "loop")
+CANDIDATE_KINDS = ("inline", "epilogue", "loop", "row")
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,8 @@ def _switches(c: Candidate) -> Verdict | None:
         return keep("option-off", "not fused: fuse_reductions is off")
     if c.kind in ("inline", "loop") and not o.fuse_pointwise and c.producer.family == "pointwise":
         return keep("option-off", "not fused: fuse_pointwise is off")
+    if c.kind == "row" and not getattr(o, "fuse_rows", True):
+        return keep("option-off", "not fused: fuse_rows is off")
     return None
 
 
@@ -114,6 +117,24 @@ def _skinny_long_operand(c: Candidate) -> bool:
         return False
     long, short = (b, a) if m <= n else (a, b)
     return long.buffer == c.producer.id and short.buffer != c.producer.id
+
+
+def _row_fits(c: Candidate) -> Verdict | None:
+    from .rowshape import MAX_ROW, row_key
+
+    key = row_key(c.consumer) if c.consumer.family == "reduction" else None
+    if key is not None:
+        size = math.prod(key[0][d] for d in key[1])
+    elif c.producer.out.numel < c.consumer.out.numel:
+        size = c.consumer.out.numel // max(c.producer.out.numel, 1)
+    else:
+        return fuse("row-persistent", f"fused: {c.consumer.kind} is computed in the row pass that holds "
+                                      f"{c.producer.kind} in registers")
+    if size > MAX_ROW:
+        return keep("row-too-long", f"not fused: a row of {size} elements does not fit in one warp's registers "
+                                    f"(at most {MAX_ROW})")
+    return fuse("row-persistent", f"fused: one warp keeps the row of {size} in registers; {c.consumer.kind} is "
+                                  f"one more pass over it in the same work item, with no barrier")
 
 
 def _gemm_operand(c: Candidate) -> Verdict | None:
@@ -152,6 +173,7 @@ BUILTIN_RULES: tuple[FusionRule, ...] = (
                "only cheap casts/generators feed GEMM tiles (and any short chain the long operand of a GEMV)"),
     FusionRule("multi-use", ("inline",), _multi_use, "recompute multi-use producers only when cheap"),
     FusionRule("expression-size", ("inline",), _deep_inline, "bound inline expression size"),
+    FusionRule("row-fits", ("row",), _row_fits, "row-persistent fusion only when the row fits in registers"),
 )
 
 _USER_RULES: dict[str, FusionRule] = {}
