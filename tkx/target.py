@@ -809,7 +809,8 @@ class AttentionProblem:
 class AttentionPlan(Plan):
     """How a fused attention group runs: ``impl`` (``"flash_fwd"`` or ``"flash_bwd"``), ``why``,
     query tile ``tile_q`` and key tile ``tile_k`` rows per work item, the problem's sizes, and the
-    estimated µs of the fused group and of the unfused math (``fused_us``, ``unfused_us``)."""
+    softmax ``scale``, and the estimated µs of the fused group and of the unfused math
+    (``fused_us``, ``unfused_us``)."""
 
     impl: str
     why: str
@@ -822,6 +823,7 @@ class AttentionPlan(Plan):
     tile_k: int
     causal: bool
     mask: str
+    scale: float = 1.0
     fused_us: float = 0.0
     unfused_us: float = 0.0
 

@@ -77,7 +77,8 @@ def prepare(program: Program, options: Any, blocks: int) -> tuple[Program, list[
         decisions.append(FusionDecision("attention", op.id, what, take, "attention", code, reason))
         if take:
             assert plan is not None
-            plans[op.id] = plan.replace(why=reason, fused_us=round(fused, 2), unfused_us=round(unfused, 2))
+            plans[op.id] = plan.replace(why=reason, scale=float(op.attr("scale")), fused_us=round(fused, 2),
+                                        unfused_us=round(unfused, 2))
         else:
             expand.append(op)
     if expand:
