@@ -111,22 +111,21 @@ _install_functionalize_rule()
 
 def sdpa_composite(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None = None,
                    dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
-                   enable_gqa: bool = False) -> torch.Tensor:
+                   enable_gqa: bool = False) -> torch.Tensor | None:
     """``F.scaled_dot_product_attention`` as the ``tkx::attention`` composite (``dropout_p=0``).
 
     Shapes: ``query [..., L, E]``, ``key [..., S, E]``, ``value [..., S, Ev]`` (leading dims
-    broadcast) -> ``[..., L, Ev]``. Cases the composite does not cover (dropout, GQA, a mask that
-    requires grad, causal together with a mask, fewer than 3 dims) go to
-    :func:`~tkx.capture.decompositions.attention_math`, which raises for the unsupported ones.
+    broadcast) -> ``[..., L, Ev]``. Returns ``None`` for the cases the composite does not cover
+    (dropout, GQA, a mask that requires grad, causal together with a mask, fewer than 3 dims):
+    the caller then uses :func:`~tkx.capture.decompositions.attention_math`, which raises for the
+    unsupported ones.
     """
-    from .decompositions import attention_math
-
     plain = (dropout_p == 0.0 and not enable_gqa and not (is_causal and attn_mask is not None)
              and query.dim() >= 3 and key.dim() >= 2 and value.dim() >= 2
              and query.is_floating_point() and key.dtype == query.dtype and value.dtype == query.dtype
              and (attn_mask is None or not attn_mask.requires_grad))
     if not plain:
-        return attention_math(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        return None
     lead = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
     q = query.expand(*lead, *query.shape[-2:])
     k = key.expand(*lead, *key.shape[-2:])

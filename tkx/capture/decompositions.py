@@ -304,6 +304,12 @@ def avg_pool2d_math(input: torch.Tensor, kernel_size: Any, stride: Any = None, p
     return out.squeeze(0) if squeeze else out
 
 
+def _sdpa(*args: Any, **kwargs: Any) -> torch.Tensor:
+    """SDPA as the ``tkx::attention`` composite where it covers the call, else as its math."""
+    out = sdpa_composite(*args, **kwargs)
+    return out if out is not None else attention_math(*args, **kwargs)
+
+
 def _max_pool2d_dispatch(*args: Any, **kwargs: Any) -> Any:
     return max_pool2d_math(*args, **kwargs)
 
@@ -334,7 +340,7 @@ def multi_head_attention_math(*args: Any, dropout: Callable | None = None, **kwa
 #: torch functions replaced while tracing (composite ops torch decomposes before any table sees them).
 FUNCTION_OVERRIDES: dict[Callable, Callable] = {
     torch.nn.functional.one_hot: checked_one_hot,
-    torch.nn.functional.scaled_dot_product_attention: sdpa_composite,
+    torch.nn.functional.scaled_dot_product_attention: _sdpa,
     torch.nn.functional.multi_head_attention_forward: multi_head_attention_math,
     torch.nn.functional.conv2d: conv2d_math, torch.conv2d: conv2d_math,
     torch.nn.functional.max_pool2d: _max_pool2d_dispatch, torch.max_pool2d: _max_pool2d_dispatch,
