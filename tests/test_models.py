@@ -37,8 +37,8 @@ def _qkv(*shape):
 
 def test_sdpa_causal_forward_and_backward():
     step = _grad_step(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True).square().sum())
-    exp = check_step(step, _qkv(2, 2, 8, 16))
-    kinds = [op.kind for op in exp.program.ops]
+    exp = check_step(step, _qkv(2, 2, 8, 16), fuse_attention=False)
+    kinds = [op.kind for op in exp.schedule.program.ops]  # the attention composite expanded to its math
     assert "bmm" in kinds and "amax" in kinds and "exp" in kinds
 
 
@@ -317,7 +317,7 @@ def test_transformer_blocks_through_every_cpu_stage(name):
     rtol, atol = ZOO_TOLERANCES[name]
     exp = check_step(ex.step_fn, ex.make_inputs(0), rtol=rtol, atol=atol)
     kinds = {op.kind for op in exp.program.ops}
-    assert {"bmm", "gather", "amax", "exp"} <= kinds
+    assert {"gather", "amax", "exp"} <= kinds and ("bmm" in kinds or "attention" in kinds)
     if name == "llama_block":
         assert {"sin", "cos", "cat", "rsqrt"} <= kinds
 
