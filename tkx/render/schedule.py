@@ -55,6 +55,11 @@ def describe_params(s: Any, g: Any) -> tuple[str, str]:
         if "parts" in p:
             head += f" ({p['parts']} parts{'' if g.kind == 'reduction_partial' else ', final'})"
         return head, why
+    if g.kind == "attention":
+        head = (f"fused {_kind_prefix(anchor)}[{p['batch']}×] {p['q_len']}×{p['head_dim']} over {p['kv_len']} keys"
+                f" · {p['impl']} tiles {p['tile_q']}×{p['tile_k']}" + (" · causal" if p["causal"] else "")
+                + (f" · {p['mask']} mask" if p["mask"] != "none" else ""))
+        return head, why
     return f"pointwise over {_shape(anchor.out.shape)}", why
 
 
