@@ -308,7 +308,10 @@ def test_sdpa_with_dropout_inside_the_block():
 
 #: bf16 compute: an accumulation order that differs from eager's flips a bf16 rounding now and then
 #: (2**-8 relative).
-ZOO_TOLERANCES = {"gpt_block": (5e-3, 5e-4), "llama_block": (5e-3, 5e-4)}
+#: llama_block's hand-written attention is captured as the attention composite (float32 inside, rounded
+#: once, as FlashAttention), where eager rounds scores and probabilities to bf16: its gradients differ from
+#: eager's by a few bf16 roundings (~2e-3 absolute at ~0.2), see tests/test_attention.py.
+ZOO_TOLERANCES = {"gpt_block": (5e-3, 5e-4), "llama_block": (5e-3, 3e-3)}
 
 
 @pytest.mark.parametrize("name", sorted(ZOO_TOLERANCES))

@@ -23,9 +23,14 @@ import math
 import torch
 
 
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    """float32 (float64 stays float64: the verifier's float64 run of the reference)."""
+    return t if t.dtype == torch.float64 else t.float()
+
+
 def scores(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, causal: bool, scale: float) -> torch.Tensor:
     """``q @ k^T * scale`` with the masks applied (float32, ``[*B, L, S]``)."""
-    s = (q.float() @ k.float().transpose(-2, -1)) * scale
+    s = (_wide(q) @ _wide(k).transpose(-2, -1)) * scale
     if causal:
         n_q, n_k = s.shape[-2], s.shape[-1]
         keep = torch.ones(n_q, n_k, dtype=torch.bool, device=s.device).tril()
@@ -34,7 +39,7 @@ def scores(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, causal: 
         if mask.dtype == torch.bool:
             s = s.masked_fill(~mask, float("-inf"))
         else:
-            s = s + mask.float()
+            s = s + _wide(mask)
     return s
 
 
@@ -44,7 +49,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
     s = scores(q, k, mask, causal, scale)
     lse = torch.logsumexp(s, dim=-1)
     p = torch.exp(s - lse.unsqueeze(-1))
-    return p @ v.float(), lse
+    return p @ _wide(v), lse
 
 
 def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, out: torch.Tensor,
@@ -52,15 +57,15 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tens
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) in float32, the probabilities recomputed from ``q``, ``k`` and ``lse``."""
     s = scores(q, k, mask, causal, scale)
-    p = torch.exp(s - lse.float().unsqueeze(-1))
+    p = torch.exp(s - _wide(lse).unsqueeze(-1))
     p = torch.where(torch.isnan(p), torch.zeros_like(p), p)  # fully masked rows contribute nothing
-    do = dout.float()
+    do = _wide(dout)
     dv = p.transpose(-2, -1) @ do
-    dp = do @ v.float().transpose(-2, -1)
-    d = (do * out.float()).sum(dim=-1, keepdim=True)
+    dp = do @ _wide(v).transpose(-2, -1)
+    d = (do * _wide(out)).sum(dim=-1, keepdim=True)
     ds = p * (dp - d)
-    dq = (ds @ k.float()) * scale
-    dk = (ds.transpose(-2, -1) @ q.float()) * scale
+    dq = (ds @ _wide(k)) * scale
+    dk = (ds.transpose(-2, -1) @ _wide(q)) * scale
     return dq, dk, dv
 
 

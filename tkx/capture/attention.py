@@ -14,6 +14,7 @@ dtype, except the saved ``lse`` (float32, ``[*B, L]``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -140,4 +141,115 @@ def sdpa_composite(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     return out
 
 
-__all__ = ["attention", "attention_backward", "sdpa_composite"]
+@dataclass
+class _Scores:
+    """What is known about a tensor on the way from ``q @ k^T`` to ``softmax(...) @ v``."""
+
+    q: torch.Tensor
+    kt: torch.Tensor          # k transposed, as the user multiplied it
+    scale: float = 1.0
+    keep: torch.Tensor | None = None      # boolean mask: keep where True
+    additive: torch.Tensor | None = None  # added to the scores
+    probs: bool = False                   # softmax taken over the last dim
+
+
+def _is_neg_inf(x: Any) -> bool:
+    return isinstance(x, float) and x == float("-inf")
+
+
+class HandWrittenAttention:
+    """Recognises attention written by hand while tracing and captures it as the composite.
+
+    Followed through the torch functions the step calls (``SourceTagMode`` asks :meth:`before` and
+    :meth:`after` about each): ``scores = q @ k^T`` (``matmul``), optionally ``* c`` or ``/ c`` with a
+    Python number (before any mask), a boolean mask (``torch.where(keep, scores, -inf)``,
+    ``torch.where(m, -inf, scores)``, ``scores.masked_fill(m, -inf)``) and/or an additive one
+    (``scores + mask``), dtype casts (``.float()``, ``.to(dtype)``), ``softmax(dim=-1)``, casts, then
+    ``probs @ v``. That last matmul returns :func:`sdpa_composite` of ``(q, k, v)`` instead, so the
+    scheduler may fuse it (the traced scores and softmax are then dead code, and autograd differentiates
+    the composite). The composite computes in float32 and rounds once at the end, where the hand-written
+    bf16/fp16 chain rounds after every op (the FlashAttention numerics: within the dtype's rounding of
+    eager). Anything else on the way (dropout, a ``finfo.min`` fill, another reader's change) simply stops
+    the recognition: the attention then compiles as written.
+    """
+
+    def __init__(self) -> None:
+        self.known: dict[int, tuple[torch.Tensor, _Scores]] = {}
+
+    def _get(self, x: Any) -> _Scores | None:
+        hit = self.known.get(id(x)) if isinstance(x, torch.Tensor) else None
+        return hit[1] if hit is not None and hit[0] is x else None
+
+    def _put(self, result: Any, info: _Scores) -> None:
+        if isinstance(result, torch.Tensor):
+            self.known[id(result)] = (result, info)
+
+    def before(self, func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
+        """The composite's output when ``func(*args)`` is ``probs @ v`` of recognised attention."""
+        if getattr(func, "__name__", "") != "matmul" or len(args) != 2 or kwargs:
+            return None
+        info, v = self._get(args[0]), args[1]
+        if info is None or not info.probs or not isinstance(v, torch.Tensor):
+            return None
+        q, k = info.q, info.kt.transpose(-2, -1)
+        if not (q.dtype == k.dtype == v.dtype == args[0].dtype) or (info.keep is not None and info.additive is not None):
+            return None
+        mask = info.keep if info.keep is not None else info.additive
+        if mask is not None and mask.dtype != torch.bool and mask.dtype != q.dtype:
+            return None
+        try:
+            return sdpa_composite(q, k, v, attn_mask=mask, scale=info.scale)
+        except RuntimeError:  # shapes that do not broadcast as attention: compile as written
+            return None
+
+    def after(self, func: Any, args: tuple, kwargs: dict, result: Any) -> None:
+        """Follow ``result = func(*args, **kwargs)`` along the attention pattern."""
+        name = getattr(func, "__name__", "")
+        if not isinstance(result, torch.Tensor) or not result.is_floating_point():
+            return
+        if name == "matmul" and len(args) == 2 and not kwargs and all(isinstance(a, torch.Tensor) for a in args):
+            a, b = args
+            if a.dim() >= 3 and b.dim() >= 2 and a.is_floating_point():
+                self._put(result, _Scores(a, b))
+            return
+        x = args[0] if args else None
+        info = self._get(x)
+        if name in ("where",) and len(args) == 3:
+            cond, a, b = args
+            for scores, other, keep_when in ((a, b, True), (b, a, False)):
+                si = self._get(scores)
+                if si is not None and not si.probs and si.keep is None and _is_neg_inf(other) \
+                        and isinstance(cond, torch.Tensor) and cond.dtype == torch.bool and result.shape == scores.shape:
+                    self._put(result, replace(si, keep=cond if keep_when else cond.logical_not()))
+                    return
+            return
+        if info is None:
+            return
+        if result.shape != x.shape:
+            return
+        if name in ("float", "double", "half", "bfloat16", "to", "type_as", "contiguous"):
+            self._put(result, info)
+            return
+        if info.probs:
+            return
+        rest = [a for a in args[1:]] + list(kwargs.values())
+        if name in ("div", "mul", "__truediv__", "__mul__", "__rmul__") and len(rest) == 1 \
+                and isinstance(rest[0], (int, float)) and not isinstance(rest[0], bool) and rest[0] != 0 \
+                and info.keep is None and info.additive is None:
+            c = float(rest[0])
+            self._put(result, replace(info, scale=info.scale / c if name in ("div", "__truediv__") else info.scale * c))
+            return
+        if name == "masked_fill" and len(rest) == 2 and isinstance(rest[0], torch.Tensor) and _is_neg_inf(rest[1]) \
+                and rest[0].dtype == torch.bool and info.keep is None:
+            self._put(result, replace(info, keep=rest[0].logical_not()))
+            return
+        if name in ("add", "__add__") and len(rest) == 1 and isinstance(rest[0], torch.Tensor) and info.additive is None:
+            self._put(result, replace(info, additive=rest[0]))
+            return
+        if name == "softmax":
+            dim = kwargs.get("dim", args[1] if len(args) > 1 else None)
+            if dim is not None and int(dim) % x.dim() == x.dim() - 1:
+                self._put(result, replace(info, probs=True))
+
+
+__all__ = ["attention", "attention_backward", "sdpa_composite", "HandWrittenAttention"]
