@@ -78,7 +78,8 @@ def _decision_table(s: Any) -> str:
              f'{sum(d.fused for d in s.decisions)} fused, {sum(not d.fused for d in s.decisions)} not fused)</div>',
              '<div class="tkx-why">inline: producer recomputed inside its consumer · epilogue: pointwise consumer '
              'applied to a GEMM/reduction result · loop: pointwise ops sharing one loop · in-place: state update '
-             'written into the user tensor. Not fused first.</div>']
+             'written into the user tensor · attention: one fused FlashAttention group or the math. '
+             'Not fused first.</div>']
     for kind, ds in by_kind.items():
         nf = sum(not d.fused for d in ds)
         rows = []
