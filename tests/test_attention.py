@@ -110,7 +110,7 @@ def test_a_head_dim_the_emitter_cannot_hold_is_expanded_or_refused():
     d = next(d for d in exp.schedule.decisions if d.kind == "attention")
     assert not d.fused and d.code == "unsupported" and "160" in d.reason
     with pytest.raises(TkxError, match="fuse_attention=True"):
-        tkx.explore(step, x, fuse_attention=True).schedule
+        _ = tkx.explore(step, x, fuse_attention=True).schedule
 
 
 def test_fuse_attention_option_is_validated():

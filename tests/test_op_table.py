@@ -108,7 +108,8 @@ PROBES = {
     "attention": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
                   lambda: (f(2, 5, 8), f(2, 7, 8), f(2, 7, 4))),
     "attention_backward": (lambda q, k, v, m: torch.func.grad(
-        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=m).square().sum(), argnums=(0, 1, 2))(q, k, v),
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=m).square().sum(),
+        argnums=(0, 1, 2))(q, k, v),
         lambda: (f(2, 5, 8), f(2, 7, 8), f(2, 7, 4), f(5, 7))),
 }
 

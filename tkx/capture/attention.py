@@ -192,7 +192,8 @@ class HandWrittenAttention:
         if info is None or not info.probs or not isinstance(v, torch.Tensor):
             return None
         q, k = info.q, info.kt.transpose(-2, -1)
-        if not (q.dtype == k.dtype == v.dtype == args[0].dtype) or (info.keep is not None and info.additive is not None):
+        if not (q.dtype == k.dtype == v.dtype == args[0].dtype) or (
+                info.keep is not None and info.additive is not None):
             return None
         mask = info.keep if info.keep is not None else info.additive
         if mask is not None and mask.dtype != torch.bool and mask.dtype != q.dtype:
@@ -219,7 +220,8 @@ class HandWrittenAttention:
             for scores, other, keep_when in ((a, b, True), (b, a, False)):
                 si = self._get(scores)
                 if si is not None and not si.probs and si.keep is None and _is_neg_inf(other) \
-                        and isinstance(cond, torch.Tensor) and cond.dtype == torch.bool and result.shape == scores.shape:
+                        and isinstance(cond, torch.Tensor) and cond.dtype == torch.bool \
+                        and result.shape == scores.shape:
                     self._put(result, replace(si, keep=cond if keep_when else cond.logical_not()))
                     return
             return
@@ -243,7 +245,8 @@ class HandWrittenAttention:
                 and rest[0].dtype == torch.bool and info.keep is None:
             self._put(result, replace(info, keep=rest[0].logical_not()))
             return
-        if name in ("add", "__add__") and len(rest) == 1 and isinstance(rest[0], torch.Tensor) and info.additive is None:
+        if name in ("add", "__add__") and len(rest) == 1 and isinstance(rest[0], torch.Tensor) \
+                and info.additive is None:
             self._put(result, replace(info, additive=rest[0]))
             return
         if name == "softmax":

@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..target import ATTENTION_EMITTER, AttentionPlan
 from ..dtypes import literal
+from ..target import ATTENTION_EMITTER, AttentionPlan
 from .text import block, indent
 
 #: ``(batch, row, col) -> C float expression`` of one operand element.

@@ -44,7 +44,8 @@ def problem_of(op: Op) -> AttentionProblem:
                             op.kind == "attention_backward", bool(op.attr("causal")), str(op.attr("mask", "none")))
 
 
-def prepare(program: Program, options: Any, blocks: int) -> tuple[Program, list[FusionDecision], dict[str, AttentionPlan]]:
+def prepare(program: Program, options: Any, blocks: int
+            ) -> tuple[Program, list[FusionDecision], dict[str, AttentionPlan]]:
     """(program with the unfused composites expanded, the decisions, plan of each fused composite by op id)."""
     decisions: list[FusionDecision] = []
     plans: dict[str, AttentionPlan] = {}

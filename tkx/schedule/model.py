@@ -78,7 +78,8 @@ class FusionDecision:
             "side_output": f"{c} is {'' if self.fused else 'not '}stored from the tile of {p}",
             "loop": f"{p} and {c} {'share' if self.fused else 'do not share'} one loop",
             "in-place": f"{c} is {'written in place into' if self.fused else 'staged, then copied into'} {p}",
-            "attention": f"the attention {c} {p} {'runs as one fused FlashAttention group' if self.fused else 'is expanded to its math'}",
+            "attention": f"the attention {c} {p} "
+                         f"{'runs as one fused FlashAttention group' if self.fused else 'is expanded to its math'}",
         }.get(self.kind, f"{self.kind} {p} -> {c}: {'fused' if self.fused else 'not fused'}")
         why = self.reason
         for prefix in ("not fused: ", "fused: ", "written in place: ", "staged commit: "):
