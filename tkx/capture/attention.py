@@ -107,7 +107,13 @@ def _install_functionalize_rule() -> None:
     table[TransformType.Functionalize] = rule
 
 
-_install_functionalize_rule()
+try:
+    _install_functionalize_rule()
+    #: False where this torch has no room for the rule (its functorch internals moved): SDPA then lowers to
+    #: its math at capture, as before the composite existed, and no attention decision appears.
+    COMPOSITE_AVAILABLE = True
+except (ImportError, AttributeError, TypeError):  # pragma: no cover - depends on torch's internals
+    COMPOSITE_AVAILABLE = False
 
 
 def sdpa_composite(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None = None,
@@ -125,7 +131,7 @@ def sdpa_composite(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
              and query.dim() >= 3 and key.dim() >= 2 and value.dim() >= 2
              and query.is_floating_point() and key.dtype == query.dtype and value.dtype == query.dtype
              and (attn_mask is None or not attn_mask.requires_grad))
-    if not plain:
+    if not plain or not COMPOSITE_AVAILABLE:
         return None
     lead = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
     q = query.expand(*lead, *query.shape[-2:])
