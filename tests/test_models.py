@@ -37,8 +37,8 @@ def _qkv(*shape):
 
 def test_sdpa_causal_forward_and_backward():
     step = _grad_step(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True).square().sum())
-    exp = check_step(step, _qkv(2, 2, 8, 16))
-    kinds = [op.kind for op in exp.program.ops]
+    exp = check_step(step, _qkv(2, 2, 8, 16), fuse_attention=False)
+    kinds = [op.kind for op in exp.schedule.program.ops]  # the attention composite expanded to its math
     assert "bmm" in kinds and "amax" in kinds and "exp" in kinds
 
 
@@ -308,7 +308,10 @@ def test_sdpa_with_dropout_inside_the_block():
 
 #: bf16 compute: an accumulation order that differs from eager's flips a bf16 rounding now and then
 #: (2**-8 relative).
-ZOO_TOLERANCES = {"gpt_block": (5e-3, 5e-4), "llama_block": (5e-3, 5e-4)}
+#: llama_block's hand-written attention is captured as the attention composite (float32 inside, rounded
+#: once, as FlashAttention), where eager rounds scores and probabilities to bf16: its gradients differ from
+#: eager's by a few bf16 roundings (~2e-3 absolute at ~0.2), see tests/test_attention.py.
+ZOO_TOLERANCES = {"gpt_block": (5e-3, 5e-4), "llama_block": (5e-3, 3e-3)}
 
 
 @pytest.mark.parametrize("name", sorted(ZOO_TOLERANCES))
@@ -317,7 +320,7 @@ def test_transformer_blocks_through_every_cpu_stage(name):
     rtol, atol = ZOO_TOLERANCES[name]
     exp = check_step(ex.step_fn, ex.make_inputs(0), rtol=rtol, atol=atol)
     kinds = {op.kind for op in exp.program.ops}
-    assert {"bmm", "gather", "amax", "exp"} <= kinds
+    assert {"gather", "amax", "exp"} <= kinds and ("bmm" in kinds or "attention" in kinds)
     if name == "llama_block":
         assert {"sin", "cos", "cat", "rsqrt"} <= kinds
 

@@ -105,6 +105,12 @@ PROBES = {
     "cat": (lambda x, y: (torch.cat([x, y], 0), torch.stack([x, x], 1)), lambda: (f(2, 3), f(4, 3))),
     "slice_scatter": (lambda x, y: torch.slice_scatter(x, y, 1, 1, 5, 2), lambda: (f(4, 6), f(4, 2))),
     "philox": (lambda x, s: _draw(x, s), lambda: (f(5, 3), tkx.random.philox_state(3))),
+    "attention": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                  lambda: (f(2, 5, 8), f(2, 7, 8), f(2, 7, 4))),
+    "attention_backward": (lambda q, k, v, m: torch.func.grad(
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=m).square().sum(),
+        argnums=(0, 1, 2))(q, k, v),
+        lambda: (f(2, 5, 8), f(2, 7, 8), f(2, 7, 4), f(5, 7))),
 }
 
 

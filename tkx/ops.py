@@ -26,6 +26,8 @@ matmul       ``mm``/``bmm``/``addmm``: GEMM groups
 generator    no tensor operand (``fill``, ``iota``)
 index        reads operands at computed coordinates (``gather``, ``cat``,
              ``slice_scatter``): never a register read of another op's value
+attention    scaled dot-product attention composites (``attention``, ``attention_backward``):
+             the scheduler expands them to their math or emits one fused group each
 ============ ==========================================================================
 
 C expressions (``c``) take the operands as C expressions already converted to the op's
@@ -121,6 +123,9 @@ class Kind(str, enum.Enum):
     SLICE_SCATTER = "slice_scatter"
     # random numbers (counter-based: a pure function of seed, offset and counter)
     PHILOX = "philox"
+    # attention composites (expanded to their math or fused by the scheduler)
+    ATTENTION = "attention"
+    ATTENTION_BACKWARD = "attention_backward"
 
     def __str__(self) -> str:  # print as the plain name in messages and the IR
         return self.value
@@ -302,6 +307,23 @@ def _int_or_float(int_form: str, float_form: str) -> Callable[..., str]:
 
 
 # -- torch references -------------------------------------------------------------------------
+
+
+def _attention_ref(op: Any, args: list[Any], device: torch.device) -> torch.Tensor:
+    from . import attention_ref
+
+    q, k, v = args[:3]
+    mask = args[3] if op.attr("mask", "none") != "none" else None
+    return attention_ref.packed_forward(q, k, v, mask, bool(op.attr("causal")), float(op.attr("scale")))
+
+
+def _attention_backward_ref(op: Any, args: list[Any], device: torch.device) -> torch.Tensor:
+    from . import attention_ref
+
+    q, k, v, out, lse, dout = args[:6]
+    mask = args[6] if op.attr("mask", "none") != "none" else None
+    return attention_ref.packed_backward(q, k, v, mask, out, lse, dout, bool(op.attr("causal")),
+                                         float(op.attr("scale")))
 
 
 def _tensor_pair(a: Any, b: Any, op: Any, device: torch.device) -> tuple[Any, Any]:
@@ -644,6 +666,15 @@ ROWS: tuple[OpDef, ...] = (
           "(counter, offset) (int64); the same bits in both interpreters and the kernel (tkx.random)", (),
           _philox_ref, lambda s, o, c, e: f"tkx_philox_uniform({s}, {o}, {c}, {int(e.op.attr('word', 0))})",
           cost=_F, dtype="float", ref_takes_op=True),
+    # attention composites
+    OpDef(Kind.ATTENTION, "attention", None,
+          "softmax(q @ k^T * attrs['scale'] + mask) @ v over operands (q [*B,L,E], k [*B,S,E], v [*B,S,Ev], mask "
+          "[*B,L,S] when attrs['mask'] is 'bool' or 'additive'), attrs['causal']; float32 root [out | lse] "
+          "(tkx.attention_ref)", (), _attention_ref, cost=_F, dtype="float", ref_takes_op=True),
+    OpDef(Kind.ATTENTION_BACKWARD, "attention", None,
+          "gradients of attention from operands (q, k, v, out, lse, dout[, mask]); the probabilities recomputed "
+          "from q, k and lse; float32 root [dq | dk | dv] (tkx.attention_ref)", (), _attention_backward_ref,
+          cost=_F, dtype="float", ref_takes_op=True),
 )
 
 #: kind -> row.
@@ -654,6 +685,7 @@ ERR_INDEX = 3
 POINTWISE = frozenset(k for k, r in OPS.items() if r.family == "pointwise")
 REDUCTIONS = frozenset(k for k, r in OPS.items() if r.family == "reduction")
 INDEX_OPS = frozenset(k for k, r in OPS.items() if r.family == "index")
+ATTENTION_OPS = frozenset(k for k, r in OPS.items() if r.family == "attention")
 COMMUTATIVE = frozenset(k for k, r in OPS.items() if r.commutative)
 TRANSCENDENTAL = frozenset(k for k, r in OPS.items() if r.transcendental)
 BOOLEAN_RESULT = frozenset(k for k, r in OPS.items() if r.boolean)

@@ -87,6 +87,9 @@ class Options:
     fuse_rows: bool = _opt(True, "row-persistent fusion: reductions over the same rows (softmax's max and sum, "
                            "layer norm's mean and variance) and the row's pointwise outputs in one group, "
                            "the row in registers", choices=_BOOL)
+    fuse_attention: bool | str = _opt("auto", "scaled dot-product attention as one fused FlashAttention group per "
+                                              "direction (True), as its math (False), or whichever the cost "
+                                              "estimate finds cheaper ('auto')", choices=("auto", True, False))
     tile_m: int = _opt(64, "GEMM tile rows per block", choices=(16, 32, 64, 128))
     tile_n: int = _opt(64, "GEMM tile columns per block", choices=(16, 32, 64, 128))
     tile_k: int = _opt(32, "GEMM reduction depth staged per step", choices=(8, 16, 32, 64))

@@ -155,7 +155,8 @@ STAGES: tuple[Stage, ...] = (
     Stage("schedule", "Fused schedule", "schedule", "FusedSchedule", ("optimized",), _schedule,
           # Code generation and the runtime read the options from the schedule, which is cheap to
           # recompute: the codegen/launch options invalidate it too, so every later stage sees them.
-          options=("rules", "fuse_pointwise", "fuse_epilogues", "fuse_reductions", "fuse_rows", "tile_m", "tile_n",
+          options=("rules", "fuse_pointwise", "fuse_epilogues", "fuse_reductions", "fuse_rows", "fuse_attention",
+                   "tile_m", "tile_n",
                    "tile_k", "threads_per_block", "blocks_per_sm", "max_blocks", "split_k", "mode",
                    "fp32_math", "arch", "gemm_copy", "spin_limit", "exact", "backend", "sync", "timeline"),
           fingerprint=_rule_fingerprint, depends_on="the user fusion rules",

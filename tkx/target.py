@@ -782,3 +782,137 @@ def reduction_emitter(name: str) -> ReductionEmitter:
 def pointwise_cost(numel: int, ops: int, reads: int, threads: int, store_bytes: int) -> Cost:
     """Work items (one point per thread), FLOPs and bytes of a pointwise loop."""
     return Cost(max(1, math.ceil(numel / threads)), numel * max(1, ops), store_bytes + numel * 4 * max(1, reads))
+
+
+# --------------------------------------------------------------------------------------
+# Fused attention (FlashAttention scheme; codegen in tkx.codegen.attention)
+# --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class AttentionProblem:
+    """One attention composite: ``batch`` (product of the leading dims) x ``q_len`` queries of
+    ``head_dim``, ``kv_len`` keys, values of ``value_dim``; ``dtype`` of q; ``backward`` for
+    ``attention_backward``; ``causal``; ``mask``: ``"none"``, ``"bool"`` or ``"additive"``."""
+
+    batch: int
+    q_len: int
+    kv_len: int
+    head_dim: int
+    value_dim: int
+    dtype: str
+    backward: bool
+    causal: bool
+    mask: str
+
+    @property
+    def gemm_flops(self) -> int:
+        """FLOPs of the products: ``2 B L S (E + Ev)`` forward; the backward recomputes the scores and
+        forms dv, dp, dq and dk: ``2 B L S (3 E + 2 Ev)``."""
+        e, ev = self.head_dim, self.value_dim
+        return 2 * self.batch * self.q_len * self.kv_len * ((3 * e + 2 * ev) if self.backward else (e + ev))
+
+
+@dataclass(frozen=True, eq=False)
+class AttentionPlan(Plan):
+    """How a fused attention group runs: ``impl`` (``"flash_fwd"`` or ``"flash_bwd"``), ``why``,
+    query tile ``tile_q`` and key tile ``tile_k`` rows per work item, the problem's sizes, and the
+    softmax ``scale``, and the estimated µs of the fused group and of the unfused math
+    (``fused_us``, ``unfused_us``)."""
+
+    impl: str
+    why: str
+    batch: int
+    q_len: int
+    kv_len: int
+    head_dim: int
+    value_dim: int
+    tile_q: int
+    tile_k: int
+    causal: bool
+    mask: str
+    scale: float = 1.0
+    fused_us: float = 0.0
+    unfused_us: float = 0.0
+
+    @property
+    def q_tiles(self) -> int:
+        return _ceil(self.q_len, self.tile_q)
+
+    @property
+    def k_tiles(self) -> int:
+        return _ceil(self.kv_len, self.tile_k)
+
+
+#: The largest head (and value) dimension the fused emitter keeps in shared memory.
+ATTENTION_MAX_HEAD_DIM = 128
+
+
+class AttentionEmitter:
+    """The spec of the fused attention emitter (plain CUDA, fp32 shared-memory tiles and
+    accumulators; forward: online softmax over key tiles; backward: one pass over query tiles per
+    key tile for dk/dv and one over key tiles per query tile for dq, no atomics)."""
+
+    name = "flash"
+    capabilities = Capabilities(ARCHES, "shared memory (fp32 tiles)", (1, 1, 1))
+
+    def supports(self, p: AttentionProblem, options: Any) -> str | None:
+        if p.head_dim > ATTENTION_MAX_HEAD_DIM or p.value_dim > ATTENTION_MAX_HEAD_DIM:
+            return (f"head dimension {max(p.head_dim, p.value_dim)} is above {ATTENTION_MAX_HEAD_DIM}, "
+                    "the most the fused emitter keeps in shared memory")
+        if p.dtype not in ("float32", "bfloat16", "float16"):
+            return f"inputs of dtype {p.dtype}"
+        if options.threads_per_block < 64:
+            return "fewer than 64 threads per block"
+        return None
+
+    def plan(self, p: AttentionProblem, options: Any, why: str) -> AttentionPlan:
+        wide = max(p.head_dim, p.value_dim) > 64
+        tile = 16 if wide else 32
+        return AttentionPlan("flash_bwd" if p.backward else "flash_fwd", why, p.batch, p.q_len, p.kv_len,
+                             p.head_dim, p.value_dim, tile, tile, p.causal, p.mask)
+
+    def shared_floats(self, plan: AttentionPlan) -> int:
+        bq, bk, e, ev = plan.tile_q, plan.tile_k, plan.head_dim, plan.value_dim
+        if plan.impl == "flash_fwd":
+            return bq * e + bk * e + bk * ev + bq * bk + 3 * bq
+        return bk * e + bk * ev + bq * e + bq * ev + 2 * bq * bk + 2 * bq
+
+    def cost(self, plan: AttentionPlan) -> Cost:
+        b, lq, lk = plan.batch, plan.q_len, plan.kv_len
+        dims = plan.head_dim + plan.value_dim
+        if plan.impl == "flash_fwd":
+            items = b * plan.q_tiles
+            flops = 2 * b * lq * lk * dims
+            nbytes = 4 * b * (lq * dims + plan.q_tiles * lk * dims + lq * (plan.value_dim + 1))
+        else:
+            items = b * (plan.q_tiles + plan.k_tiles)
+            flops = 2 * b * lq * lk * (3 * plan.head_dim + 2 * plan.value_dim)
+            nbytes = 4 * b * (plan.k_tiles * lq * dims + plan.q_tiles * lk * dims + 2 * (lq + lk) * dims)
+        if plan.causal:
+            flops //= 2
+        return Cost(items, flops, nbytes)
+
+
+ATTENTION_EMITTER = AttentionEmitter()
+
+
+def unfused_attention_us(p: AttentionProblem, blocks: int = SM_COUNT) -> float:
+    """Estimated µs of the attention's math as separate groups: its products, the score matrix
+    written and read by each softmax stage, and a grid barrier per stage (5 forward, 9 backward)."""
+    from . import costs
+
+    c = costs.constants()
+    scores = p.batch * p.q_len * p.kv_len * 4
+    passes, stages = (12, 9) if p.backward else (6, 5)
+    flops = p.gemm_flops
+    return (flops / (c["sm_flops_per_us"] * blocks) + scores * passes / (c["sm_bytes_per_us"] * blocks)
+            + stages * (c["grid_barrier_us"] + c["item_overhead_us"]))
+
+
+def fused_attention_us(plan: AttentionPlan, blocks: int = SM_COUNT) -> float:
+    """Estimated µs of the fused group: its work items spread over ``blocks``, one stage."""
+    from . import costs
+
+    c = costs.constants()
+    cost = ATTENTION_EMITTER.cost(plan)
+    per_item = max(cost.flops / c["sm_flops_per_us"], cost.bytes / c["sm_bytes_per_us"]) / max(cost.items, 1)
+    return math.ceil(cost.items / blocks) * (per_item + c["item_overhead_us"]) + c["grid_barrier_us"]

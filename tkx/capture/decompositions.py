@@ -12,6 +12,8 @@ set of the op table (:mod:`tkx.ops`). tkx's own entries:
   the first index holding it; NaN counts as the maximum, as in torch);
 * ``var``/``var_mean``/``std`` with ``correction``, ``_foreach_norm``, ``any``/``all``,
   ``pow.Scalar`` with a positive constant base;
+* ``F.scaled_dot_product_attention`` without dropout becomes the ``tkx::attention`` composite
+  (:mod:`tkx.capture.attention`; the scheduler expands it to :func:`attention_math` or fuses it);
 * ``F.one_hot`` (a composite op that torch decomposes before any table sees it) is replaced
   at the ``__torch_function__`` level (:data:`FUNCTION_OVERRIDES`) by a version that checks
   its labels.
@@ -28,6 +30,8 @@ from typing import Any
 
 import torch
 from torch._decomp import get_decompositions
+
+from .attention import sdpa_composite
 
 aten = torch.ops.aten
 
@@ -300,6 +304,12 @@ def avg_pool2d_math(input: torch.Tensor, kernel_size: Any, stride: Any = None, p
     return out.squeeze(0) if squeeze else out
 
 
+def _sdpa(*args: Any, **kwargs: Any) -> torch.Tensor:
+    """SDPA as the ``tkx::attention`` composite where it covers the call, else as its math."""
+    out = sdpa_composite(*args, **kwargs)
+    return out if out is not None else attention_math(*args, **kwargs)
+
+
 def _max_pool2d_dispatch(*args: Any, **kwargs: Any) -> Any:
     return max_pool2d_math(*args, **kwargs)
 
@@ -330,7 +340,7 @@ def multi_head_attention_math(*args: Any, dropout: Callable | None = None, **kwa
 #: torch functions replaced while tracing (composite ops torch decomposes before any table sees them).
 FUNCTION_OVERRIDES: dict[Callable, Callable] = {
     torch.nn.functional.one_hot: checked_one_hot,
-    torch.nn.functional.scaled_dot_product_attention: attention_math,
+    torch.nn.functional.scaled_dot_product_attention: _sdpa,
     torch.nn.functional.multi_head_attention_forward: multi_head_attention_math,
     torch.nn.functional.conv2d: conv2d_math, torch.conv2d: conv2d_math,
     torch.nn.functional.max_pool2d: _max_pool2d_dispatch, torch.max_pool2d: _max_pool2d_dispatch,

@@ -451,3 +451,54 @@ def philox_uniform(L: Any, node: torch.fx.Node) -> TensorSpec:
 def diagonal_scatter(L: Any, node: torch.fx.Node) -> TensorSpec:
     raise L.fail("unsupported-op", "diagonal_scatter (writing a diagonal; jacrev's basis writes make it)",
                  "use torch.func.grad/grad_and_value instead of jacrev, or build the matrix with torch.where")
+
+
+# -- attention composites (tkx.capture.attention) ------------------------------------------------
+
+from . import attention as _attention  # noqa: E402,F401 (registers torch.ops.tkx.attention*)
+
+
+def _attention_mask(L: Any, arg: Any) -> tuple[list[TensorSpec], str]:
+    if arg is None:
+        return [], "none"
+    m = L.tensor(arg)
+    return [m], "bool" if m.dtype == "bool" else "additive"
+
+
+def _piece(root: TensorSpec, shape: tuple[int, ...], offset: int) -> TensorSpec:
+    return TensorSpec(shape, "float32", contiguous_strides(shape), root.buffer, offset)
+
+
+def _cast_piece(L: Any, piece: TensorSpec, dtype: str, base: str) -> TensorSpec:
+    return piece if dtype == "float32" else L.emit("cast", (piece,), piece.shape, dtype, base=base)
+
+
+@builtin(torch.ops.tkx.attention.default)
+def attention(L: Any, node: torch.fx.Node) -> tuple[TensorSpec, TensorSpec]:
+    """One ``attention`` op (a float32 root ``[out | lse]``); out is cast to q's dtype."""
+    q, k, v = (L.tensor(a) for a in node.args[:3])
+    extra, mask = _attention_mask(L, node.args[3])
+    causal, scale = bool(node.args[4]), float(node.args[5])
+    lead, n_q, n_v = q.shape[:-2], q.shape[-2], v.shape[-1]
+    n_out = math.prod(lead) * n_q * n_v
+    root = L.emit("attention", (q, k, v, *extra), (n_out + math.prod(lead) * n_q,), "float32",
+                  {"causal": causal, "scale": scale, "mask": mask})
+    out = _cast_piece(L, _piece(root, (*lead, n_q, n_v), 0), q.dtype, f"{node.name}_out")
+    return out, _piece(root, (*lead, n_q), n_out)
+
+
+@builtin(torch.ops.tkx.attention_backward.default)
+def attention_backward(L: Any, node: torch.fx.Node) -> tuple[TensorSpec, TensorSpec, TensorSpec]:
+    """One ``attention_backward`` op (a float32 root ``[dq | dk | dv]``), each cast to its input's dtype."""
+    q, k, v = (L.tensor(a) for a in node.args[:3])
+    extra, mask = _attention_mask(L, node.args[3])
+    out, lse, dout = (L.tensor(a) for a in node.args[4:7])
+    causal, scale = bool(node.args[7]), float(node.args[8])
+    sizes = [q.numel, k.numel, v.numel]
+    root = L.emit("attention_backward", (q, k, v, out, lse, dout, *extra), (sum(sizes),), "float32",
+                  {"causal": causal, "scale": scale, "mask": mask})
+    grads, offset = [], 0
+    for name, x, n in (("dq", q, sizes[0]), ("dk", k, sizes[1]), ("dv", v, sizes[2])):
+        grads.append(_cast_piece(L, _piece(root, x.shape, offset), x.dtype, f"{node.name}_{name}"))
+        offset += n
+    return tuple(grads)

@@ -22,6 +22,7 @@ import torch.fx.traceback as fx_traceback
 from torch.overrides import TorchFunctionMode
 
 from ..errors import SourceLine
+from .attention import HandWrittenAttention
 from .decompositions import FUNCTION_OVERRIDES
 
 _SKIP_DIRS = (os.path.dirname(os.path.realpath(torch.__file__)) + os.sep,) + tuple(
@@ -79,6 +80,7 @@ class SourceTagMode(TorchFunctionMode):
     def __init__(self) -> None:
         super().__init__()
         self.grad_fn_sources: dict[Any, tuple[SourceLine | None, str]] = {}
+        self.attention = HandWrittenAttention()  # hand-written attention -> the tkx::attention composite
 
     def _remember(self, result: Any, src: SourceLine | None, name: str) -> None:
         for t in result if isinstance(result, (tuple, list)) else (result,):
@@ -116,8 +118,10 @@ class SourceTagMode(TorchFunctionMode):
         fx_traceback.current_meta["custom"] = custom
         handles = self._hooks() if func is torch.autograd.grad else []
         try:
-            result = FUNCTION_OVERRIDES.get(func, func)(*args, **kwargs)
+            replaced = None if in_backward else self.attention.before(func, args, kwargs)
+            result = replaced if replaced is not None else FUNCTION_OVERRIDES.get(func, func)(*args, **kwargs)
             if not in_backward:
+                self.attention.after(func, args, kwargs, result)
                 self._remember(result, tag["source"], name)
             return result
         finally:

@@ -368,6 +368,8 @@ class _Emitter:
             return "{\n" + indent(body) + "\n}", max(1, -(-n // t)), 0
         if g.kind in ("gemm", "gemm_partial"):
             return self.gemm_code(g)
+        if g.kind == "attention":
+            return self.attention_code(g)
         if g.params.get("strategy") == "row":
             return self.row_code(g)
         return self.reduction_code(g)
@@ -456,6 +458,53 @@ class _Emitter:
         self.plan.notes[g.id] = {"strategy": "row", "passes": len(reds), "values_per_lane": lanes_k,
                                  "cached_loads": len(ctx.slots)}
         return code, max(1, -(-rows // warps)), 0
+
+    def attention_code(self, g: Group) -> tuple[str, int, int]:
+        """A fused attention group (:mod:`tkx.codegen.attention`): operands read through their views."""
+        from . import attention as fa
+
+        op = self.ops[g.anchor]
+        plan = g.plan
+
+        def loader(view: Any) -> Any:
+            assert isinstance(view, TensorSpec)
+            lead = view.shape[:-2] if view.ndim >= 2 else ()
+
+            def at(idx: str) -> str:
+                if view.buffer in self.s.inlined:
+                    return f"{self.function(view.buffer)}(TKX_ARGS, {idx})"
+                ptr, dtype = self.pointer(view.buffer)
+                return load(dtype, ptr, idx)
+
+            def ld(b: str, r: str, c: str | None = None) -> str:
+                cs = _unravel(f"(long long){b}", lead) + [r] + ([c] if c is not None else [])
+                return at(_coords_index(cs, view.strides, view.offset))
+            return ld
+
+        def lse_loader(view: Any) -> Any:
+            assert isinstance(view, TensorSpec)
+            lead = view.shape[:-1]
+
+            def ld(b: str, r: str) -> str:
+                idx = _coords_index(_unravel(f"(long long){b}", lead) + [r], view.strides, view.offset)
+                if view.buffer in self.s.inlined:
+                    return f"{self.function(view.buffer)}(TKX_ARGS, {idx})"
+                ptr, dtype = self.pointer(view.buffer)
+                return load(dtype, ptr, idx)
+            return ld
+
+        ptr, _ = self.home_pointer(self.s.homes[op.id], op.id)
+        q, k, v = (loader(x) for x in op.inputs[:3])
+        if op.kind == "attention":
+            mask = loader(op.inputs[3]) if plan.mask != "none" else None
+            code = fa.forward(plan, threads=self.threads, ld_q=q, ld_k=k, ld_v=v, ld_mask=mask, out=ptr, name=g.id)
+        else:
+            mask = loader(op.inputs[6]) if plan.mask != "none" else None
+            code = fa.backward(plan, threads=self.threads, ld_q=q, ld_k=k, ld_v=v, ld_mask=mask,
+                               ld_out=loader(op.inputs[3]), ld_lse=lse_loader(op.inputs[4]),
+                               ld_dout=loader(op.inputs[5]), grads=ptr, name=g.id)
+        self.plan.notes[g.id] = {"variant": plan.impl, "tile_q": plan.tile_q, "tile_k": plan.tile_k}
+        return code.code, code.work_items, code.shared_bytes
 
     def copy_code(self, g: Group) -> tuple[str, int, int]:
         task = next(c for c in self.s.copies if c.group == g.id)

@@ -55,6 +55,11 @@ def describe_params(s: Any, g: Any) -> tuple[str, str]:
         if "parts" in p:
             head += f" ({p['parts']} parts{'' if g.kind == 'reduction_partial' else ', final'})"
         return head, why
+    if g.kind == "attention":
+        head = (f"fused {_kind_prefix(anchor)}[{p['batch']}×] {p['q_len']}×{p['head_dim']} over {p['kv_len']} keys"
+                f" · {p['impl']} tiles {p['tile_q']}×{p['tile_k']}" + (" · causal" if p["causal"] else "")
+                + (f" · {p['mask']} mask" if p["mask"] != "none" else ""))
+        return head, why
     return f"pointwise over {_shape(anchor.out.shape)}", why
 
 
@@ -73,7 +78,8 @@ def _decision_table(s: Any) -> str:
              f'{sum(d.fused for d in s.decisions)} fused, {sum(not d.fused for d in s.decisions)} not fused)</div>',
              '<div class="tkx-why">inline: producer recomputed inside its consumer · epilogue: pointwise consumer '
              'applied to a GEMM/reduction result · loop: pointwise ops sharing one loop · in-place: state update '
-             'written into the user tensor. Not fused first.</div>']
+             'written into the user tensor · attention: one fused FlashAttention group or the math. '
+             'Not fused first.</div>']
     for kind, ds in by_kind.items():
         nf = sum(not d.fused for d in ds)
         rows = []

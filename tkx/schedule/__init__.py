@@ -2,6 +2,8 @@
 
 ``schedule(program, options) -> FusedSchedule`` works in five steps, each recorded:
 
+0. **Attention.** Each attention composite becomes one fused FlashAttention group or is
+   expanded to its math (:mod:`tkx.schedule.attention`, ``Options.fuse_attention``).
 1. **Epilogues.** Each GEMM and reduction grows a chain of same-shaped pointwise consumers
    it can apply in registers (the value read through an identity view, single consumer).
 2. **Inlining.** Every other pointwise/generator op is either inlined into all of its
@@ -27,7 +29,9 @@ from ..dtypes import INT_DTYPES
 from ..errors import TkxError
 from ..ir import Op, Program, TensorSpec
 from ..target import (
+    ATTENTION_EMITTER,
     SM_COUNT,
+    AttentionPlan,
     CopyPlan,
     Cost,
     GemmPlan,
@@ -42,6 +46,7 @@ from ..target import (
     reduction_emitter,
     resolve_arch,
 )
+from .attention import prepare as _prepare_attention
 from .model import (
     Barrier,
     CopyTask,
@@ -376,6 +381,9 @@ def _group_cost(group: Group, program_ops: dict[str, Op], threads: int) -> Cost:
     anchor = program_ops[group.anchor] if group.anchor in program_ops else None
     p = group.plan
     store_bytes = sum(program_ops[s].out.nbytes for s in group.stores if s in program_ops)
+    if isinstance(p, AttentionPlan):
+        c = ATTENTION_EMITTER.cost(p)
+        return Cost(c.items, c.flops, c.bytes + store_bytes)
     if isinstance(p, GemmPlan):
         phase = "partial" if group.kind == "gemm_partial" else "final" if p.partials else "one"
         c = gemm_emitter(p.impl).cost(p, phase)
@@ -398,11 +406,20 @@ def schedule(program: Program, options: Any = None, *, rules: tuple[FusionRule, 
     if options is None:
         from ..options import Options
         options = Options()
+    # Step 0: each attention composite becomes one fused group or is expanded to its math.
+    program, attention_decisions, attention_plans = _prepare_attention(
+        program, options, options.max_blocks or SM_COUNT * options.blocks_per_sm)
     g = _Graph(program)
     w = _Work(g, options, active_rules(tuple(rules), getattr(options, "rules", None)))
+    w.decisions.extend(attention_decisions)
 
-    # Step 1: epilogues of GEMMs and reductions.
+    # Step 1: epilogues of GEMMs and reductions; fused attention groups stand alone.
     for op in program.ops:
+        if op.family == "attention":
+            w.domains[op.id] = [op.id]
+            w.domain_of[op.id] = op.id
+            w.cost[op.id] = 1
+            continue
         if op.family in ("matmul", "reduction"):
             w.domains[op.id] = [op.id]
             w.domain_of[op.id] = op.id
@@ -464,9 +481,11 @@ def schedule(program: Program, options: Any = None, *, rules: tuple[FusionRule, 
     for anchor in anchors:
         members = w.domains[anchor]
         a = g.ops[anchor]
-        kind = {"matmul": "gemm", "reduction": "reduction"}.get(a.family, "pointwise")
+        kind = {"matmul": "gemm", "reduction": "reduction", "attention": "attention"}.get(a.family, "pointwise")
         params: Any
-        if kind == "gemm":
+        if kind == "attention":
+            params = attention_plans[anchor]
+        elif kind == "gemm":
             params = _gemm_plan(a, options, arch)
         elif kind == "reduction" and anchor in row_groups:
             params = _row_plan(row_groups[anchor], g)

@@ -29,7 +29,7 @@ from ..ir import OPS, Op, Program, TensorSpec
 from ..words import plural
 
 #: Group kinds.
-GROUP_KINDS = ("gemm", "gemm_partial", "reduction", "reduction_partial", "pointwise", "copy")
+GROUP_KINDS = ("gemm", "gemm_partial", "reduction", "reduction_partial", "pointwise", "copy", "attention")
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,8 @@ class FusionDecision:
             "loop": f"{p} and {c} {'share' if self.fused else 'do not share'} one loop",
             "row": f"{c} {'joins' if self.fused else 'does not join'} the row pass of {p}",
             "in-place": f"{c} is {'written in place into' if self.fused else 'staged, then copied into'} {p}",
+            "attention": f"the attention {c} {p} "
+                         f"{'runs as one fused FlashAttention group' if self.fused else 'is expanded to its math'}",
         }.get(self.kind, f"{self.kind} {p} -> {c}: {'fused' if self.fused else 'not fused'}")
         why = self.reason
         for prefix in ("not fused: ", "fused: ", "written in place: ", "staged commit: "):

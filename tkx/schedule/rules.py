@@ -138,9 +138,10 @@ def _row_fits(c: Candidate) -> Verdict | None:
 
 
 def _gemm_operand(c: Candidate) -> Verdict | None:
-    if c.consumer.family != "matmul":
+    if c.consumer.family not in ("matmul", "attention"):
         return None
-    if c.producer.family == "pointwise" and c.cost <= 16 and _skinny_long_operand(c):
+    if c.consumer.family == "matmul" and c.producer.family == "pointwise" and c.cost <= 16 \
+            and _skinny_long_operand(c):
         return fuse("gemv-operand", f"fused: the GEMV loads each element of this operand once, so {c.producer.kind} "
                                     "is computed in its operand load (a weight dequantised on the fly)")
     if c.producer.family == "generator" or (c.producer.kind == "cast" and c.cost <= 1):
@@ -170,7 +171,8 @@ def _deep_inline(c: Candidate) -> Verdict | None:
 BUILTIN_RULES: tuple[FusionRule, ...] = (
     FusionRule("option-switches", CANDIDATE_KINDS, _switches, "honour fuse_* options"),
     FusionRule("gemm-operand", ("inline",), _gemm_operand,
-               "only cheap casts/generators feed GEMM tiles (and any short chain the long operand of a GEMV)"),
+               "only cheap casts/generators feed GEMM and fused attention tiles (and any short chain the long "
+               "operand of a GEMV)"),
     FusionRule("multi-use", ("inline",), _multi_use, "recompute multi-use producers only when cheap"),
     FusionRule("expression-size", ("inline",), _deep_inline, "bound inline expression size"),
     FusionRule("row-fits", ("row",), _row_fits, "row-persistent fusion only when the row fits in registers"),

@@ -1,0 +1,88 @@
+"""Scaled dot-product attention written out in torch: the meaning of the IR's attention composites.
+
+The IR keeps ``F.scaled_dot_product_attention`` as two composite ops (rows ``attention`` and
+``attention_backward`` of :mod:`tkx.ops`); both CPU interpreters evaluate them with the
+functions here, the scheduler either expands them to this math (:mod:`tkx.schedule.attention`)
+or emits one fused FlashAttention group for each (:mod:`tkx.codegen.attention`).
+
+Shapes: ``q [*B, L, E]``, ``k [*B, S, E]``, ``v [*B, S, Ev]``, ``mask`` broadcast to ``[*B, L, S]``
+(``bool``: keep where True; float: added to the scores) or ``None``; ``causal`` keeps key ``j``
+for query ``i`` when ``j <= i`` (top-left aligned, as torch). All arithmetic in float32.
+
+Packed layouts (one float32 root buffer per composite, read through views):
+
+* forward: ``[out (prod(B)*L*Ev) | lse (prod(B)*L)]``; ``lse[i] = log(sum_j exp(s[i, j]))``
+  (``-inf`` for a row with every key masked, whose output is NaN as torch's math backend gives);
+* backward: ``[dq (prod(B)*L*E) | dk (prod(B)*S*E) | dv (prod(B)*S*Ev)]``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    """float32 (float64 stays float64: the verifier's float64 run of the reference)."""
+    return t if t.dtype == torch.float64 else t.float()
+
+
+def scores(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, causal: bool, scale: float) -> torch.Tensor:
+    """``q @ k^T * scale`` with the masks applied (float32, ``[*B, L, S]``)."""
+    s = (_wide(q) @ _wide(k).transpose(-2, -1)) * scale
+    if causal:
+        n_q, n_k = s.shape[-2], s.shape[-1]
+        keep = torch.ones(n_q, n_k, dtype=torch.bool, device=s.device).tril()
+        s = s.masked_fill(~keep, float("-inf"))
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            s = s.masked_fill(~mask, float("-inf"))
+        else:
+            s = s + _wide(mask)
+    return s
+
+
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool,
+            scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out ``[*B, L, Ev]``, lse ``[*B, L]``), both float32."""
+    s = scores(q, k, mask, causal, scale)
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse.unsqueeze(-1))
+    return p @ _wide(v), lse
+
+
+def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, out: torch.Tensor,
+             lse: torch.Tensor, dout: torch.Tensor, causal: bool, scale: float
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) in float32, the probabilities recomputed from ``q``, ``k`` and ``lse``."""
+    s = scores(q, k, mask, causal, scale)
+    p = torch.exp(s - _wide(lse).unsqueeze(-1))
+    p = torch.where(torch.isnan(p), torch.zeros_like(p), p)  # fully masked rows contribute nothing
+    do = _wide(dout)
+    dv = p.transpose(-2, -1) @ do
+    dp = do @ _wide(v).transpose(-2, -1)
+    d = (do * _wide(out)).sum(dim=-1, keepdim=True)
+    ds = p * (dp - d)
+    dq = (ds @ _wide(k)) * scale
+    dk = (ds.transpose(-2, -1) @ _wide(q)) * scale
+    return dq, dk, dv
+
+
+def default_scale(head_dim: int) -> float:
+    """``1 / sqrt(E)``, SDPA's default."""
+    return 1.0 / math.sqrt(head_dim)
+
+
+def packed_forward(q, k, v, mask, causal: bool, scale: float) -> torch.Tensor:
+    """The forward composite's float32 root buffer ``[out | lse]`` (flat)."""
+    out, lse = forward(q, k, v, mask, causal, scale)
+    return torch.cat([out.reshape(-1), lse.reshape(-1)])
+
+
+def packed_backward(q, k, v, mask, out, lse, dout, causal: bool, scale: float) -> torch.Tensor:
+    """The backward composite's float32 root buffer ``[dq | dk | dv]`` (flat)."""
+    return torch.cat([t.reshape(-1) for t in backward(q, k, v, mask, out, lse, dout, causal, scale)])
+
+
+__all__ = ["scores", "forward", "backward", "default_scale", "packed_forward", "packed_backward"]

@@ -1,0 +1,287 @@
+"""The fused attention emitter (FlashAttention scheme, plain CUDA, fp32 shared-memory tiles).
+
+Forward (``flash_fwd``), one work item per (batch, query tile of ``tile_q`` rows): the query tile
+is staged once; for each key tile (causal: only the tiles at or left of the diagonal) the block
+computes the scaled, masked scores ``S`` into shared memory, then one warp per row updates the
+running maximum ``m`` and sum ``l`` (the online softmax) and turns ``S`` into ``exp(S - m)``,
+and each thread rescales its accumulator entries by ``exp(m_old - m)`` before adding ``P @ V``.
+It writes ``out = acc / l`` and ``lse = m + log(l)`` into the packed float32 root ``[out | lse]``.
+
+Backward (``flash_bwd``), no atomics: work items ``[0, B*KT)`` each own one key tile and loop over
+the query tiles (``dv += P^T dO``, ``dk += dS^T Q``), items ``[B*KT, B*KT + B*QT)`` each own one
+query tile and loop over the key tiles (``dq += dS K``); ``P = exp(S - lse)`` is recomputed per
+tile from q, k and the saved lse, ``dS = P * (dO V^T - rowsum(dO * out))``. Both kinds of items
+sum in a fixed order, so the kernel gives the same bits on every run. The packed float32 root is
+``[dq | dk | dv]``.
+
+Every accumulator entry stays in the register of one thread for the whole loop
+(``ceil(tile * dim / threads)`` floats each); the emitter reports the shared bytes it carves from
+the block's workspace (``tkx_smem``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..dtypes import literal
+from ..target import ATTENTION_EMITTER, AttentionPlan
+from .text import block, indent
+
+#: ``(batch, row, col) -> C float expression`` of one operand element.
+Loader = Callable[[str, str, str], str]
+
+
+@dataclass(frozen=True)
+class AttentionCode:
+    """Code of one work item ``item``, the number of work items and the shared bytes it needs."""
+
+    code: str
+    work_items: int
+    shared_bytes: int
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _stage(dst: str, rows: int, cols: int, row0: str, limit: int, load: Callable[[str, str], str], t: int) -> str:
+    """Copy ``rows x cols`` elements (rows ``row0 + i`` below ``limit``, zeros beyond) into ``dst``."""
+    return (f"for (int t = threadIdx.x; t < {rows * cols}; t += {t}) {{ const int i = t / {cols}, e = t % {cols}; "
+            f"const int r = {row0} + i; {dst}[t] = r < {limit} ? {load('r', 'e')} : 0.0f; }}")
+
+
+def _score(plan: AttentionPlan, ld_mask: Loader | None, qs: str, ks: str) -> list[str]:
+    """Statements leaving the scaled, masked score of (row ``r``, key ``c``, tile entries ``i``, ``j``)
+    in ``s`` (``-TKX_INF`` where masked or outside)."""
+    e = plan.head_dim
+    valid = f"r < {plan.q_len} && c < {plan.kv_len}" + (" && c <= r" if plan.causal else "")
+    lines = ["float s = -TKX_INF;", f"if ({valid}) {{",
+             "    float d = 0.0f;",
+             "    #pragma unroll 8",
+             f"    for (int e = 0; e < {e}; ++e) d = fmaf({qs}[i * {e} + e], {ks}[j * {e} + e], d);",
+             f"    s = d * {literal(plan_scale(plan))};"]
+    if plan.mask == "bool":
+        assert ld_mask is not None
+        lines.append(f"    if ({ld_mask('b', 'r', 'c')} == 0.0f) s = -TKX_INF;")
+    elif plan.mask == "additive":
+        assert ld_mask is not None
+        lines.append(f"    s += {ld_mask('b', 'r', 'c')};")
+    lines.append("}")
+    return lines
+
+
+def plan_scale(plan: AttentionPlan) -> float:
+    return float(plan.scale)
+
+
+def forward(plan: AttentionPlan, *, threads: int, ld_q: Loader, ld_k: Loader, ld_v: Loader, ld_mask: Loader | None,
+            out: str, name: str) -> AttentionCode:
+    """The forward work item; ``out`` is the float32 pointer of the packed root ``[out | lse]``."""
+    t, bq, bk, e, ev = threads, plan.tile_q, plan.tile_k, plan.head_dim, plan.value_dim
+    lq, lk, qt = plan.q_len, plan.kv_len, plan.q_tiles
+    nacc = _ceil(bq * ev, t)
+    lse_base = plan.batch * lq * ev
+    kend = f"min({lk}, q0 + {bq})" if plan.causal else f"{lk}"
+    score = _score(plan, ld_mask, "sQ", "sK")
+    body = block(
+        "float* sQ = reinterpret_cast<float*>(tkx_smem);",
+        f"float* sK = sQ + {bq * e};",
+        f"float* sV = sK + {bk * e};",
+        f"float* sS = sV + {bk * ev};",
+        f"float* sM = sS + {bq * bk};  // running row maximum",
+        f"float* sL = sM + {bq};  // running row sum of exp(s - m)",
+        f"float* sA = sL + {bq};  // this tile's rescale factor exp(m_old - m_new)",
+        f"const int b = item / {qt}, q0 = (item % {qt}) * {bq};",
+        "const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;",
+        _stage("sQ", bq, e, "q0", lq, lambda r, c: ld_q("b", r, c), t),
+        f"for (int i = threadIdx.x; i < {bq}; i += {t}) {{ sM[i] = -TKX_INF; sL[i] = 0.0f; }}",
+        f"float acc[{nacc}];",
+        "#pragma unroll",
+        f"for (int u = 0; u < {nacc}; ++u) acc[u] = 0.0f;",
+        f"const int kend = {kend};",
+        f"for (int k0 = 0; k0 < kend; k0 += {bk}) {{",
+        indent(block(
+            "__syncthreads();  // the previous tile's readers are done",
+            _stage("sK", bk, e, "k0", lk, lambda r, c: ld_k("b", r, c), t),
+            _stage("sV", bk, ev, "k0", lk, lambda r, c: ld_v("b", r, c), t),
+            "__syncthreads();",
+            f"for (int t = threadIdx.x; t < {bq * bk}; t += {t}) {{",
+            indent(block(f"const int i = t / {bk}, j = t % {bk}, r = q0 + i, c = k0 + j;", *score, "sS[t] = s;")),
+            "}",
+            "__syncthreads();",
+            f"for (int i = warp; i < {bq}; i += {t // 32}) {{  // online softmax, one warp per row",
+            indent(block(
+                "float mx = -TKX_INF;",
+                f"for (int j = lane; j < {bk}; j += 32) mx = fmaxf(mx, sS[i * {bk} + j]);",
+                "mx = tkx_warp_max(mx);",
+                "const float m_old = sM[i], m_new = fmaxf(m_old, mx);",
+                "float sum = 0.0f;",
+                f"for (int j = lane; j < {bk}; j += 32) {{",
+                f"    const float p = m_new == -TKX_INF ? 0.0f : expf(sS[i * {bk} + j] - m_new);",
+                f"    sS[i * {bk} + j] = p; sum += p;",
+                "}",
+                "sum = tkx_warp_sum(sum);",
+                "if (lane == 0) {",
+                "    const float a = m_new == -TKX_INF ? 1.0f : expf(m_old - m_new);",
+                "    sA[i] = a; sL[i] = sL[i] * a + sum; sM[i] = m_new;",
+                "}")),
+            "}",
+            "__syncthreads();",
+            "#pragma unroll",
+            f"for (int u = 0; u < {nacc}; ++u) {{",
+            indent(block(
+                f"const int t = threadIdx.x + u * {t};",
+                f"if (t < {bq * ev}) {{",
+                f"    const int i = t / {ev}, e = t % {ev};",
+                "    float o = acc[u] * sA[i];",
+                "    #pragma unroll 8",
+                f"    for (int j = 0; j < {bk}; ++j) o = fmaf(sS[i * {bk} + j], sV[j * {ev} + e], o);",
+                "    acc[u] = o;",
+                "}")),
+            "}")),
+        "}",
+        "__syncthreads();",
+        "#pragma unroll",
+        f"for (int u = 0; u < {nacc}; ++u) {{",
+        f"    const int t = threadIdx.x + u * {t};",
+        f"    if (t < {bq * ev} && q0 + t / {ev} < {lq})",
+        f"        {out}[((long long)b * {lq} + q0 + t / {ev}) * {ev} + t % {ev}] = acc[u] / sL[t / {ev}];",
+        "}",
+        f"for (int i = threadIdx.x; i < {bq}; i += {t})",
+        f"    if (q0 + i < {lq}) {out}[{lse_base}LL + (long long)b * {lq} + q0 + i] = sM[i] + logf(sL[i]);",
+        "__syncthreads();  // the next work item reuses the workspace")
+    code = f"{{  // {name}: fused attention forward, query tile {bq} x key tiles of {bk}\n" + indent(body) + "\n}"
+    smem = ATTENTION_EMITTER.shared_floats(plan) * 4
+    return AttentionCode(code, plan.batch * qt, smem)
+
+
+def backward(plan: AttentionPlan, *, threads: int, ld_q: Loader, ld_k: Loader, ld_v: Loader, ld_mask: Loader | None,
+             ld_out: Loader, ld_lse: Callable[[str, str], str], ld_dout: Loader, grads: str,
+             name: str) -> AttentionCode:
+    """The backward work items; ``grads`` is the float32 pointer of the packed root ``[dq | dk | dv]``."""
+    t, bq, bk, e, ev = threads, plan.tile_q, plan.tile_k, plan.head_dim, plan.value_dim
+    lq, lk, qt, kt, nb = plan.q_len, plan.kv_len, plan.q_tiles, plan.k_tiles, plan.batch
+    scale = literal(plan_scale(plan))
+    dk_base, dv_base = nb * lq * e, nb * lq * e + nb * lk * e
+    score = _score(plan, ld_mask, "sQ", "sK")
+    prob = block(*score, "const float p = (s == -TKX_INF || sLse[i] == -TKX_INF) ? 0.0f : expf(s - sLse[i]);")
+
+    def rows_of_q(q0: str) -> str:
+        """Stage q, dO, lse and delta = rowsum(dO * out) of the query tile starting at ``q0``."""
+        return block(
+            _stage("sQ", bq, e, q0, lq, lambda r, c: ld_q("b", r, c), t),
+            _stage("sDO", bq, ev, q0, lq, lambda r, c: ld_dout("b", r, c), t),
+            f"for (int i = warp; i < {bq}; i += {t // 32}) {{",
+            f"    const int r = {q0} + i;",
+            "    float d = 0.0f;",
+            f"    if (r < {lq}) for (int e = lane; e < {ev}; e += 32) d = fmaf({ld_dout('b', 'r', 'e')}, "
+            f"{ld_out('b', 'r', 'e')}, d);",
+            "    d = tkx_warp_sum(d);",
+            f"    if (lane == 0) {{ sDelta[i] = d; sLse[i] = r < {lq} ? {ld_lse('b', 'r')} : 0.0f; }}",
+            "}")
+
+    nk, nv, nq = _ceil(bk * e, t), _ceil(bk * ev, t), _ceil(bq * e, t)
+    carve = block(
+        "float* sK = reinterpret_cast<float*>(tkx_smem);",
+        f"float* sV = sK + {bk * e};",
+        f"float* sQ = sV + {bk * ev};",
+        f"float* sDO = sQ + {bq * e};",
+        f"float* sP = sDO + {bq * ev};",
+        f"float* sDS = sP + {bq * bk};",
+        f"float* sLse = sDS + {bq * bk};",
+        f"float* sDelta = sLse + {bq};",
+        "const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;")
+    qstart = f"(k0 / {bq}) * {bq}" if plan.causal else "0"
+    key_items = block(
+        f"const int b = item / {kt}, k0 = (item % {kt}) * {bk};",
+        _stage("sK", bk, e, "k0", lk, lambda r, c: ld_k("b", r, c), t),
+        _stage("sV", bk, ev, "k0", lk, lambda r, c: ld_v("b", r, c), t),
+        f"float dk[{nk}], dv[{nv}];",
+        "#pragma unroll",
+        f"for (int u = 0; u < {nk}; ++u) dk[u] = 0.0f;",
+        "#pragma unroll",
+        f"for (int u = 0; u < {nv}; ++u) dv[u] = 0.0f;",
+        f"for (int q0 = {qstart}; q0 < {lq}; q0 += {bq}) {{  // every query tile, in order",
+        indent(block(
+            "__syncthreads();",
+            rows_of_q("q0"),
+            "__syncthreads();",
+            f"for (int t = threadIdx.x; t < {bq * bk}; t += {t}) {{",
+            indent(block(f"const int i = t / {bk}, j = t % {bk}, r = q0 + i, c = k0 + j;", prob, "sP[t] = p;")),
+            "}",
+            "__syncthreads();",
+            f"for (int t = threadIdx.x; t < {bq * bk}; t += {t}) {{  // dS = P * (dO V^T - delta)",
+            f"    const int i = t / {bk}, j = t % {bk};",
+            "    float dp = 0.0f;",
+            "    #pragma unroll 8",
+            f"    for (int e = 0; e < {ev}; ++e) dp = fmaf(sDO[i * {ev} + e], sV[j * {ev} + e], dp);",
+            "    sDS[t] = sP[t] * (dp - sDelta[i]);",
+            "}",
+            "#pragma unroll",
+            f"for (int u = 0; u < {nv}; ++u) {{  // dv += P^T dO",
+            f"    const int t = threadIdx.x + u * {t};",
+            f"    if (t < {bk * ev}) {{ const int j = t / {ev}, e = t % {ev}; float a = dv[u];",
+            f"        for (int i = 0; i < {bq}; ++i) a = fmaf(sP[i * {bk} + j], sDO[i * {ev} + e], a); dv[u] = a; }}",
+            "}",
+            "__syncthreads();",
+            "#pragma unroll",
+            f"for (int u = 0; u < {nk}; ++u) {{  // dk += dS^T Q",
+            f"    const int t = threadIdx.x + u * {t};",
+            f"    if (t < {bk * e}) {{ const int j = t / {e}, e = t % {e}; float a = dk[u];",
+            f"        for (int i = 0; i < {bq}; ++i) a = fmaf(sDS[i * {bk} + j], sQ[i * {e} + e], a); dk[u] = a; }}",
+            "}")),
+        "}",
+        "#pragma unroll",
+        f"for (int u = 0; u < {nk}; ++u) {{ const int t = threadIdx.x + u * {t};",
+        f"    if (t < {bk * e} && k0 + t / {e} < {lk}) "
+        f"{grads}[{dk_base}LL + ((long long)b * {lk} + k0 + t / {e}) * {e} + t % {e}] = dk[u] * {scale}; }}",
+        "#pragma unroll",
+        f"for (int u = 0; u < {nv}; ++u) {{ const int t = threadIdx.x + u * {t};",
+        f"    if (t < {bk * ev} && k0 + t / {ev} < {lk}) "
+        f"{grads}[{dv_base}LL + ((long long)b * {lk} + k0 + t / {ev}) * {ev} + t % {ev}] = dv[u]; }}")
+    kend = f"min({lk}, q0 + {bq})" if plan.causal else f"{lk}"
+    query_items = block(
+        f"const int b = (item - {nb * kt}) / {qt}, q0 = ((item - {nb * kt}) % {qt}) * {bq};",
+        rows_of_q("q0"),
+        f"float dq[{nq}];",
+        "#pragma unroll",
+        f"for (int u = 0; u < {nq}; ++u) dq[u] = 0.0f;",
+        f"for (int k0 = 0; k0 < {kend}; k0 += {bk}) {{  // every key tile, in order",
+        indent(block(
+            "__syncthreads();",
+            _stage("sK", bk, e, "k0", lk, lambda r, c: ld_k("b", r, c), t),
+            _stage("sV", bk, ev, "k0", lk, lambda r, c: ld_v("b", r, c), t),
+            "__syncthreads();",
+            f"for (int t = threadIdx.x; t < {bq * bk}; t += {t}) {{",
+            indent(block(f"const int i = t / {bk}, j = t % {bk}, r = q0 + i, c = k0 + j;", prob,
+                         "float dp = 0.0f;",
+                         "#pragma unroll 8",
+                         f"for (int e = 0; e < {ev}; ++e) dp = fmaf(sDO[i * {ev} + e], sV[j * {ev} + e], dp);",
+                         "sDS[t] = p * (dp - sDelta[i]);")),
+            "}",
+            "__syncthreads();",
+            "#pragma unroll",
+            f"for (int u = 0; u < {nq}; ++u) {{  // dq += dS K",
+            f"    const int t = threadIdx.x + u * {t};",
+            f"    if (t < {bq * e}) {{ const int i = t / {e}, e = t % {e}; float a = dq[u];",
+            f"        for (int j = 0; j < {bk}; ++j) a = fmaf(sDS[i * {bk} + j], sK[j * {e} + e], a); dq[u] = a; }}",
+            "}")),
+        "}",
+        "#pragma unroll",
+        f"for (int u = 0; u < {nq}; ++u) {{ const int t = threadIdx.x + u * {t};",
+        f"    if (t < {bq * e} && q0 + t / {e} < {lq}) "
+        f"{grads}[((long long)b * {lq} + q0 + t / {e}) * {e} + t % {e}] = dq[u] * {scale}; }}")
+    body = block(carve,
+                 f"if (item < {nb * kt}) {{  // dk, dv of one key tile",
+                 indent(key_items),
+                 "} else {  // dq of one query tile",
+                 indent(query_items),
+                 "}",
+                 "__syncthreads();  // the next work item reuses the workspace")
+    code = (f"{{  // {name}: fused attention backward, tiles {bq} x {bk}, probabilities recomputed from lse\n"
+            + indent(body) + "\n}")
+    return AttentionCode(code, nb * (kt + qt), ATTENTION_EMITTER.shared_floats(plan) * 4)
+
+
+__all__ = ["AttentionCode", "forward", "backward"]
