@@ -10,8 +10,8 @@ import tkx
 from tkx.options import Options, OptionsError
 
 FIELDS = ["fuse_pointwise", "fuse_epilogues", "fuse_reductions", "fuse_rows", "fuse_attention",
-          "tile_m", "tile_n", "tile_k",
-          "threads_per_block", "blocks_per_sm", "max_blocks", "split_k", "gemm_copy", "mode", "fp32_math", "arch", "exact",
+          "tile_m", "tile_n", "tile_k", "threads_per_block", "blocks_per_sm", "max_blocks", "split_k", "gemm_copy",
+          "mode", "fp32_math", "arch", "exact",
           "passes", "rules", "backend", "spin_limit", "sync", "timeline"]
 
 
