@@ -137,5 +137,5 @@ def test_row_fusion_verifies_on_the_gpu(fuse_rows):
         return (torch.randn(16, 10, generator=g).div(4).to(device), torch.randn(64, 16, generator=g).to(device),
                 torch.randint(0, 10, (64,), generator=g).to(device))
 
-    runner = tkx.runtime.build(ce_step, make(0), fuse_rows=fuse_rows)
+    runner = tkx.runtime.build(ce_step, make(0), tkx.Options(fuse_rows=fuse_rows))
     assert runner.verify(make_inputs=make).passed

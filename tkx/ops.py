@@ -589,7 +589,7 @@ ROWS: tuple[OpDef, ...] = (
     OpDef(Kind.DIV, "pointwise", 2, "x / y (true division)", (), torch.div, _binary("/", "__fdiv_rn"),
           dtype="float"),
     OpDef(Kind.FLOOR_DIVIDE, "pointwise", 2, "floor(x / y) (Python's //)", ("floor_divide.default",),
-          torch.floor_divide, _int_or_float("tkx_ifloordiv({0}, {1})", "floorf({2} / {3})"), int_exact=True),
+          torch.floor_divide, _int_or_float("tkx_ifloordiv({0}, {1})", "tkx_floordivf({2}, {3})"), int_exact=True),
     OpDef(Kind.REMAINDER, "pointwise", 2, "x - floor(x / y) * y (Python's %, the sign of y)",
           ("remainder",), torch.remainder,
           _int_or_float("tkx_iremainder({0}, {1})", "tkx_remainder({0}, {1})"), int_exact=True),

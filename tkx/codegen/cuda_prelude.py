@@ -129,6 +129,18 @@ DTYPES = dedent(r"""
         long long q = a / b;
         return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q;
     }
+    // torch.floor_divide on floats (ATen's div_floor): through fmod, so inf // y is nan and the
+    // quotient is corrected where floor(a / b) would round across an integer.
+    TKX_INLINE float tkx_floordivf(float a, float b) {
+        if (b == 0.0f) return a / b;
+        const float mod = fmodf(a, b);
+        float div = (a - mod) / b;
+        if (mod != 0.0f && ((b < 0.0f) != (mod < 0.0f))) div -= 1.0f;
+        if (div == 0.0f) return copysignf(0.0f, a / b);
+        float q = floorf(div);
+        if (div - q > 0.5f) q += 1.0f;
+        return q;
+    }
     TKX_INLINE long long tkx_iremainder(long long a, long long b) {
         long long r = a % b;
         return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
