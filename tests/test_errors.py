@@ -103,3 +103,20 @@ def test_error_is_one_readable_message():
     text = str(info.value)
     assert text.startswith("tkx cannot compile this step (random-op)")
     assert "Traceback" not in text
+
+
+def test_example_inputs_of_the_wrong_shape_get_one_bad_input_error_at_the_users_line(capfd):
+    """x of 8 x 15 where the step multiplies by a 16 x 32 weight: one tkx error naming the line, no FakeTensor log."""
+    def step(params, x):
+        def loss_fn(p):
+            return (x @ p["w"]).square().mean()  # the line the error names
+        grads, loss = grad_and_value(loss_fn)(params)
+        return loss, {k: v - 0.1 * grads[k] for k, v in params.items()}
+
+    with pytest.raises(tkx.UnsupportedError) as info:
+        _ = tkx.explore(step, ({"w": torch.randn(16, 32)}, torch.randn(8, 15))).captured
+    e = info.value
+    assert e.kind == "bad-input" and "[8, 15]" in str(e) and "shapes of example_inputs" in str(e)
+    assert e.source is not None and "the line the error names" in e.source.code
+    assert "failed while attempting to run meta" not in capfd.readouterr().err
+    assert tkx.explore(step, ({"w": torch.randn(16, 32)}, torch.randn(8, 16))).captured is not None  # next call works

@@ -376,11 +376,13 @@ def _clamp_ref(op: Any, args: list[Any], device: torch.device) -> torch.Tensor:
     return torch.clamp(args[0], op.attr("min"), op.attr("max"))
 
 
-def index_error(op: Any, what: str) -> KernelError:
-    """The error an out-of-range index raises, in both interpreters and (decoded) from the kernel."""
+def index_error(op: Any, what: str, found_by: str = "the interpreter running the step") -> KernelError:
+    """The error an out-of-range index raises, in both interpreters and (decoded, ``found_by="the kernel"``)
+    from the kernel's error word."""
     where = f" ({op.source})" if getattr(op, "source", None) is not None else ""
     return KernelError(
-        f"the tkx kernel reported error {ERR_INDEX}: an index out of range in {op.attr('what', op.kind)} "
+        f"an index out of range in {op.attr('what', op.kind)} (tkx error code {ERR_INDEX}, found by "
+        f"{found_by}) "
         f"(op {op.id}){where}: {what}",
         code=ERR_INDEX, stage=-1, block=-1, op=op.id, source=getattr(op, "source", None))
 

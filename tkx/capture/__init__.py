@@ -11,7 +11,9 @@ Capture never touches the user's real tensors: tracing runs on fake tensors.
 from __future__ import annotations
 
 import inspect
+import logging
 import os
+import re
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -222,6 +224,10 @@ def _tracing_error(e: BaseException, step_fn: Callable, example_inputs: Sequence
         return UnsupportedError("data-dependent-control-flow",
                                 f"tracing failed: {type(e).__name__}: {str(e).splitlines()[0]}",
                                 source=src, hint="tkx traces static functional steps; see the message above")
+    if isinstance(e, RuntimeError) and _SHAPE_ERROR.search(str(e)):
+        return UnsupportedError("bad-input", f"the example inputs' shapes do not fit the step: {_first_line(e)}",
+                                source=src, hint="check the shapes of example_inputs against what the step expects "
+                                                 "at this line (tkx traces the step with exactly these shapes)")
     if _raised_by_user_code(e):
         return UnsupportedError("step-raised",
                                 f"the step itself raised {type(e).__name__}: {_first_line(e)}",
@@ -230,6 +236,12 @@ def _tracing_error(e: BaseException, step_fn: Callable, example_inputs: Sequence
     return UnsupportedError("unsupported-op",
                             f"tracing failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
                             source=src, hint="tkx traces static functional steps; see the message above")
+
+
+#: PyTorch's shape-check messages (matmul, broadcasting, views, cat, losses): the example inputs do not fit.
+_SHAPE_ERROR = re.compile(r"must have same reduction dim|shapes cannot be multiplied|size of tensor a .* must match"
+                          r"|is invalid for input of size|Sizes of tensors must match|Expected input batch_size"
+                          r"|size mismatch|must match the size of tensor", re.IGNORECASE)
 
 
 def _first_line(e: BaseException) -> str:
@@ -396,6 +408,11 @@ def capture(step_fn: Callable[..., Any], example_inputs: Sequence[Any], *, loss:
 
     from torch.func import functionalize
     guard = TorchStateGuard().__enter__()
+    # FakeTensor logs a failed meta kernel at ERROR level before raising; the exception itself becomes
+    # tkx's one error below, so the log line (and its traceback) is held back while tracing.
+    fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+    fake_level = fake_log.level
+    fake_log.setLevel(logging.CRITICAL)
     try:
         with fx_traceback.preserve_node_meta():
             gm = make_fx(functionalize(flat_step, remove="mutations"),
@@ -407,10 +424,12 @@ def capture(step_fn: Callable[..., Any], example_inputs: Sequence[Any], *, loss:
         # later capture. Free them now, then put torch's state back as it was on entry.
         traceback.clear_frames(e.__traceback__)
         guard.__exit__(None, None, None)
+        fake_log.setLevel(fake_level)
         if error is None:
             raise
-        raise error from (e if error.kind in ("unsupported-op", "step-raised") else None)
+        raise error from (e if error.kind in ("unsupported-op", "step-raised", "bad-input") else None)
     guard.__exit__(None, None, None)
+    fake_log.setLevel(fake_level)
     out_tree = out_tree_box[-1]
     out_paths = [p for p, _ in tree_flatten_with_path(tree_unflatten([0] * out_tree.num_leaves, out_tree))[0]]
     from torch.utils._pytree import keystr

@@ -89,7 +89,7 @@ def _index_error(op_number: int, block: int, schedule: Any, launch: str) -> Kern
     if op is None:
         return KernelError(f"the tkx kernel reported error {ERR_INDEX}: an index out of range (op #{op_number})",
                            code=ERR_INDEX, stage=-1, block=block)
-    err = index_error(op, "an index read or written by this op is outside its dimension")
+    err = index_error(op, "an index read or written by this op is outside its dimension", "the kernel")
     lines = [str(err), f"seen by block {block}"]
     if launch:
         lines.append(f"launch: {launch}")
