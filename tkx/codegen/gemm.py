@@ -732,6 +732,22 @@ def _wgmma_pipelined(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epi
            f'{{{dlist}}}, %{regs}, %{regs + 1}, p, 1, 1, {0 if a_kmajor else 1}, {0 if b_kmajor else 1};\\n}}\\n"\n'
            f'    : {outs}\n'
            f'    : "l"(da), "l"(db), "r"(1));')
+    # one landed k-tile through the tensor cores, and the end of the k loop (cp.async and TMA pipelines alike)
+    mma_step = (
+        f"    const unsigned st = stage0 + (kt % {stages}) * {stage_bytes};",
+        '    asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory");',
+        "    #pragma unroll",
+        f"    for (int ks = 0; ks < {ksteps}; ++ks) {{",
+        f"        const unsigned long long da = desc(st + {a_wg} + ks * {a_step}, {int(a_kmajor)});",
+        f"        const unsigned long long db = desc(st + {a_bytes} + {b_wg} + ks * {b_step}, {int(b_kmajor)});",
+        indent(mma, 2),
+        "    }",
+        '    asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory");',
+        '    asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory");',
+        "    #pragma unroll",
+        f'    for (int i = 0; i < {acc_regs}; ++i) asm volatile("" : "+f"(d[i]) :: "memory");',
+        "}",
+    )
     k_loop = block(
         "#pragma unroll 1",
         f"for (int s = 0; s < {stages - 1}; ++s) {{  // prologue: the first {stages - 1} k-tiles in flight",
@@ -746,19 +762,7 @@ def _wgmma_pipelined(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epi
         f"    if (k0 + {stages - 1} * TK < k_end) issue((kt + {stages - 1}) % {stages}, k0 + {stages - 1} * TK);"
         "  // into the stage k-tile kt - 1 used",
         '    asm volatile("cp.async.commit_group;\\n" ::: "memory");',
-        f"    const unsigned st = stage0 + (kt % {stages}) * {stage_bytes};",
-        '    asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory");',
-        "    #pragma unroll",
-        f"    for (int ks = 0; ks < {ksteps}; ++ks) {{",
-        f"        const unsigned long long da = desc(st + {a_wg} + ks * {a_step}, {int(a_kmajor)});",
-        f"        const unsigned long long db = desc(st + {a_bytes} + {b_wg} + ks * {b_step}, {int(b_kmajor)});",
-        indent(mma, 2),
-        "    }",
-        '    asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory");',
-        '    asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory");',
-        "    #pragma unroll",
-        f'    for (int i = 0; i < {acc_regs}; ++i) asm volatile("" : "+f"(d[i]) :: "memory");',
-        "}",
+        *mma_step,
         'asm volatile("cp.async.wait_group 0;\\n" ::: "memory");',
         "__syncthreads();  // every warpgroup's MMAs are done before the C tile reuses the stages",
     )
@@ -797,19 +801,7 @@ def _wgmma_pipelined(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epi
             "    __syncthreads();  // every warpgroup is done with k-tile kt - 1: its stage may be refilled",
             f"    if (threadIdx.x == 0 && k0 + {stages - 1} * TK < k_end) issue((kt + {stages - 1}) % {stages}, "
             f"k0 + {stages - 1} * TK);",
-            f"    const unsigned st = stage0 + (kt % {stages}) * {stage_bytes};",
-            '    asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory");',
-            "    #pragma unroll",
-            f"    for (int ks = 0; ks < {ksteps}; ++ks) {{",
-            f"        const unsigned long long da = desc(st + {a_wg} + ks * {a_step}, {int(a_kmajor)});",
-            f"        const unsigned long long db = desc(st + {a_bytes} + {b_wg} + ks * {b_step}, {int(b_kmajor)});",
-            indent(mma, 2),
-            "    }",
-            '    asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory");',
-            '    asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory");',
-            "    #pragma unroll",
-            f'    for (int i = 0; i < {acc_regs}; ++i) asm volatile("" : "+f"(d[i]) :: "memory");',
-            "}",
+            *mma_step,
             "__syncthreads();  // every warpgroup's MMAs are done before the C tile reuses the stages",
         )
         copy_setup = [

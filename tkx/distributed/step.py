@@ -24,18 +24,10 @@ __all__ = ["DataParallelStep"]
 
 
 class _Collective:
-    """The all-reduces of one step: start each bucket once, wait for all, hand out the averages."""
+    """The all-reduces of one step: start each bucket once, wait for all, hand out the averages.
+    ``plan`` is the :class:`DataParallelStep`'s, already checked against ``group`` (backend, size)."""
 
     def __init__(self, plan: DistributedPlan, group: Any) -> None:
-        backend = str(dist.get_backend(group))
-        if backend == "nccl" and plan.executor != "compiled":
-            raise DistributedError(
-                "bad-input", f"the process group uses NCCL, which moves CUDA tensors only, but the plan runs on "
-                             f"the {plan.executor} interpreter with CPU tensors",
-                hint="move the step's inputs to cuda:LOCAL_RANK before data_parallel (the kernels then run), or "
-                     "start the group with gloo for CPU ranks: tkx.distributed.init('gloo')")
-        if plan.backend != dist.get_backend(group):
-            plan = dataclasses.replace(plan, backend=str(dist.get_backend(group)))
         self.plan = plan
         self.group = group
         self.started: dict[int, tuple[torch.Tensor, Any]] = {}
