@@ -85,6 +85,31 @@ def test_regions_and_in_place_updates():
     assert all(op.source is not None and op.source.file.endswith(".py") for op in p.ops)
 
 
+def test_regions_follow_who_reads_a_value():
+    # A user's step: a bf16 layer norm whose rstd (a cast of it) is saved for the backward (not an ancestor of the loss), a
+    # step counter that only the update reads, and an SGD update: the counter and the update are the
+    # optimizer's, the saved value the forward's, and no forward op reads a gradient.
+    def step(w, x, t):
+        def loss(w):
+            h = torch.nn.functional.layer_norm(x @ w, (8,))
+            return h.float().pow(2).mean()
+        g, v = grad_and_value(loss)(w)
+        t.add_(1)
+        w.sub_(0.1 / t * g)
+        return v
+    bf16 = torch.bfloat16
+    p = tkx.capture(step, (torch.randn(4, 8, dtype=bf16), torch.randn(3, 4, dtype=bf16), torch.ones(()))).lower()
+    by_line = {}
+    for op in p.ops:
+        by_line.setdefault(op.source.code, set()).add(op.region)
+    assert by_line["t.add_(1)"] == {"optimizer"}
+    assert by_line["w.sub_(0.1 / t * g)"] == {"optimizer"}
+    assert "optimizer" not in by_line["h = torch.nn.functional.layer_norm(x @ w, (8,))"]
+    made_by = {op.out.buffer: op.region for op in p.ops}
+    assert all(made_by.get(getattr(i, "buffer", None)) != "backward"
+               for op in p.ops if op.region == "forward" for i in op.inputs)
+
+
 def test_views_are_metadata_not_ops():
     def step(w, x):
         def loss(w):

@@ -164,13 +164,15 @@ def test_split_cuts_digits_at_its_four_gradients_and_a_plus_b_is_the_step():
 
 
 def test_values_the_backward_saves_outside_the_loss_ancestry_stay_in_a():
-    # gpt_block's layer norms save a cast of rstd for the backward that capture labels "optimizer"
+    # gpt_block's layer norms save a cast of rstd for the backward: not an ancestor of the loss, read
+    # only by the backward; capture labels it forward, and A (forward + backward) holds no optimizer op
     ex = get("gpt_block")
     cg = tkx.capture(ex.step_fn, ex.example_inputs)
     s = td.split_at_gradients(cg.program, loss_index=cg.loss_index)
     assert {c.kind for c in s.cut} == {"gradient", "loss"}
     assert len(s.gradients) == 15 and all(c.dtype == "float32" for c in s.gradients)
-    assert any(op.region == "optimizer" for op in s.forward_backward.ops)
+    assert {op.region for op in s.forward_backward.ops} == {"forward", "backward"}
+    assert {op.region for op in s.update.ops} == {"optimizer"}
 
 
 @pytest.mark.parametrize("name, batch", [("q_learning", ("obs", "actions", "rewards", "next_obs", "dones")),

@@ -329,7 +329,12 @@ def _mutation_source(gm: torch.fx.GraphModule, copy_node: torch.fx.Node) -> Sour
 
 
 def _label_regions(gm: torch.fx.GraphModule, loss_node: torch.fx.Node | None) -> dict[str, str]:
-    """forward: ancestors of the loss; backward: made by autograd; optimizer: the rest."""
+    """The region of every FX node: ``backward`` (made by autograd), ``forward`` (the loss's
+    ancestors, and values computed from the inputs that only the forward or the backward reads,
+    such as a cast of a norm's rstd saved for the backward, and dead values that read no gradient)
+    or ``optimizer`` (everything that reads a gradient, and the values that only such nodes or the
+    step's outputs read, e.g. a step counter)."""
+    nodes = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output", "get_attr")]
     forward: set[torch.fx.Node] = set()
     if loss_node is not None:
         stack = [loss_node]
@@ -339,16 +344,20 @@ def _label_regions(gm: torch.fx.GraphModule, loss_node: torch.fx.Node | None) ->
                 continue
             forward.add(n)
             stack.extend(n.all_input_nodes)
-    regions = {}
-    for node in gm.graph.nodes:
-        if node.op in ("placeholder", "output", "get_attr"):
-            continue
+    regions: dict[str, str] = {}
+    for node in nodes:  # topological order: a node reading a gradient or an update value is the optimizer's
         if node_tag(node).get("backward"):
             regions[node.name] = "backward"
         elif node in forward:
             regions[node.name] = "forward"
-        else:
+        elif any(regions.get(i.name) in ("backward", "optimizer") for i in node.all_input_nodes):
             regions[node.name] = "optimizer"
+    for node in reversed(nodes):  # the rest by who reads them: the optimizer, else forward or backward
+        if node.name in regions:
+            continue
+        readers = {regions[u.name] for u in node.users if u.name in regions}
+        dead = not node.users  # e.g. math a recognised composite replaced: it reads no gradient
+        regions[node.name] = "forward" if dead or readers and "optimizer" not in readers else "optimizer"
     return regions
 
 
