@@ -8,7 +8,24 @@ sentence rather than a torch traceback.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
+
+#: Error code in ``status[0]`` written by the kernel -> what it means (``status[1]`` holds the
+#: stage index, or for an index out of range the op's position). The one table: the prelude's
+#: ``#define``s and the runtime's messages read it.
+ERROR_CODES: Mapping[int, str] = MappingProxyType({
+    0: "ok",
+    1: "grid barrier timed out (a block never arrived: grid larger than the GPU can hold at once?)",
+    2: "kernel launched with a block size other than the one it was generated for",
+    3: "an index out of range (a label or index outside its table; status[1] holds the op's position)",
+    4: "a counter wait timed out (a task's producers never finished; status[3] packs the group and counter)",
+})
+ERR_BARRIER_TIMEOUT = 1
+ERR_BAD_LAUNCH = 2
+ERR_INDEX = 3
+ERR_WAIT_TIMEOUT = 4
 
 
 class TkxError(Exception):

@@ -47,7 +47,7 @@ from typing import Any
 import torch
 
 from .dtypes import FLOAT_DTYPES, INT_DTYPES, TORCH, int_literal, literal
-from .errors import KernelError, TkxError
+from .errors import ERR_INDEX, KernelError, TkxError
 
 
 class Kind(str, enum.Enum):
@@ -681,8 +681,6 @@ ROWS: tuple[OpDef, ...] = (
 
 #: kind -> row.
 OPS: dict[str, OpDef] = {r.kind.value: r for r in ROWS}
-#: Error code an out-of-range index writes into the kernel's status word.
-ERR_INDEX = 3
 
 POINTWISE = frozenset(k for k, r in OPS.items() if r.family == "pointwise")
 REDUCTIONS = frozenset(k for k, r in OPS.items() if r.family == "reduction")

@@ -45,6 +45,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from ..errors import (  # noqa: F401 - the ABI's names for them
+    ERR_BAD_LAUNCH,
+    ERR_BARRIER_TIMEOUT,
+    ERR_INDEX,
+    ERR_WAIT_TIMEOUT,
+    ERROR_CODES,
+)
 from ..ir import Program
 
 KERNEL_NAME = "tkx_step"
@@ -56,20 +63,7 @@ C_TYPES: Mapping[str, str] = MappingProxyType({
     "int64": "long long", "int32": "int", "bool": "bool", "int8": "signed char", "uint8": "unsigned char",
 })
 
-#: Error code in ``status[0]`` written by the kernel -> what it means (``status[1]`` holds the
-#: stage index, or for an index out of range the op's position). The one table: the prelude's
-#: ``#define``s and the runtime's messages read it.
-ERROR_CODES: Mapping[int, str] = MappingProxyType({
-    0: "ok",
-    1: "grid barrier timed out (a block never arrived: grid larger than the GPU can hold at once?)",
-    2: "kernel launched with a block size other than the one it was generated for",
-    3: "an index out of range (a label or index outside its table; status[1] holds the op's position)",
-    4: "a counter wait timed out (a task's producers never finished; status[3] packs the group and counter)",
-})
-ERR_BARRIER_TIMEOUT = 1
-ERR_BAD_LAUNCH = 2
-ERR_INDEX = 3
-ERR_WAIT_TIMEOUT = 4
+# The error codes (ERROR_CODES, ERR_*) live in tkx.errors, beside KernelError; re-exported here.
 #: Former name of :data:`ERROR_CODES` without the ``0: ok`` entry (kept for callers of 0.1).
 ERRORS: Mapping[int, str] = MappingProxyType({k: v for k, v in ERROR_CODES.items() if k})
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from ..errors import KernelError, TkxError  # noqa: F401 (KernelError lives in tkx.errors)
-from ..ops import ERR_INDEX, index_error
+from ..errors import ERR_INDEX, KernelError, TkxError  # noqa: F401 (KernelError lives in tkx.errors)
+from ..ops import index_error
 
 WORDS = 8
 SYNC_OFFSET = 0      # words
