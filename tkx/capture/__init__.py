@@ -356,7 +356,9 @@ def _label_regions(gm: torch.fx.GraphModule, loss_node: torch.fx.Node | None) ->
         if node.name in regions:
             continue
         readers = {regions[u.name] for u in node.users if u.name in regions}
-        dead = not node.users  # e.g. math a recognised composite replaced: it reads no gradient
+        schema = getattr(node.target, "_schema", None)
+        # dead, e.g. math a recognised composite replaced (an in-place write such as copy_ has no users either)
+        dead = not node.users and not (schema is not None and schema.is_mutable)
         regions[node.name] = "forward" if dead or readers and "optimizer" not in readers else "optimizer"
     return regions
 
