@@ -1,0 +1,229 @@
+#!/usr/bin/env python3
+"""gemm-s4-probe.py [--out FILE.json] [--budget-s S] [--steps] [--ablations] [--one VARIANT --launches N]
+
+Compares wgmma pipeline variants on a GPU in one process (issue 12, session 4):
+
+* per GEMM shape of ``small`` and ``medium`` (read from their schedules): tkx's GEMM alone (CUDA-graph
+  replay, µs, as ``scripts/gemm-bench.py`` measures it) for each variant, beside ``torch.mm``
+  (cuBLAS) in a CUDA graph;
+* ``--ablations``: on medium's 256x4096x1024 GEMM, the same kernel with its MMAs removed (what the
+  copy pipeline alone takes) and with its copies removed (MMAs, barriers and epilogue alone), and
+  forced tile shapes; these kernels compute wrong values on purpose (timing only);
+* ``--steps``: the whole ``small`` and ``medium`` steps per variant (verified, then timed).
+
+A variant is ``L<n>-<copy>``: ``gemm.WGMMA_MMA_IN_FLIGHT = n`` (wgmma groups left in flight per
+k-tile) and ``Options(gemm_copy=copy)``. ``--one VARIANT`` builds medium's 256x4096x1024 GEMM in
+that variant and launches it ``--launches`` times (nothing timed: for ``ncu``; several variants
+comma-separated), and writes its cubin next to ``--out``.
+Work is done in order of value and stops (writing what it has) when ``--budget-s`` runs out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import os
+import re
+import sys
+import time
+
+import torch
+
+import tkx
+import tkx.runtime
+import tkx.runtime.runner as runner_mod
+from tkx import target
+from tkx.codegen import gemm as G
+from tkx.examples import get
+from tkx.options import Options
+
+_spec = importlib.util.spec_from_file_location("gemm_bench", os.path.join(os.path.dirname(__file__), "gemm-bench.py"))
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+_compile = runner_mod.compile
+_TRANSFORM = [None]
+
+
+def _compile_with_transform(source, *a, **k):
+    if _TRANSFORM[0] is not None:
+        source = dataclasses.replace(source, text=_TRANSFORM[0](source.text))
+    return _compile(source, *a, **k)
+
+
+runner_mod.compile = _compile_with_transform
+
+
+def no_mma(text: str) -> str:
+    return re.sub(r"wgmma\.mma_async\.sync\.aligned\.[^;]*;", "", text)
+
+
+def no_copy(text: str) -> str:
+    text = text.replace("tkx_mbar_wait(bar0 + 8 * (kt %", "if (0) tkx_mbar_wait(bar0 + 8 * (kt %")
+    text = text.replace("if (threadIdx.x == 0 && k0 +", "if (0 && k0 +")
+    text = text.replace("if (k_beg + s * TK < k_end) issue(s", "if (0) issue(s")
+    return re.sub(r"if \(k0 \+ (\d+) \* TK < k_end\) issue", "if (0) issue", text)
+
+
+ABLATIONS = {"nomma": no_mma, "nocopy": no_copy}
+
+
+class forced_tile:
+    """Make the wgmma planner pick ``tm x tn`` (2 warpgroups) while active."""
+
+    def __init__(self, tile):
+        self.tile, self.orig = tile, target._Wgmma._best
+
+    def __enter__(self):
+        if self.tile is None:
+            return self
+        tm, tn = self.tile
+
+        def best(em, p, options, threads):
+            wgm = tm // 64
+            return (0, tm, tn, wgm, (threads // 128) // wgm, p.batch * -(-p.m // tm) * -(-p.n // tn))
+        target._Wgmma._best = best
+        return self
+
+    def __exit__(self, *exc):
+        target._Wgmma._best = self.orig
+
+
+def parse(variant: str) -> tuple[int, str]:
+    lag, copy = variant.split("-", 1)
+    return int(lag[1:]), copy
+
+
+def set_variant(variant: str) -> Options:
+    lag, copy = parse(variant)
+    G.WGMMA_MMA_IN_FLIGHT = lag
+    return Options(gemm_copy=copy)
+
+
+def gemm_shapes(dev) -> list[tuple[str, object]]:
+    out, seen = [], set()
+    for name in ("medium", "small"):
+        ex = get(name)
+        exp = tkx.explore(ex.step_fn, ex.make_inputs(0, "cpu"), options=Options(arch="sm_90a"), loss=ex.loss_output)
+        for gr in exp.schedule.groups.values():
+            if gr.kind != "gemm" or gr.plan.impl == "gemv":
+                continue
+            p = gr.plan
+            key = (p.m, p.n, p.k, p.a_k_contiguous, p.b_n_contiguous, p.dtype)
+            if key not in seen:
+                seen.add(key)
+                out.append((f"{name}:{gr.id}", p))
+    return out
+
+
+def one_gemm(plan, variant, dev, *, ablation=None, tile=None) -> dict:
+    options = set_variant(variant)
+    _TRANSFORM[0] = ABLATIONS.get(ablation)
+    try:
+        with forced_tile(tile):
+            row = bench.bench_gemm(plan, options, dev)
+    finally:
+        _TRANSFORM[0] = None
+    return row
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="gemm-s4-probe.json")
+    ap.add_argument("--budget-s", type=float, default=150.0)
+    ap.add_argument("--variants", default="L0-cp.async,L1-cp.async,L1-tma,L0-tma")
+    ap.add_argument("--steps", action="store_true")
+    ap.add_argument("--ablations", action="store_true")
+    ap.add_argument("--one", default=None)
+    ap.add_argument("--launches", type=int, default=2)
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    t0 = time.time()
+    shapes = gemm_shapes(dev)
+    if args.one:
+        plan = shapes[0][1]
+        for variant in args.one.split(","):
+            options = set_variant(variant)
+            a = torch.randn(plan.m, plan.k, device=dev).to(torch.bfloat16)
+            b = torch.randn(plan.k, plan.n, device=dev).to(torch.bfloat16)
+            r = tkx.runtime.build(bench.gemm_step(False, False), (a, b), options, name=f"mm_{variant}")
+            with open(os.path.splitext(args.out)[0] + f"-{variant}.cubin", "wb") as f:
+                f.write(r.kernel.binary.cubin)
+            for _ in range(args.launches):
+                r(a, b)
+            torch.cuda.synchronize()
+            print(variant, r.source.notes.get(next(iter(r.source.notes))), flush=True)
+        return 0
+    result: dict = {"gpu": torch.cuda.get_device_name(dev), "gemms": [], "ablations": [], "steps": [],
+                    "skipped": []}
+
+    def save():
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+    def left() -> float:
+        return args.budget_s - (time.time() - t0)
+
+    variants = args.variants.split(",")
+    jobs = []
+    # 1. the per-GEMM table: the current default and the main candidates on every shape
+    for label, plan in shapes:
+        for v in variants[:3]:
+            jobs.append(("gemm", label, plan, v, None, None))
+    # 2. whole steps
+    if args.steps:
+        for name in ("medium", "small"):
+            for v in variants:
+                jobs.append(("step", name, None, v, None, None))
+    # 3. ablations and tiles: (shape index, variant, ablation, forced tile)
+    if args.ablations:
+        for i, v, abl, tile in ((0, "L1-tma", "nomma", None), (0, "L1-tma", "nocopy", None),
+                                (0, "L1-cp.async", "nomma", None), (0, "L1-cp.async", "nocopy", None),
+                                (0, "L0-tma", "nocopy", None), (0, "L1-tma", None, (128, 128)),
+                                (0, "L1-tma", None, (64, 256)), (2, "L1-tma", None, (128, 256)),
+                                (2, "L1-cp.async", None, (128, 256)), (2, "L1-tma", None, (64, 256)),
+                                (4, "L1-tma", None, (128, 256)), (3, "L1-tma", None, (64, 256))):
+            jobs.append(("ablation", shapes[i][0], shapes[i][1], v, abl, tile))
+    for label, plan in shapes:
+        if label.startswith("medium") and len(variants) > 3:
+            jobs.append(("gemm", label, plan, variants[3], None, None))
+    for kind, label, plan, v, abl, tile in jobs:
+        if left() < 8:
+            result["skipped"].append([kind, label, v, abl, tile])
+            continue
+        try:
+            if kind == "step":
+                options = set_variant(v)
+                ex = get(label)
+                inputs = ex.make_inputs(0, dev)
+                r = tkx.runtime.build(ex.step_fn, inputs, options, name=label, loss=ex.loss_output)
+                ver = r.verify(seeds=(0,), make_inputs=ex.make_inputs)
+                graph = r.capture_graph(*inputs, warmup=3)
+                t = bench.median_us([graph.graph.replay], dev)
+                row = {"example": label, "variant": v, "step_us": t, "verified": ver.passed,
+                       "resources": r.resources.summary(),
+                       "gemm_notes": {k: n for k, n in r.source.notes.items() if n.get("tile")}}
+                result["steps"].append(row)
+                print(f"step {label:<7} {v:<12} {t:7.1f} us  verified {ver.passed}  {r.resources.summary()}",
+                      flush=True)
+            else:
+                row = one_gemm(plan, v, dev, ablation=abl, tile=tile)
+                row.update(label=label, variant=v, ablation=abl, forced_tile=tile)
+                result["gemms" if kind == "gemm" else "ablations"].append(row)
+                print(f"{kind:<8} {label:<10} {plan.m}x{plan.n}x{plan.k} {'T' if row['a_t'] else 'N'}"
+                      f"{'T' if row['b_t'] else 'N'} {v:<12} {abl or '':<6} tile {row['tile']} "
+                      f"tkx {row['tkx_us']:7.2f} us  cuBLAS {row['torch_mm_us']:6.2f} us  "
+                      f"err {row['max_rel_error']:.1e} regs {row['registers']}", flush=True)
+        except Exception as e:  # keep going: one failure must not lose the run
+            result.setdefault("errors", []).append([kind, label, v, abl, tile, f"{type(e).__name__}: {e}"[:400]])
+            print("ERROR", kind, label, v, abl, tile, type(e).__name__, str(e)[:400], flush=True)
+        save()
+    save()
+    print(f"done in {time.time() - t0:.0f} s; skipped {len(result['skipped'])}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
