@@ -11,8 +11,8 @@ Compares wgmma pipeline variants on a GPU in one process (issue 12, session 4):
   forced tile shapes; these kernels compute wrong values on purpose (timing only);
 * ``--steps``: the whole ``small`` and ``medium`` steps per variant (verified, then timed).
 
-A variant is ``L<n>-<copy>``: ``gemm.WGMMA_MMA_IN_FLIGHT = n`` (wgmma groups left in flight per
-k-tile) and ``Options(gemm_copy=copy)``. ``--one VARIANT`` builds medium's 256x4096x1024 GEMM in
+A variant is ``L<n>-<copy>[+field=value...]``: ``gemm.WGMMA_MMA_IN_FLIGHT = n`` (wgmma groups left in
+flight per k-tile) and ``Options(gemm_copy=copy, field=value)``. ``--one VARIANT`` builds medium's 256x4096x1024 GEMM in
 that variant and launches it ``--launches`` times (nothing timed: for ``ncu``; several variants
 comma-separated), and writes its cubin next to ``--out``.
 Work is done in order of value and stops (writing what it has) when ``--budget-s`` runs out.
@@ -91,15 +91,21 @@ class forced_tile:
         target._Wgmma._best = self.orig
 
 
-def parse(variant: str) -> tuple[int, str]:
-    lag, copy = variant.split("-", 1)
-    return int(lag[1:]), copy
+def parse(variant: str) -> tuple[int, str, dict]:
+    """``L1-tma+split_k=off`` -> (1, "tma", {"split_k": "off"})."""
+    base, *extra = variant.split("+")
+    lag, copy = base.split("-", 1)
+    opts = {}
+    for kv in extra:
+        key, val = kv.split("=")
+        opts[key] = int(val) if val.isdigit() else val
+    return int(lag[1:]), copy, opts
 
 
 def set_variant(variant: str) -> Options:
-    lag, copy = parse(variant)
+    lag, copy, opts = parse(variant)
     G.WGMMA_MMA_IN_FLIGHT = lag
-    return Options(gemm_copy=copy)
+    return Options(gemm_copy=copy, **opts)
 
 
 def gemm_shapes(dev) -> list[tuple[str, object]]:
@@ -135,6 +141,8 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=150.0)
     ap.add_argument("--variants", default="L0-cp.async,L1-cp.async,L1-tma,L0-tma")
     ap.add_argument("--steps", action="store_true")
+    ap.add_argument("--step-variants", default="L1-tma+split_k=off,L1-tma+split_k=8",
+                    help="more variants for the whole steps only")
     ap.add_argument("--ablations", action="store_true")
     ap.add_argument("--one", default=None)
     ap.add_argument("--launches", type=int, default=2)
@@ -167,18 +175,15 @@ def main() -> int:
         return args.budget_s - (time.time() - t0)
 
     variants = args.variants.split(",")
+    main, more = variants[:3], variants[3:] + args.step_variants.split(",")
+    medium = [(label, plan) for label, plan in shapes if label.startswith("medium")]
+    small = [(label, plan) for label, plan in shapes if not label.startswith("medium")]
     jobs = []
-    # 1. the per-GEMM table: the current default and the main candidates on every shape
-    for label, plan in shapes:
-        for v in variants[:3]:
-            jobs.append(("gemm", label, plan, v, None, None))
-    # 2. whole steps
+    # in order of value: medium's GEMMs, the steps, the ablations, small's GEMMs, the other variants
+    jobs += [("gemm", label, plan, v, None, None) for label, plan in medium for v in main]
     if args.steps:
-        for name in ("medium", "small"):
-            for v in variants:
-                jobs.append(("step", name, None, v, None, None))
-    # 3. ablations and tiles: (shape index, variant, ablation, forced tile)
-    if args.ablations:
+        jobs += [("step", name, None, v, None, None) for name in ("medium", "small") for v in main]
+    if args.ablations:  # (shape index, variant, ablation, forced tile)
         for i, v, abl, tile in ((0, "L1-tma", "nomma", None), (0, "L1-tma", "nocopy", None),
                                 (0, "L1-cp.async", "nomma", None), (0, "L1-cp.async", "nocopy", None),
                                 (0, "L0-tma", "nocopy", None), (0, "L1-tma", None, (128, 128)),
@@ -186,9 +191,10 @@ def main() -> int:
                                 (2, "L1-cp.async", None, (128, 256)), (2, "L1-tma", None, (64, 256)),
                                 (4, "L1-tma", None, (128, 256)), (3, "L1-tma", None, (64, 256))):
             jobs.append(("ablation", shapes[i][0], shapes[i][1], v, abl, tile))
-    for label, plan in shapes:
-        if label.startswith("medium") and len(variants) > 3:
-            jobs.append(("gemm", label, plan, variants[3], None, None))
+    jobs += [("gemm", label, plan, v, None, None) for label, plan in small for v in main]
+    if args.steps:
+        jobs += [("step", name, None, v, None, None) for name in ("medium", "small") for v in more]
+    jobs += [("gemm", label, plan, v, None, None) for label, plan in medium for v in variants[3:]]
     for kind, label, plan, v, abl, tile in jobs:
         if left() < 8:
             result["skipped"].append([kind, label, v, abl, tile])
