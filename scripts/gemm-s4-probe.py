@@ -12,7 +12,8 @@ Compares wgmma pipeline variants on a GPU in one process (issue 12, session 4):
 * ``--steps``: the whole ``small`` and ``medium`` steps per variant (verified, then timed).
 
 A variant is ``L<n>-<copy>[+field=value...]``: ``gemm.WGMMA_MMA_IN_FLIGHT = n`` (wgmma groups left in
-flight per k-tile) and ``Options(gemm_copy=copy, field=value)``. ``--one VARIANT`` builds medium's 256x4096x1024 GEMM in
+flight per k-tile) and ``Options(gemm_copy=copy, field=value)``; ``+tiles=old`` plans tiles as before
+128x256 tiles existed (``L0-cp.async+tiles=old`` is the previous default). ``--one VARIANT`` builds medium's 256x4096x1024 GEMM in
 that variant and launches it ``--launches`` times (nothing timed: for ``ncu``; several variants
 comma-separated), and writes its cubin next to ``--out``.
 Work is done in order of value and stops (writing what it has) when ``--budget-s`` runs out.
@@ -102,9 +103,15 @@ def parse(variant: str) -> tuple[int, str, dict]:
     return int(lag[1:]), copy, opts
 
 
+_DIRECT = target._Wgmma._direct
+
+
 def set_variant(variant: str) -> Options:
+    """Set the variant's module knobs; its Options. ``+tiles=old``: the planner as before 128x256 tiles
+    (every operand treated as staged through registers)."""
     lag, copy, opts = parse(variant)
     G.WGMMA_MMA_IN_FLIGHT = lag
+    target._Wgmma._direct = (lambda em, p: False) if opts.pop("tiles", None) == "old" else _DIRECT
     return Options(gemm_copy=copy, **opts)
 
 
