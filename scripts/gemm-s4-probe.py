@@ -13,9 +13,9 @@ Compares wgmma pipeline variants on a GPU in one process (issue 12, session 4):
 
 A variant is ``L<n>-<copy>[+field=value...]``: ``gemm.WGMMA_MMA_IN_FLIGHT = n`` (wgmma groups left in
 flight per k-tile) and ``Options(gemm_copy=copy, field=value)``; ``+tiles=old`` plans tiles as before
-128x256 tiles existed (``L0-cp.async+tiles=old`` is the previous default). ``--one VARIANT`` builds medium's 256x4096x1024 GEMM in
-that variant and launches it ``--launches`` times (nothing timed: for ``ncu``; several variants
-comma-separated), and writes its cubin next to ``--out``.
+128x256 tiles existed (``L0-cp.async+tiles=old`` is the previous default). ``--one VARIANT`` builds
+medium's 256x4096x1024 GEMM in that variant and launches it ``--launches`` times (nothing timed: for
+``ncu``; several variants comma-separated), and writes its cubin next to ``--out``.
 Work is done in order of value and stops (writing what it has) when ``--budget-s`` runs out.
 """
 
@@ -226,7 +226,7 @@ def main() -> int:
                 row.update(label=label, variant=v, ablation=abl, forced_tile=tile)
                 result["gemms" if kind == "gemm" else "ablations"].append(row)
                 print(f"{kind:<8} {label:<10} {plan.m}x{plan.n}x{plan.k} {'T' if row['a_t'] else 'N'}"
-                      f"{'T' if row['b_t'] else 'N'} {v:<12} {abl or '':<6} tile {row['tile']} "
+                      f"{'T' if row['b_t'] else 'N'} {v:<12} {abl or '':<6} tile/split {row['built_tiles']} "
                       f"tkx {row['tkx_us']:7.2f} us  cuBLAS {row['torch_mm_us']:6.2f} us  "
                       f"err {row['max_rel_error']:.1e} regs {row['registers']}", flush=True)
         except Exception as e:  # keep going: one failure must not lose the run
