@@ -7,7 +7,7 @@ probe_s=${1:-140}; ncu_s=${2:-45}; test_s=${3:-70}; shift 3
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv > $OUT/gemm-s4-gpu.txt 2>&1
 if [ "$probe_s" -gt 0 ]; then
   timeout $((probe_s + 30)) python3 scripts/gemm-s4-probe.py --out $OUT/gemm-s4-probe.json --budget-s $probe_s \
-    --steps --ablations > $OUT/gemm-s4-probe.txt 2>&1
+    --steps --ablations run1 > $OUT/gemm-s4-probe.txt 2>&1
   echo "probe rc $?" >> $OUT/gemm-s4-probe.txt
 fi
 if [ "$ncu_s" -gt 0 ]; then

@@ -12,7 +12,8 @@ timeout 110 python3 -m pytest -q -m gpu -p no:cacheprovider -n 8 tests/test_wgmm
   tests/test_gpu.py -k "(not compile_verify_and_replay or default) and not torch_extension and not bench_compare" > $OUT/gemm-s4-pytest.txt 2>&1
 echo "pytest rc $?" >> $OUT/gemm-s4-pytest.txt
 # 3. the variants in one process: per GEMM and whole steps (the previous default: L0-cp.async+tiles=old)
-timeout 85 python3 scripts/gemm-s4-probe.py --out $OUT/gemm-s4-probe.json --budget-s 70 --steps \
+timeout 95 python3 scripts/gemm-s4-probe.py --out $OUT/gemm-s4-probe.json --budget-s 80 --steps \
+  --ablations splitk \
   --variants L1-tma,L0-tma,L1-cp.async,L0-cp.async+tiles=old --step-variants L1-tma+split_k=off \
   > $OUT/gemm-s4-probe.txt 2>&1
 echo "probe rc $?" >> $OUT/gemm-s4-probe.txt

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""gemm-s4-probe.py [--out FILE.json] [--budget-s S] [--steps] [--ablations] [--one VARIANT --launches N]
+"""gemm-s4-probe.py [--out FILE.json] [--budget-s S] [--steps] [--ablations run1|splitk] [--one VARIANT --launches N]
 
 Compares wgmma pipeline variants on a GPU in one process (issue 12, session 4):
 
 * per GEMM shape of ``small`` and ``medium`` (read from their schedules): tkx's GEMM alone (CUDA-graph
   replay, µs, as ``scripts/gemm-bench.py`` measures it) for each variant, beside ``torch.mm``
   (cuBLAS) in a CUDA graph;
-* ``--ablations``: on medium's 256x4096x1024 GEMM, the same kernel with its MMAs removed (what the
+* ``--ablations run1``: on medium's 256x4096x1024 GEMM, the same kernel with its MMAs removed (what the
   copy pipeline alone takes) and with its copies removed (MMAs, barriers and epilogue alone), and
   forced tile shapes; these kernels compute wrong values on purpose (timing only);
 * ``--steps``: the whole ``small`` and ``medium`` steps per variant (verified, then timed).
@@ -150,7 +150,8 @@ def main() -> int:
     ap.add_argument("--steps", action="store_true")
     ap.add_argument("--step-variants", default="L1-tma+split_k=off,L1-tma+split_k=8",
                     help="more variants for the whole steps only")
-    ap.add_argument("--ablations", action="store_true")
+    ap.add_argument("--ablations", default=None, choices=("run1", "splitk"),
+                    help="run1: no-MMA / no-copy kernels and tile shapes; splitk: bigger tiles with split-K")
     ap.add_argument("--one", default=None)
     ap.add_argument("--launches", type=int, default=2)
     args = ap.parse_args()
@@ -190,13 +191,20 @@ def main() -> int:
     jobs += [("gemm", label, plan, v, None, None) for label, plan in medium for v in main]
     if args.steps:
         jobs += [("step", name, None, v, None, None) for name in ("medium", "small") for v in main]
-    if args.ablations:  # (shape index, variant, ablation, forced tile)
-        for i, v, abl, tile in ((0, "L1-tma", "nomma", None), (0, "L1-tma", "nocopy", None),
-                                (0, "L1-cp.async", "nomma", None), (0, "L1-cp.async", "nocopy", None),
-                                (0, "L0-tma", "nocopy", None), (0, "L1-tma", None, (128, 128)),
-                                (0, "L1-tma", None, (64, 256)), (2, "L1-tma", None, (128, 256)),
-                                (2, "L1-cp.async", None, (128, 256)), (2, "L1-tma", None, (64, 256)),
-                                (4, "L1-tma", None, (128, 256)), (3, "L1-tma", None, (64, 256))):
+    sets = {  # (shape index, variant, ablation, forced tile)
+        # run 1: what bounds medium's 256x4096x1024 GEMM (no MMAs / no copies), and tile shapes
+        "run1": ((0, "L1-tma", "nomma", None), (0, "L1-tma", "nocopy", None),
+                 (0, "L1-cp.async", "nomma", None), (0, "L1-cp.async", "nocopy", None),
+                 (0, "L0-tma", "nocopy", None), (0, "L1-tma", None, (128, 128)),
+                 (0, "L1-tma", None, (64, 256)), (2, "L1-tma", None, (128, 256)),
+                 (2, "L1-cp.async", None, (128, 256)), (2, "L1-tma", None, (64, 256)),
+                 (4, "L1-tma", None, (128, 256)), (3, "L1-tma", None, (64, 256))),
+        # run 2: fewer operand bytes per SM through bigger tiles and split-K (128 items each)
+        "splitk": ((0, "L1-tma+split_k=4", None, (128, 256)), (1, "L1-tma+split_k=16", None, (128, 256)),
+                   (3, "L1-tma+split_k=4", None, (128, 256)), (0, "L1-tma+split_k=2", None, (128, 128))),
+    }
+    if args.ablations:
+        for i, v, abl, tile in sets[args.ablations]:
             jobs.append(("ablation", shapes[i][0], shapes[i][1], v, abl, tile))
     jobs += [("gemm", label, plan, v, None, None) for label, plan in small for v in main]
     if args.steps:
