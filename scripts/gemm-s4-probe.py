@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""gemm-s4-probe.py [--out FILE.json] [--budget-s S] [--steps] [--ablations run1|splitk] [--one VARIANT --launches N]
+"""gemm-s4-probe.py [--out FILE.json] [--budget-s S] [--variants V,...] [--steps] [--step-variants V,...]
+                 [--no-gemms] [--ablations run1|splitk] [--one VARIANT --launches N]
 
 Compares wgmma pipeline variants on a GPU in one process (issue 12, session 4):
 
@@ -13,7 +14,8 @@ Compares wgmma pipeline variants on a GPU in one process (issue 12, session 4):
 
 A variant is ``L<n>-<copy>[+field=value...]``: ``gemm.WGMMA_MMA_IN_FLIGHT = n`` (wgmma groups left in
 flight per k-tile) and ``Options(gemm_copy=copy, field=value)``; ``+tiles=old`` plans tiles as before
-128x256 tiles existed (``L0-cp.async+tiles=old`` is the previous default). ``--one VARIANT`` builds
+128x256 tiles existed (``L0-cp.async+tiles=old`` is the previous default); ``+epi=16``: 16 elements
+per thread and pass in the wgmma tile epilogue (``gemm.WGMMA_EPILOGUE_BATCH``). ``--one VARIANT`` builds
 medium's 256x4096x1024 GEMM in that variant and launches it ``--launches`` times (nothing timed: for
 ``ncu``; several variants comma-separated), and writes its cubin next to ``--out``.
 Work is done in order of value and stops (writing what it has) when ``--budget-s`` runs out.
@@ -112,6 +114,7 @@ def set_variant(variant: str) -> Options:
     lag, copy, opts = parse(variant)
     G.WGMMA_MMA_IN_FLIGHT = lag
     target._Wgmma._direct = (lambda em, p: False) if opts.pop("tiles", None) == "old" else _DIRECT
+    G.WGMMA_EPILOGUE_BATCH = int(opts.pop("epi", target.EPILOGUE_BATCH))
     return Options(gemm_copy=copy, **opts)
 
 
@@ -152,6 +155,7 @@ def main() -> int:
                     help="more variants for the whole steps only")
     ap.add_argument("--ablations", default=None, choices=("run1", "splitk"),
                     help="run1: no-MMA / no-copy kernels and tile shapes; splitk: bigger tiles with split-K")
+    ap.add_argument("--no-gemms", action="store_true", help="only the whole steps (and ablations)")
     ap.add_argument("--one", default=None)
     ap.add_argument("--launches", type=int, default=2)
     args = ap.parse_args()
@@ -183,9 +187,11 @@ def main() -> int:
         return args.budget_s - (time.time() - t0)
 
     variants = args.variants.split(",")
-    main, more = variants[:3], variants[3:] + args.step_variants.split(",")
     medium = [(label, plan) for label, plan in shapes if label.startswith("medium")]
     small = [(label, plan) for label, plan in shapes if not label.startswith("medium")]
+    main, more = variants[:3], variants[3:] + [v for v in args.step_variants.split(",") if v]
+    if args.no_gemms:
+        medium = small = []
     jobs = []
     # in order of value: medium's GEMMs, the steps, the ablations, small's GEMMs, the other variants
     jobs += [("gemm", label, plan, v, None, None) for label, plan in medium for v in main]
