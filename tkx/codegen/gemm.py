@@ -624,7 +624,7 @@ def wgmma_stages(stage_bytes: int, k_steps: int, shared_budget: int | None, mma_
 
     Measured on the H200 (medium's 256x4096x1024 GEMM, 64x128 tiles on 128 SMs, 8 stages, TMA): the
     kernel without its MMAs takes 8.4 µs per call of its 8.9 µs and without its copies 6.6 µs: the
-    operand stream (48 MB through L2 for 8.5 MB of operands) bounds it, not the copies' latency."""
+    operand stream (48 MiB through L2 for 8.5 MiB of operands) bounds it, not the copies' latency."""
     if shared_budget is None:
         return WGMMA_STAGES
     fit = (shared_budget - 1024) // stage_bytes
