@@ -3,8 +3,8 @@
 ``Options(gemm_copy="tma")``: every pipelined wgmma GEMM copies its operand tiles with
 ``cp.async.bulk.tensor.2d`` completing on mbarriers, the launch contract lists one tensor map per
 operand box (buffer, extents, stride, box, 128-byte swizzle) and the kernel takes them through a
-``tmaps`` parameter; the kernel compiles for sm_90a without spills. The default keeps cp.async and
-no tensor maps. The runtime's argument packing and the map cache are checked with a fake encoder.
+``tmaps`` parameter; the kernel compiles for sm_90a without spills. The default (``"auto"``) takes
+TMA too; ``gemm_copy="cp.async"`` keeps cp.async and no tensor maps. The runtime's argument packing and the map cache are checked with a fake encoder.
 """
 
 from __future__ import annotations
