@@ -211,3 +211,19 @@ def test_planner_takes_128x256_tiles_only_for_directly_copied_operands():
                         loss=get("medium").loss_output).schedule
     tiles = {g.id: (g.plan.tile_m, g.plan.tile_n) for g in sched.groups.values() if g.kind == "gemm"}
     assert tiles["g4"] == tiles["g7"] == (128, 256) and tiles["g0"] == tiles["g5"] == (64, 128), tiles
+
+
+def test_an_operand_cast_inline_keeps_register_sized_tiles():
+    """A cast recomputed in the operand load (rule cheap-operand) is staged through registers, so the
+    schedule does not call the operands direct and the tile stays at 128 columns; stored operands of the
+    same GEMM take 128x256 and the copy engine."""
+    x, w = torch.randn(256, 4096), torch.randn(256, 1024).to(torch.bfloat16)
+    plans = {}
+    for name, step in (("cast", lambda x, w: x.to(torch.bfloat16).t() @ w),
+                       ("stored", lambda x, w: x.t() @ w)):
+        xin = x if name == "cast" else x.to(torch.bfloat16)
+        exp = tkx.explore(step, (xin, w), options=Options(arch="sm_90a"))
+        (g,) = [g for g in exp.schedule.groups.values() if g.kind == "gemm"]
+        plans[name] = ((g.plan.tile_m, g.plan.tile_n), exp.cuda.notes[g.id].get("copies"), bool(exp.schedule.inlined))
+    assert plans["cast"] == ((128, 128), None, True), plans  # register-staged: no copies note
+    assert plans["stored"] == ((128, 256), "tma", False), plans
