@@ -792,10 +792,7 @@ def _wgmma_pipelined(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epi
         f'    asm volatile("cp.async.wait_group {ahead - 1};\\n" ::: "memory");  // k-tile kt has landed',
         '    asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");  // generic/copy writes -> MMA reads',
         f"    __syncthreads();  // ... for every thread; and every warpgroup is done with k-tile {freed}",
-        *(cp_refill if lag == 0 else ()),
-        *mma_issue[: len(mma_issue) if lag else 0],
-        *(cp_refill if lag else ()),
-        *(mma_step if lag == 0 else mma_step),
+        *((*cp_refill, *mma_step) if lag == 0 else (*mma_issue, *cp_refill, *mma_step)),
         'asm volatile("cp.async.wait_group 0;\\n" ::: "memory");',
         "__syncthreads();  // every warpgroup's MMAs are done before the C tile reuses the stages",
     )
@@ -837,10 +834,7 @@ def _wgmma_pipelined(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epi
             "for (int kt = 0, k0 = k_beg; k0 < k_end; ++kt, k0 += TK) {",
             f"    tkx_mbar_wait(bar0 + 8 * (kt % {stages}), (kt / {stages}) & 1);  // k-tile kt has landed",
             f"    __syncthreads();  // every warpgroup is done with k-tile {freed}: its stage may be refilled",
-            *(tma_refill if lag == 0 else ()),
-            *mma_issue[: len(mma_issue) if lag else 0],
-            *(tma_refill if lag else ()),
-            *mma_step,
+            *((*tma_refill, *mma_step) if lag == 0 else (*mma_issue, *tma_refill, *mma_step)),
             "__syncthreads();  // every warpgroup's MMAs are done before the C tile reuses the stages",
         )
         copy_setup = [
