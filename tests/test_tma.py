@@ -4,7 +4,9 @@
 ``cp.async.bulk.tensor.2d`` completing on mbarriers, the launch contract lists one tensor map per
 operand box (buffer, extents, stride, box, 128-byte swizzle) and the kernel takes them through a
 ``tmaps`` parameter; the kernel compiles for sm_90a without spills. The default (``"auto"``) takes
-TMA too; ``gemm_copy="cp.async"`` keeps cp.async and no tensor maps. The runtime's argument packing and the map cache are checked with a fake encoder.
+TMA too; ``gemm_copy="cp.async"`` keeps cp.async and no tensor maps. The runtime's argument
+packing and the map cache are checked with a fake encoder. Also: the pipeline's one MMA group in
+flight, the float2 C tile, and the planner's 128x256 tiles for directly copied operands.
 """
 
 from __future__ import annotations
