@@ -60,6 +60,8 @@ def bench_gemm(plan, options, dev) -> dict:
     graph, _out = capture(lambda: step(a, b), dev)
     t_torch = median_us([graph.replay], dev)
     impl = [gr.plan.impl for gr in runner.schedule.groups.values() if gr.kind == "gemm"]
+    built = [[gr.plan.tile_m, gr.plan.tile_n, gr.plan.split_k] for gr in runner.schedule.groups.values()
+             if gr.kind == "gemm"]
     copies = sorted({str(n.get("copies")) for n in runner.source.notes.values() if n.get("copies")})
     flops = 2 * m * n * k
     nbytes = (m * k + k * n + m * n) * a.element_size()
@@ -68,7 +70,8 @@ def bench_gemm(plan, options, dev) -> dict:
             "tile": [plan.tile_m, plan.tile_n, plan.tile_k], "tkx_us": t_tkx, "torch_mm_us": t_torch,
             "tkx_tflops": flops / t_tkx / 1e6, "torch_tflops": flops / t_torch / 1e6,
             "sol_us": sol, "tkx_sol_ratio": sol / t_tkx, "torch_sol_ratio": sol / t_torch,
-            "max_rel_error": err, "registers": runner.resources.registers, "copies": copies}
+            "max_rel_error": err, "registers": runner.resources.registers, "copies": copies,
+            "built_tiles": built}
 
 
 def step_flops_bytes(sched) -> tuple[float, float]:

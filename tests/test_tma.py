@@ -3,8 +3,10 @@
 ``Options(gemm_copy="tma")``: every pipelined wgmma GEMM copies its operand tiles with
 ``cp.async.bulk.tensor.2d`` completing on mbarriers, the launch contract lists one tensor map per
 operand box (buffer, extents, stride, box, 128-byte swizzle) and the kernel takes them through a
-``tmaps`` parameter; the kernel compiles for sm_90a without spills. The default keeps cp.async and
-no tensor maps. The runtime's argument packing and the map cache are checked with a fake encoder.
+``tmaps`` parameter; the kernel compiles for sm_90a without spills. The default (``"auto"``) takes
+TMA too; ``gemm_copy="cp.async"`` keeps cp.async and no tensor maps. The runtime's argument
+packing and the map cache are checked with a fake encoder. Also: the pipeline's one MMA group in
+flight, the float2 C tile, and the planner's 128x256 tiles for directly copied operands.
 """
 
 from __future__ import annotations
@@ -61,11 +63,45 @@ def test_tma_kernel_text_and_contract(small_tma):
     assert f"tmaps + {(len(maps) - 1) * 128})" in text
 
 
-def test_default_keeps_cp_async():
-    src = _cuda("small")
+def test_cp_async_on_request_and_tma_by_default():
+    src = _cuda("small", gemm_copy="cp.async")
     assert not src.launch.tensor_maps
     assert "tmaps" not in [p.name for p in src.launch.params]
     assert "cp.async.bulk.tensor" not in src.text and "cp.async.cg.shared.global" in src.text
+    auto = _cuda("small")  # gemm_copy="auto": the copy engine wherever it applies (measured faster on the H200)
+    assert auto.launch.tensor_maps and "cp.async.bulk.tensor" in auto.text
+    assert auto.text == _cuda("small", gemm_copy="tma").text
+
+
+@pytest.mark.parametrize("copy", ["cp.async", "tma"])
+def test_pipeline_keeps_one_mma_group_in_flight(copy):
+    """Each k-tile's MMAs are issued before the wait for the previous k-tile's (wait_group 1); the
+    stage refilled after the barrier is the one k-tile kt - 2 used, so S - 2 k-tiles are copied ahead."""
+    src = _cuda("medium", gemm_copy=copy)
+    g0 = src.notes["g0"]
+    assert g0["mma_in_flight"] == 1 and g0["stages"] == 8, g0
+    text = src.text[src.text.index("stage 0: g0"):src.text.index("stage 1:")]
+    loop = text[text.index("for (int kt = 0"):]
+    loop = loop[:loop.index("wgmma.wait_group.sync.aligned 0")]
+    assert "wgmma.wait_group.sync.aligned 1" in loop
+    assert loop.index("wgmma.commit_group") < loop.index("issue((kt + 6) % 8, k0 + 6 * TK)") \
+        < loop.index("wgmma.wait_group.sync.aligned 1")
+    assert "prologue: the first 6 k-tiles in flight" in text
+    if copy == "cp.async":  # k-tile kt landed: the groups committed after it (kt + 1 .. kt + 5) may still fly
+        assert 'cp.async.wait_group 5;' in loop
+
+
+def test_pipeline_without_mma_in_flight_is_the_serial_one(monkeypatch):
+    monkeypatch.setattr(G, "WGMMA_MMA_IN_FLIGHT", 0)
+    src = _cuda("medium", gemm_copy="cp.async")
+    text = src.text[src.text.index("stage 0: g0"):src.text.index("stage 1:")]
+    assert "wgmma.wait_group.sync.aligned 1" not in text and src.notes["g0"]["mma_in_flight"] == 0
+    assert "cp.async.wait_group 6;" in text and "issue((kt + 7) % 8, k0 + 7 * TK)" in text
+
+
+def test_accumulators_reach_shared_memory_as_float2():
+    text = _cuda("medium").text
+    assert f"Cs[r * {128 + G.WGMMA_C_PAD} + c]) = make_float2(d[j], d[j + 1]);" in text
 
 
 @pytest.mark.skipif(not nvrtc_available()[0], reason="NVRTC unavailable")
@@ -156,3 +192,40 @@ def test_wgmma_declines_when_no_tile_fits_the_registers():
 
     plan = choose_gemm(GemmProblem(256, 4096, 1024, dtype="bfloat16"), Options(threads_per_block=512), "sm_90a")
     assert not plan.impl.startswith("wgmma") and "no tile of 512 threads fits" in plan.why
+
+
+def test_planner_takes_128x256_tiles_only_for_directly_copied_operands():
+    from tkx.target import GemmProblem, choose_gemm
+
+    # a K = 256 weight gradient (A transposed): 128 tiles of 128x256 are one wave on 132 SMs
+    direct = choose_gemm(GemmProblem(4096, 1024, 256, dtype="bfloat16", a_k_contiguous=False, direct=True),
+                         Options(), "sm_90a")
+    assert (direct.tile_m, direct.tile_n) == (128, 256), direct
+    # operands recomputed inline are staged through registers: no room beside 128 accumulators
+    staged = choose_gemm(GemmProblem(4096, 1024, 256, dtype="bfloat16", a_k_contiguous=False), Options(), "sm_90a")
+    assert (staged.tile_m, staged.tile_n) == (128, 128), staged
+    # K not a multiple of 8: no 16-byte vectors, no copy engine
+    odd = choose_gemm(GemmProblem(4096, 1024, 250, dtype="bfloat16", a_k_contiguous=False, direct=True),
+                      Options(), "sm_90a")
+    assert odd.tile_n <= 128
+    # medium: the weight gradients take 128x256, the 256-row products keep 64x128 on 128 SMs
+    sched = tkx.explore(get("medium").step_fn, get("medium").make_inputs(0, "cpu"), options=Options(arch="sm_90a"),
+                        loss=get("medium").loss_output).schedule
+    tiles = {g.id: (g.plan.tile_m, g.plan.tile_n) for g in sched.groups.values() if g.kind == "gemm"}
+    assert tiles["g4"] == tiles["g7"] == (128, 256) and tiles["g0"] == tiles["g5"] == (64, 128), tiles
+
+
+def test_an_operand_cast_inline_keeps_register_sized_tiles():
+    """A cast recomputed in the operand load (rule cheap-operand) is staged through registers, so the
+    schedule does not call the operands direct and the tile stays at 128 columns; stored operands of the
+    same GEMM take 128x256 and the copy engine."""
+    x, w = torch.randn(256, 4096), torch.randn(256, 1024).to(torch.bfloat16)
+    plans = {}
+    for name, step in (("cast", lambda x, w: x.to(torch.bfloat16).t() @ w),
+                       ("stored", lambda x, w: x.t() @ w)):
+        xin = x if name == "cast" else x.to(torch.bfloat16)
+        exp = tkx.explore(step, (xin, w), options=Options(arch="sm_90a"))
+        (g,) = [g for g in exp.schedule.groups.values() if g.kind == "gemm"]
+        plans[name] = ((g.plan.tile_m, g.plan.tile_n), exp.cuda.notes[g.id].get("copies"), bool(exp.schedule.inlined))
+    assert plans["cast"] == ((128, 128), None, True), plans  # register-staged: no copies note
+    assert plans["stored"] == ((128, 256), "tma", False), plans

@@ -101,7 +101,8 @@ class Options:
                               choices=("auto", "off", 2, 4, 8, 16))
     gemm_copy: str = _opt("auto", "how wgmma GEMMs copy operand tiles into shared memory: cp.async (16 bytes per "
                           "thread and request), tma (the bulk tensor copy engine, one request per tile, completing "
-                          "on an mbarrier; 2-byte operands without a batch), auto: cp.async",
+                          "on an mbarrier; 2-byte operands without a batch), auto: tma where it applies, else "
+                          "cp.async (an input whose storage does not start on 16 bytes is then refused with advice)",
                           choices=("auto", "cp.async", "tma"))
     mode: str = _opt("auto", "block: one block with __syncthreads; grid: whole grid with grid barriers; "
                      "auto: chosen by cost", choices=("auto", "block", "grid"))

@@ -600,19 +600,35 @@ def _wgmma_vector_staging(p: GemmProblem, tm: int, tn: int, tk: int, threads: in
 WGMMA_STAGES = 4
 #: The most stages a budget buys (beyond this, more copies in flight no longer hide L2 latency).
 WGMMA_MAX_STAGES = 8
+#: wgmma groups (one k-tile's MMAs each) a warpgroup leaves in flight when it moves to the next k-tile
+#: (``wgmma.wait_group`` N): 0 waits for each k-tile's MMAs before the next one is issued (the tensor
+#: cores idle during the barrier, the wait for the next tile and the copy issue); 1 issues k-tile kt's
+#: MMAs and then waits only for k-tile kt - 1's, refilling the stage of k-tile kt - 2 (one stage fewer
+#: holds copies in flight).
+WGMMA_MMA_IN_FLIGHT = 1
+#: Elements per thread and pass of the wgmma tile epilogue (their loads in flight together): the
+#: target's :data:`~tkx.target.EPILOGUE_BATCH`. A 128x256 tile of an SGD update takes 16 passes of 8
+#: on 256 threads, each waiting one memory latency (on the H200 its items ran 15 µs in medium's step
+#: against about 7 µs with a store-only epilogue); more per pass is unmeasured.
+WGMMA_EPILOGUE_BATCH = EPILOGUE_BATCH
+#: fp32 words a row of the shared C tile is padded by: the accumulators are written as float2 (two
+#: adjacent columns), and a half-warp's 16 float2 (4 rows x 4 column pairs) then hit 32 distinct banks.
+WGMMA_C_PAD = 8
 
 
-def wgmma_stages(stage_bytes: int, k_steps: int, shared_budget: int | None) -> int:
+def wgmma_stages(stage_bytes: int, k_steps: int, shared_budget: int | None, mma_in_flight: int = 0) -> int:
     """Stages of the cp.async pipeline: :data:`WGMMA_STAGES` without a budget, else as many
     ``stage_bytes`` stages as ``shared_budget`` bytes hold (less the 1024-byte alignment slack), at
-    most :data:`WGMMA_MAX_STAGES` and at most one more than the K steps (all of K in flight), at least 2.
+    most :data:`WGMMA_MAX_STAGES` and at most ``1 + mma_in_flight`` more than the K steps (all of K
+    in flight; each wgmma group left in flight holds one stage), at least 2.
 
-    Measured on the H200 (medium's 64x128 tiles, K = 1024, 4 stages): a k-tile took 0.74 µs, the
-    latency of the 3 tiles in flight, not the tensor cores' time; more stages keep more in flight."""
+    Measured on the H200 (medium's 256x4096x1024 GEMM, 64x128 tiles on 128 SMs, 8 stages, TMA): the
+    kernel without its MMAs takes 8.4 µs per call of its 8.9 µs and without its copies 6.6 µs: the
+    operand stream (48 MiB through L2 for 8.5 MiB of operands) bounds it, not the copies' latency."""
     if shared_budget is None:
         return WGMMA_STAGES
     fit = (shared_budget - 1024) // stage_bytes
-    return max(2, min(WGMMA_MAX_STAGES, fit, k_steps + 1))
+    return max(2, min(WGMMA_MAX_STAGES, fit, k_steps + 1 + mma_in_flight))
 
 
 def _wgmma_pipelined(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue, *, variant: str,
@@ -621,7 +637,9 @@ def _wgmma_pipelined(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epi
                      tma_a: TmaMap | None = None, tma_b: TmaMap | None = None,
                      tmaps: str = "tmaps") -> GemmCode | None:
     """The wgmma GEMM with operands copied global -> shared by ``cp.async`` (16 bytes at a time, no
-    registers), ``WGMMA_STAGES`` stages deep; ``None`` when it does not apply (see :func:`wgmma_gemm`).
+    registers), :func:`wgmma_stages` stages deep; ``None`` when it does not apply (see :func:`wgmma_gemm`).
+    Each warpgroup leaves :data:`WGMMA_MMA_IN_FLIGHT` k-tiles' MMAs in flight (``wgmma.wait_group``)
+    while it waits for the next k-tile and issues the copies into the stage freed before them.
 
     Each operand tile keeps the memory order of its operand: K-major (A row-major, B given as
     B^T) or MN-major (A transposed, B row-major; the MMA reads it with its transpose flag), both
@@ -662,9 +680,12 @@ def _wgmma_pipelined(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epi
         map_b = tma_b(tk, tn) if b_kmajor_ else tma_b(64, tk)
     use_tma = map_a is not None and map_b is not None
     k_steps = _ceil(_ceil(p.k, tk), split)
-    ldc = tn + 4
+    ldc = tn + WGMMA_C_PAD
     bar_room = 8 * WGMMA_MAX_STAGES if use_tma else 0
-    stages = wgmma_stages(stage_bytes, k_steps, None if shared_budget is None else shared_budget - bar_room)
+    stages = wgmma_stages(stage_bytes, k_steps, None if shared_budget is None else shared_budget - bar_room,
+                          WGMMA_MMA_IN_FLIGHT)
+    lag = max(0, min(WGMMA_MMA_IN_FLIGHT, stages - 2))  # wgmma groups left in flight (each holds a stage)
+    ahead = stages - 1 - lag  # k-tiles whose copies are issued before the first is consumed
     bar_offset = _align(max(stages * stage_bytes, tm * ldc * 4), 8)
     shared = bar_offset + bar_room + 1024
     m_guard, n_guard, k_guard = p.m % tm != 0, p.n % tn != 0, p.k % tk != 0
@@ -733,7 +754,7 @@ def _wgmma_pipelined(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epi
            f'    : {outs}\n'
            f'    : "l"(da), "l"(db), "r"(1));')
     # one landed k-tile through the tensor cores, and the end of the k loop (cp.async and TMA pipelines alike)
-    mma_step = (
+    mma_issue = (
         f"    const unsigned st = stage0 + (kt % {stages}) * {stage_bytes};",
         '    asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory");',
         "    #pragma unroll",
@@ -743,26 +764,35 @@ def _wgmma_pipelined(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epi
         indent(mma, 2),
         "    }",
         '    asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory");',
-        '    asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory");',
-        "    #pragma unroll",
-        f'    for (int i = 0; i < {acc_regs}; ++i) asm volatile("" : "+f"(d[i]) :: "memory");',
-        "}",
     )
+    acc_fence = ("#pragma unroll  // the accumulators are final only after the wait",
+                 f'for (int i = 0; i < {acc_regs}; ++i) asm volatile("" : "+f"(d[i]) :: "memory");')
+    if lag == 0:
+        mma_step = (*mma_issue, '    asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory");',
+                    *("    " + x.split("  //")[0] for x in acc_fence), "}")
+    else:
+        # k-tile kt's MMAs are issued before the wait for k-tile kt - 1's: the tensor cores always have a
+        # queued group while the warps pass the barrier, wait for the next tile and issue its copies
+        mma_step = (f'    asm volatile("wgmma.wait_group.sync.aligned {lag};\\n" ::: "memory");  '
+                    f"// k-tile kt - {lag}'s MMAs are done: its stage is free after the next barrier",
+                    "}",
+                    'asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory");', *acc_fence)
+    freed = "kt - 1" if lag == 0 else f"kt - {lag + 1}"
+    cp_refill = (f"    if (k0 + {ahead} * TK < k_end) issue((kt + {ahead}) % {stages}, k0 + {ahead} * TK);"
+                 f"  // into the stage k-tile {freed} used",
+                 '    asm volatile("cp.async.commit_group;\\n" ::: "memory");')
     k_loop = block(
         "#pragma unroll 1",
-        f"for (int s = 0; s < {stages - 1}; ++s) {{  // prologue: the first {stages - 1} k-tiles in flight",
+        f"for (int s = 0; s < {ahead}; ++s) {{  // prologue: the first {ahead} k-tiles in flight",
         "    if (k_beg + s * TK < k_end) issue(s, k_beg + s * TK);",
         '    asm volatile("cp.async.commit_group;\\n" ::: "memory");',
         "}",
         "#pragma unroll 1",
         "for (int kt = 0, k0 = k_beg; k0 < k_end; ++kt, k0 += TK) {",
-        f'    asm volatile("cp.async.wait_group {stages - 2};\\n" ::: "memory");  // k-tile kt has landed',
+        f'    asm volatile("cp.async.wait_group {ahead - 1};\\n" ::: "memory");  // k-tile kt has landed',
         '    asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");  // generic/copy writes -> MMA reads',
-        "    __syncthreads();  // ... for every thread; and every warpgroup is done with k-tile kt - 1",
-        f"    if (k0 + {stages - 1} * TK < k_end) issue((kt + {stages - 1}) % {stages}, k0 + {stages - 1} * TK);"
-        "  // into the stage k-tile kt - 1 used",
-        '    asm volatile("cp.async.commit_group;\\n" ::: "memory");',
-        *mma_step,
+        f"    __syncthreads();  // ... for every thread; and every warpgroup is done with k-tile {freed}",
+        *((*cp_refill, *mma_step) if lag == 0 else (*mma_issue, *cp_refill, *mma_step)),
         'asm volatile("cp.async.wait_group 0;\\n" ::: "memory");',
         "__syncthreads();  // every warpgroup's MMAs are done before the C tile reuses the stages",
     )
@@ -781,8 +811,13 @@ def _wgmma_pipelined(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epi
             *("    " + x for x in tma_boxes("b", tn, b_kmajor, "col0", a_bytes)),
             "};",
         ]
+        tma_refill = (f"    if (threadIdx.x == 0 && k0 + {ahead} * TK < k_end) issue((kt + {ahead}) % {stages}, "
+                      f"k0 + {ahead} * TK);",)
         k_loop = block(
             "if (threadIdx.x == 0) {  // this item's mbarriers (every fill of the last item was waited for)",
+            '    asm volatile("prefetch.tensormap [%0];\\n" :: "l"(tma_a) : "memory");  // the maps into the '
+            "descriptor cache",
+            '    asm volatile("prefetch.tensormap [%0];\\n" :: "l"(tma_b) : "memory");',
             "    #pragma unroll 1",
             f"    for (int s = 0; s < {stages}; ++s) "
             'asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\\n" :: "r"(bar0 + 8 * s) : "memory");',
@@ -792,16 +827,14 @@ def _wgmma_pipelined(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epi
             "__syncthreads();",
             "if (threadIdx.x == 0) {",
             "    #pragma unroll 1",
-            f"    for (int s = 0; s < {stages - 1}; ++s)  // prologue: the first {stages - 1} k-tiles in flight",
+            f"    for (int s = 0; s < {ahead}; ++s)  // prologue: the first {ahead} k-tiles in flight",
             "        if (k_beg + s * TK < k_end) issue(s, k_beg + s * TK);",
             "}",
             "#pragma unroll 1",
             "for (int kt = 0, k0 = k_beg; k0 < k_end; ++kt, k0 += TK) {",
             f"    tkx_mbar_wait(bar0 + 8 * (kt % {stages}), (kt / {stages}) & 1);  // k-tile kt has landed",
-            "    __syncthreads();  // every warpgroup is done with k-tile kt - 1: its stage may be refilled",
-            f"    if (threadIdx.x == 0 && k0 + {stages - 1} * TK < k_end) issue((kt + {stages - 1}) % {stages}, "
-            f"k0 + {stages - 1} * TK);",
-            *mma_step,
+            f"    __syncthreads();  // every warpgroup is done with k-tile {freed}: its stage may be refilled",
+            *((*tma_refill, *mma_step) if lag == 0 else (*mma_issue, *tma_refill, *mma_step)),
             "__syncthreads();  // every warpgroup's MMAs are done before the C tile reuses the stages",
         )
         copy_setup = [
@@ -848,7 +881,7 @@ def _wgmma_pipelined(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epi
     items = p.batch * _ceil(p.m, tm) * _ceil(p.n, tn) * split
     params = {"tile": (tm, tn, tk), "warpgroups": (wgm, wgn), "instruction": f"m64n{wn}k{fk}",
               "swizzle": "128B", "stages": stages, "copies": "tma" if use_tma else "cp.async", "layouts": layouts,
-              "split_k": split}
+              "split_k": split, "mma_in_flight": lag}
     return GemmCode(variant, "{\n" + indent(body) + "\n}", items, shared, threads, True, params, use_tma)
 
 
@@ -903,7 +936,7 @@ def wgmma_gemm(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue,
     a_bytes = tm * SWIZZLE_ROW
     b_bytes = tn * SWIZZLE_ROW
     stage_bytes = a_bytes + b_bytes
-    ldc = tn + 4  # fp32 staging rows, padded against bank conflicts
+    ldc = tn + WGMMA_C_PAD  # fp32 staging rows, padded against bank conflicts
     c_bytes = tm * ldc * 4
     shared = max(2 * stage_bytes, c_bytes) + 1024  # + the shift that 1024-aligns the swizzle atoms
 
@@ -1217,19 +1250,19 @@ def _wgmma_store_c(base: str, acc_regs: int, wn: int, ldc: int, tm: int, tn: int
     """The wgmma epilogue: each warpgroup's accumulator fragment of m64nN (register j of lane l in
     warp w is row 16 w + l / 4 + 8 ((j / 2) % 2), column 8 (j / 4) + 2 (l % 4) + j % 2) is written
     to an fp32 C tile in shared memory at ``base``, then the block applies the epilogue per element:
-    :data:`EPILOGUE_BATCH` elements per thread and pass (:func:`_batched_epilogue`) when the tile
+    :data:`WGMMA_EPILOGUE_BATCH` elements per thread and pass (:func:`_batched_epilogue`) when the tile
     needs no bounds guards, else one element per iteration."""
     head = [
         f"float* Cs = reinterpret_cast<float*>({base});  // the C tile, fp32, rows padded",
         "#pragma unroll",
-        f"for (int j = 0; j < {acc_regs}; ++j) {{",
+        f"for (int j = 0; j < {acc_regs}; j += 2) {{  // registers j, j + 1: adjacent columns of one row",
         "    const int r = wr * 64 + (warp % 4) * 16 + lane / 4 + 8 * ((j / 2) % 2);",
-        f"    const int c = wc * {wn} + 8 * (j / 4) + 2 * (lane % 4) + (j % 2);",
-        f"    Cs[r * {ldc} + c] = d[j];",
+        f"    const int c = wc * {wn} + 8 * (j / 4) + 2 * (lane % 4);",
+        f"    *reinterpret_cast<float2*>(&Cs[r * {ldc} + c]) = make_float2(d[j], d[j + 1]);",
         "}",
         "__syncthreads();",
     ]
-    ub = EPILOGUE_BATCH
+    ub = WGMMA_EPILOGUE_BATCH
     batched = None if (m_guard or n_guard or (tm * tn) % (threads * ub)) else _batched_epilogue(epilogue, ub)
     if batched is not None:
         comp, stores = batched

@@ -559,10 +559,10 @@ class _Emitter:
 
         def tma_map(view: TensorSpec, fast_dim: int) -> Any:
             """(box inner, box outer) -> index of a tensor map of ``view`` (registered once per box),
-            when ``Options.gemm_copy`` asks for TMA and the view is a stored 2-D buffer of the 2-byte
+            when ``Options.gemm_copy`` is ``"tma"`` or ``"auto"`` and the view is a stored 2-D buffer of the 2-byte
             problem dtype, contiguous along ``fast_dim`` (0: rows, 1: columns), its other stride and
             its offset multiples of 16 bytes; else ``None``."""
-            if getattr(self.s.options, "gemm_copy", "auto") != "tma" or batched or view.ndim != 2:
+            if getattr(self.s.options, "gemm_copy", "auto") not in ("tma", "auto") or batched or view.ndim != 2:
                 return None
             if pointer_to(view, fast_dim) is None or view.buffer in self.s.scratch:
                 return None

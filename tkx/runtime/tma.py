@@ -1,4 +1,5 @@
-"""TMA tensor maps for a kernel's bulk tensor copies (``Options(gemm_copy="tma")``).
+"""TMA tensor maps for a kernel's bulk tensor copies (``Options(gemm_copy="tma")``, and ``"auto"``,
+the default, wherever a wgmma GEMM's operands allow them).
 
 The generated kernel lists the tensor maps it reads (:class:`tkx.codegen.abi.TensorMapSpec`: which
 buffer, the view's extents and stride, the box, the swizzle) in its launch contract and finds map

@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -343,12 +344,25 @@ def _group_reads(w: _Work, members: list[str], walk: list[str] | None = None
     return tuple(reads), tuple(sorted(inl, key=order.__getitem__))
 
 
-def _gemm_plan(op: Op, options: Any, arch: str) -> GemmPlan:
+def _gemm_plan(op: Op, options: Any, arch: str, inlined: frozenset[str] | set[str] = frozenset()) -> GemmPlan:
     """The GEMM's plan: the first registered emitter (:data:`tkx.target.GEMM_EMITTERS`) that
-    supports it, its tiles, split-K, and why."""
+    supports it, its tiles, split-K, and why. ``inlined``: the ops recomputed where they are read
+    (an operand among them is not a stored buffer)."""
     a, b = (op.inputs[1], op.inputs[2]) if op.kind == "addmm" else (op.inputs[0], op.inputs[1])
     assert isinstance(a, TensorSpec) and isinstance(b, TensorSpec)
-    return choose_gemm(GemmProblem.from_views(a, b), options, arch)
+    p = GemmProblem.from_views(a, b)
+    fast = (1 if p.a_k_contiguous else 0, 1 if p.b_n_contiguous else 0)
+    direct = all(_vector_aligned(v, f, p.dtype, inlined) for v, f in zip((a, b), fast))
+    return choose_gemm(dataclasses.replace(p, direct=direct), options, arch)
+
+
+def _vector_aligned(view: TensorSpec, fast_dim: int, dtype: str, inlined: frozenset[str] | set[str]) -> bool:
+    """A stored operand of the problem's 2-byte dtype, unit stride along ``fast_dim`` of its last two
+    dimensions, every other stride and its offset multiples of 8 elements (16-byte vectors)."""
+    if view.buffer in inlined or view.dtype != dtype or dtype not in ("bfloat16", "float16"):
+        return False
+    other = [st for d, st in enumerate(view.strides) if d != view.ndim - 2 + fast_dim]
+    return view.strides[-2:][fast_dim] == 1 and not any(st % 8 for st in other) and view.offset % 8 == 0
 
 
 def rows_contiguous(x: TensorSpec, dims: tuple[int, ...]) -> bool:
@@ -486,7 +500,7 @@ def schedule(program: Program, options: Any = None, *, rules: tuple[FusionRule, 
         if kind == "attention":
             params = attention_plans[anchor]
         elif kind == "gemm":
-            params = _gemm_plan(a, options, arch)
+            params = _gemm_plan(a, options, arch, w.inlined)
         elif kind == "reduction" and anchor in row_groups:
             params = _row_plan(row_groups[anchor], g)
         elif kind == "reduction":
