@@ -86,9 +86,9 @@ def test_regions_and_in_place_updates():
 
 
 def test_regions_follow_who_reads_a_value():
-    # A user's step: a bf16 layer norm whose rstd (a cast of it) is saved for the backward (not an ancestor of the loss), a
-    # step counter that only the update reads, and an SGD update: the counter and the update are the
-    # optimizer's, the saved value the forward's, and no forward op reads a gradient.
+    # A user's step: a bf16 layer norm whose rstd (a cast of it) is saved for the backward (not an
+    # ancestor of the loss), a step counter that only the update reads, and an SGD update: the counter
+    # and the update are the optimizer's, the saved value the forward's, no forward op reads a gradient.
     def step(w, x, t):
         def loss(w):
             h = torch.nn.functional.layer_norm(x @ w, (8,))
