@@ -25,7 +25,7 @@ reduction    ``out[row] = fold_r x[row, r]`` over ``attrs['dims']``
 matmul       ``mm``/``bmm``/``addmm``: GEMM groups
 generator    no tensor operand (``fill``, ``iota``)
 index        reads operands at computed coordinates (``gather``, ``cat``,
-             ``slice_scatter``): never a register read of another op's value
+             ``slice_scatter``, ``scatter``): never a register read of another op's value
 attention    scaled dot-product attention composites (``attention``, ``attention_backward``):
              the scheduler expands them to their math or emits one fused group each
 ============ ==========================================================================
@@ -40,6 +40,7 @@ an fp32 register rounded to its IR dtype after each op (as eager PyTorch rounds 
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -121,6 +122,7 @@ class Kind(str, enum.Enum):
     GATHER = "gather"
     CAT = "cat"
     SLICE_SCATTER = "slice_scatter"
+    SCATTER = "scatter"
     # random numbers (counter-based: a pure function of seed, offset and counter)
     PHILOX = "philox"
     # attention composites (expanded to their math or fused by the scheduler)
@@ -441,6 +443,46 @@ def _slice_scatter_ref(op: Any, args: list[Any], device: torch.device) -> torch.
                                op.attr("step"))
 
 
+def scatter_writes(op: Any, base_shape: tuple[int, ...], index: torch.Tensor, values: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The writes of a ``scatter`` op: ``(flat positions in the dense base [M] int64, values [M])``, one per
+    written position (the *last* write along ``attrs['dim']`` where several elements name the same position).
+
+    ``index`` and ``values`` have the same shape ``V`` (``V[k] == base_shape[k]`` for ``k != dim``). Raises the
+    :func:`index_error` of ``op`` for an index outside ``[0, base_shape[dim])``. Both interpreters use it: the
+    reference on a copy of the base, the schedule interpreter in place (only the written slice changes)."""
+    dim = op.attr("dim")
+    n = base_shape[dim]
+    j = index.long().expand(values.shape)
+    bad = (j < 0) | (j >= n)
+    if bool(bad.any()):
+        raise index_error(op, f"index {int(j[bad].reshape(-1)[0])} is out of bounds for a dimension of size {n} "
+                              f"(dim {dim} of {list(base_shape)})")
+    strides = [1] * len(base_shape)
+    for k in range(len(base_shape) - 2, -1, -1):
+        strides[k] = strides[k + 1] * base_shape[k + 1]
+    pos = torch.zeros(values.shape, dtype=torch.int64, device=values.device)
+    for k, size in enumerate(values.shape):
+        coord = j if k == dim else torch.arange(size, device=values.device).view(
+            [size if q == k else 1 for q in range(values.ndim)])
+        pos = pos + coord * strides[k]
+    order = torch.arange(values.shape[dim], device=values.device).view(
+        [values.shape[dim] if q == dim else 1 for q in range(values.ndim)]).expand(values.shape).reshape(-1)
+    pos = pos.reshape(-1)
+    last = torch.full((max(math.prod(base_shape), 1),), -1, dtype=torch.int64, device=values.device)
+    last = last.scatter_reduce(0, pos, order, "amax")
+    keep = last[pos] == order  # unique positions: the write is deterministic
+    return pos[keep], values.reshape(-1)[keep]
+
+
+def _scatter_ref(op: Any, args: list[Any], device: torch.device) -> torch.Tensor:
+    base, index, values = args
+    out = base.contiguous().clone()
+    pos, vals = scatter_writes(op, tuple(base.shape), index, values)
+    out.view(-1)[pos] = vals.to(out.dtype)
+    return out
+
+
 def _reduce_ref(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
     def ref(op: Any, args: list[Any], device: torch.device) -> torch.Tensor:
         x = args[0]
@@ -678,6 +720,12 @@ ROWS: tuple[OpDef, ...] = (
     OpDef(Kind.SLICE_SCATTER, "index", 2,
           "base with src written into base[..., start:end:step, ...] along attrs['dim'] (the backward of slicing "
           "and selecting)", (), _slice_scatter_ref, int_exact=True, ref_takes_op=True, statements=True),
+    OpDef(Kind.SCATTER, "index", 3,
+          "base with out[e with e[dim] = index[e]] = values[e] for every element e of values (index a view of the "
+          "same shape, attrs 'dim'); where several e name one position the last along dim wins (deterministic); an "
+          "index out of range raises KernelError. Written in place into base's tensor, only the indexed slice "
+          "(a KV-cache append), when base is an input the step updates", (), _scatter_ref, int_exact=True,
+          ref_takes_op=True, statements=True),
     # random numbers
     OpDef(Kind.PHILOX, "pointwise", 3,
           "uniform float32 in [0, 1) from word attrs['word'] of Philox-4x32-10: key = seed (int64), counter = "
@@ -776,4 +824,4 @@ def table_rows() -> list[dict[str, Any]]:
 __all__ = ["Kind", "OpDef", "Reduction", "Emit", "ROWS", "OPS", "row", "compute_type", "evaluate", "lowerings",
            "table_rows", "UnknownKindError", "POINTWISE", "REDUCTIONS", "INDEX_OPS", "COMMUTATIVE",
            "TRANSCENDENTAL", "BOOLEAN_RESULT", "COMPARISONS", "INT_DTYPES", "FLOAT_DTYPES", "ERR_INDEX",
-           "index_error", "paren", "philox4x32_10", "philox_uniform"]
+           "index_error", "scatter_writes", "paren", "philox4x32_10", "philox_uniform"]

@@ -715,9 +715,33 @@ class ReductionPlan(Plan):
 
 @dataclass(frozen=True, eq=False)
 class PointwisePlan(Plan):
-    """A pointwise loop: ``numel`` points, one per thread per work item."""
+    """A pointwise loop: ``numel`` points; each thread of a work item computes ``per_thread`` of them
+    (one when absent; :func:`pointwise_per_thread`), ``threads`` apart so the loads stay coalesced.
+
+    ``slice_write`` (a sentence) marks a ``scatter`` written in place into the input it updates: the
+    loop runs over the *values* (``numel`` of them) and stores each at its indexed position; the
+    rest of the tensor is never touched."""
 
     numel: int = 1
+    per_thread: int | None = None
+    slice_write: str | None = None
+
+
+#: Most points one thread of a pointwise work item computes (:func:`pointwise_per_thread`).
+POINTWISE_MAX_PER_THREAD = 8
+
+
+def pointwise_per_thread(numel: int, threads: int, blocks: int) -> int:
+    """Points per thread of a pointwise loop over ``numel`` points: 1 while the loop has at most 4 work
+    items per block of the grid (``blocks``); beyond that, enough (at most
+    :data:`POINTWISE_MAX_PER_THREAD`) to bring it back to about 4 per block, so a big loop is a few
+    thousand-point items rather than thousands of one-point-per-thread ones (each work item costs a
+    loop turn, and with counters sync a counter bump and wait)."""
+    items = math.ceil(numel / max(threads, 1))
+    per_block = 4 * max(blocks, 1)
+    if items <= per_block:
+        return 1
+    return max(1, min(POINTWISE_MAX_PER_THREAD, math.ceil(items / per_block)))
 
 
 @dataclass(frozen=True, eq=False)
@@ -799,9 +823,10 @@ def reduction_emitter(name: str) -> ReductionEmitter:
     raise KeyError(f"no reduction emitter {name!r}")
 
 
-def pointwise_cost(numel: int, ops: int, reads: int, threads: int, store_bytes: int) -> Cost:
-    """Work items (one point per thread), FLOPs and bytes of a pointwise loop."""
-    return Cost(max(1, math.ceil(numel / threads)), numel * max(1, ops), store_bytes + numel * 4 * max(1, reads))
+def pointwise_cost(numel: int, ops: int, reads: int, threads: int, store_bytes: int, per_thread: int = 1) -> Cost:
+    """Work items (``per_thread`` points per thread), FLOPs and bytes of a pointwise loop."""
+    return Cost(max(1, math.ceil(numel / (threads * max(per_thread, 1)))), numel * max(1, ops),
+                store_bytes + numel * 4 * max(1, reads))
 
 
 # --------------------------------------------------------------------------------------

@@ -22,9 +22,17 @@ of a buffer (``cat``, ``slice_scatter``) and ``tkx::check_index``.
 Indexed writes are deterministic: ``index_put(accumulate=True)``/``scatter_add`` are a sum over
 the written positions in a fixed order (one reduction: ``out[v] = base[v] + sum_j [index[j] == v]
 * values[j]``), with no atomics, so a kernel gives the same bits on every run; their cost is
-``O(rows x positions)``, fine for tables up to a few thousand rows. ``index_put`` and
-``scatter`` without accumulation keep the *last* value written to a position (the largest
-``j``), as a sequential loop would.
+``O(rows x positions)``, fine for tables up to a few thousand rows.
+
+``x[idx] = v`` (``index_put`` without accumulation, on one dim or several adjacent ones, merged),
+``x.index_copy_(dim, idx, v)`` and ``x.scatter_(dim, index, src)`` lower to one IR ``scatter`` op:
+``out[e with e[dim] = index[e]] = values[e]`` over the elements ``e`` of the values (for ``index_put``
+the index is a broadcast view of the 1-D index list). Where several elements name one position the
+*last* along ``dim`` wins (the largest ``j``, as a sequential loop would; torch leaves the order
+undefined). When the base is an input the step updates in place and nothing else reads its old
+value, the scheduler writes only the indexed slice into the input (a KV-cache append at ``pos``
+touches ``B x H x D`` elements, not the whole cache); otherwise the group computes every element
+of the result (``O(elements x index length)``).
 """
 
 from __future__ import annotations
@@ -235,25 +243,10 @@ def _scatter_sum(L: Any, base: TensorSpec, hit: TensorSpec, vals: TensorSpec, dt
     return L.emit("add", (base, total), base.shape, dtype)
 
 
-def _scatter_last(L: Any, base: TensorSpec, hit: TensorSpec, vals_src: TensorSpec, pos: int) -> TensorSpec:
-    """``base`` with the value of the last write (largest j) at each written position."""
-    big = hit.shape
-    if big[-1] == 1:  # one index (a KV-cache append at a position): a pointwise where, no reduction
-        written = _strided(hit, big[:-1], list(contiguous_strides(big[:-1])))
-        strides = list(vals_src.strides)
-        strides[pos] = 0
-        value = _strided(vals_src, base.shape, strides)
-        return L.emit("where", (written, value, base), base.shape, base.dtype)
-    j = L.emit("iota", (), big, "int64", {"start": 0, "step": 1, "dim": len(big) - 1}, base=f"{L.node.name}_j")
-    cand = L.emit("where", (hit, j, -1), big, "int64", base=f"{L.node.name}_cand")
-    last = L.emit("amax", (cand,), big[:-1], "int64", {"dims": (len(big) - 1,), "keepdim": False},
-                  base=f"{L.node.name}_last")
-    written = L.emit("ge", (last, 0), last.shape, "bool", base=f"{L.node.name}_written")
-    index = L.emit("maximum", (last, 0), last.shape, "int64", base=f"{L.node.name}_safe")
-    value = L.emit("gather", (vals_src, index), base.shape, vals_src.dtype, {"dim": pos, "wrap": False,
-                                                                           "what": "scatter"},
-                   base=f"{L.node.name}_value")
-    return L.emit("where", (written, value, base), base.shape, base.dtype)
+def _scatter_op(L: Any, base: TensorSpec, index: TensorSpec, values: TensorSpec, dim: int, what: str) -> TensorSpec:
+    """One IR ``scatter``: ``base`` with ``values[e]`` written at ``e[dim] = index[e]`` (last write wins)."""
+    assert index.shape == values.shape, (index.shape, values.shape)
+    return L.emit("scatter", (base, index, values), base.shape, base.dtype, {"dim": dim, "what": what})
 
 
 @builtin(aten.index_put.default, aten._unsafe_index_put.default)
@@ -262,7 +255,8 @@ def index_put(L: Any, node: torch.fx.Node) -> TensorSpec:
     x = L.tensor(node.args[0])
     accumulate = bool(node.args[3] if len(node.args) > 3 else node.kwargs.get("accumulate", False))
     pos, tensors = _tensor_indices(L, node)
-    merged, flat, ishape = _merged_index(L, x, pos, tensors, wrap=True, what="index_put x[idx] = v")
+    what = "index_put x[idx] = v"
+    merged, flat, ishape = _merged_index(L, x, pos, tensors, wrap=True, what=what)
     dense_x = merged
     n = flat.numel
     # values broadcast to x[idx]'s shape, then seen as [A..., N, E...]
@@ -277,15 +271,36 @@ def index_put(L: Any, node: torch.fx.Node) -> TensorSpec:
     if len(ishape) != 1:
         vflat_shape = x.shape[:pos] + (n,) + x.shape[pos + len(tensors):]
         vdense = TensorSpec(vflat_shape, vdense.dtype, contiguous_strides(vflat_shape), vdense.buffer, vdense.offset)
-    hit = _hits(L, flat, dense_x.shape, pos)
     if accumulate:
+        hit = _hits(L, flat, dense_x.shape, pos)
         big = dense_x.shape + (n,)
         strides = list(vdense.strides[:pos]) + [0] + list(vdense.strides[pos + 1:]) + [vdense.strides[pos]]
         vals = _strided(vdense, big, strides)
         out = _scatter_sum(L, dense_x, hit, vals, x.dtype)
     else:
-        out = _scatter_last(L, dense_x, hit, vdense, pos)
+        istrides = [0] * vdense.ndim
+        istrides[pos] = flat.strides[0]
+        out = _scatter_op(L, dense_x, _strided(flat, vdense.shape, istrides), vdense, pos, what)
     return TensorSpec.dense(out.buffer, x.shape, x.dtype) if out.shape != x.shape else out
+
+
+@builtin(aten.index_copy.default)
+def index_copy(L: Any, node: torch.fx.Node) -> TensorSpec:
+    """``x.index_copy_(dim, index, source)``: ``x[..., index[j], ...] = source[..., j, ...]`` along ``dim``."""
+    x, dim, index, src = L.tensor(node.args[0]), node.args[1], L.tensor(node.args[2]), L.tensor(node.args[3])
+    d = _dim(dim, x.ndim)
+    what = "index_copy"
+    flat = index if index.ndim == 1 else TensorSpec((1,), index.dtype, (1,), index.buffer, index.offset)
+    checked = _checked(L, flat, x.shape[d], wrap=False, what=what)
+    vshape = x.shape[:d] + (flat.numel,) + x.shape[d + 1:]
+    if src.dtype != x.dtype:
+        src = L.emit("cast", (src,), src.shape, x.dtype, base=f"{node.name}_src")
+    if src.shape != vshape:  # a 0-d index with a source of x's rank minus one
+        src = TensorSpec(vshape, src.dtype, src.strides[:d] + (0,) + src.strides[d:], src.buffer, src.offset) \
+            if src.ndim == x.ndim - 1 else L.broadcast(src, vshape)
+    istrides = [0] * len(vshape)
+    istrides[d] = checked.strides[0]
+    return _scatter_op(L, x, _strided(checked, vshape, istrides), src, d, what)
 
 
 def _scatter_common(L: Any, node: torch.fx.Node) -> tuple[TensorSpec, int, TensorSpec, TensorSpec]:
@@ -329,17 +344,25 @@ def scatter_add(L: Any, node: torch.fx.Node) -> TensorSpec:
 def scatter(L: Any, node: torch.fx.Node) -> TensorSpec:
     if node.kwargs.get("reduce") is not None:
         raise L.fail("unsupported-op", "scatter with reduce=", "use scatter_add (reduce='add') or index_put")
-    x, d, index, hit = _scatter_common(L, node)
+    x, dim, index = L.tensor(node.args[0]), node.args[1], L.tensor(node.args[2])
+    d = _dim(dim, x.ndim)
+    for k in range(x.ndim):
+        if k != d and index.shape[k] != x.shape[k]:
+            raise L.fail("unsupported-op", f"scatter with an index of shape {list(index.shape)} into "
+                         f"{list(x.shape)}: tkx needs the index to cover every dim but {d}",
+                         "expand the index to the output's shape in the other dims")
+    checked = L.emit("index_check", (index,), index.shape, index.dtype,
+                     {"lo": 0, "hi": x.shape[d], "ignore": None, "what": "scatter"}, base=f"{node.name}_check")
     src = node.args[3]
     if isinstance(src, torch.fx.Node):
         s = L.tensor(src)
         if s.dtype != x.dtype:
             s = L.emit("cast", (s,), s.shape, x.dtype, base=f"{node.name}_src")
-        trimmed = TensorSpec(index.shape, s.dtype, s.strides, s.buffer, s.offset)
-        return _scatter_last(L, x, hit, trimmed, d)
-    anyhit = L.emit("amax", (L.emit("cast", (hit,), hit.shape, "int32", base=f"{node.name}_h"),), x.shape, "int32",
-                    {"dims": (x.ndim,), "keepdim": False}, base=f"{node.name}_any")
-    return L.emit("where", (anyhit, src, x), x.shape, x.dtype)
+        values = TensorSpec(index.shape, s.dtype, s.strides, s.buffer, s.offset)  # src's leading part
+    else:
+        fill = L.emit("fill", (), (), x.dtype, {"value": src}, base=f"{node.name}_v")
+        values = L.broadcast(fill, index.shape)
+    return _scatter_op(L, x, checked, values, d, "scatter")
 
 
 # -- writing into part of a buffer ----------------------------------------------------------------

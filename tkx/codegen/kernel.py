@@ -290,6 +290,17 @@ class _Emitter:
             cs[dim] = f"({rel} / {step})" if step != 1 else rel
             lines.append(f"const {ctype} {var} = ({inside}) ? {self.at(src, cs)} : {self.at(base, coords)};{tag}")
             return None
+        if op.kind == "scatter":  # the value at an output point: the base, or the last value written there
+            base, index, values = op.inputs
+            assert isinstance(index, TensorSpec) and isinstance(values, TensorSpec)
+            cd = coords[dim]
+            count = values.shape[dim]
+            lines.append(f"{ctype} {var} = {self.at(base, coords)};{tag} (every value naming this point, last wins)")
+            e = list(coords)
+            e[dim] = "tkx_jj" if count > 1 else "0"
+            test = f"if ((long long)({self.at(index, e)}) == (long long){cd}) {var} = {self.at(values, e)};"
+            lines.append(f"for (long long tkx_jj = 0; tkx_jj < {count}; ++tkx_jj) {test}" if count > 1 else test)
+            return None
         raise TkxError(f"codegen: no emitter for index op {op.kind} ({op.id})")
 
     def index_check_code(self, op: Op, lin: str, lines: list[str], memo: dict | None, registers: dict[str, str],
@@ -333,6 +344,41 @@ class _Emitter:
             lines.append(store(dtype, ptr, lin, registers[s]) + f"  // store {s} -> {self.s.homes[s]}")
         return block(lines)
 
+    def slice_write(self, g: Group, op: Op, lin: str) -> str:
+        """A ``scatter`` written in place (:attr:`tkx.target.PointwisePlan.slice_write`): point ``lin`` of the
+        values stores ``values[e]`` at ``e[dim] = index[e]`` of the input, after the bounds check (an index
+        out of range sets the kernel's index error and writes nothing) and, when several values may name one
+        position, only if no later value along ``dim`` names it (the last write wins)."""
+        base, index, values = op.inputs
+        assert isinstance(base, TensorSpec) and isinstance(index, TensorSpec) and isinstance(values, TensorSpec)
+        dim = op.attr("dim")
+        n, count = base.shape[dim], values.shape[dim]
+        lines: list[str] = []
+        memo: dict = {}
+        inl = set(g.inlined)
+        coords = _unravel(lin, values.shape)
+        lines.append(f"const long long tkx_j = {self.element(index, lin, lines, memo, {}, inl)};  "
+                     f"// {op.id}: scatter, the position along dim {dim}")
+        target = list(coords)
+        target[dim] = "tkx_j"
+        ok = "tkx_last"
+        lines.append("bool tkx_last = true;")
+        if count > 1:  # a later value naming the same position wins
+            later = list(coords)
+            later[dim] = "tkx_jj"
+            lines += [f"for (long long tkx_jj = {coords[dim]} + 1; tkx_jj < {count}; ++tkx_jj) {{",
+                      f"    if ((long long)({self.at(index, later)}) == tkx_j) {{ tkx_last = false; break; }}", "}"]
+        inner: list[str] = []
+        value = self.element(values, lin, inner, memo, {}, inl)
+        ptr, dtype = self.home_pointer(self.s.homes[op.id], op.id)
+        inner.append(store(dtype, ptr, _linear(target, base.shape), value)
+                     + f"  // store {op.id} -> {self.s.homes[op.id]} (only the indexed slice)")
+        lines += [f"if (tkx_j < 0 || tkx_j >= {n}LL) {{",
+                  f"    tkx_fail(status, TKX_ERR_INDEX, {self.op_number(op)});  "
+                  f"// {op.attr('what', 'scatter')}: the index must be in [0, {n})",
+                  f"}} else if ({ok}) {{", indent(block(inner)), "}"]
+        return block(lines)
+
     def masked_in_place(self, g: Group, start: int) -> set[str]:
         """The group's ops ``where(mask, value, old)`` stored in place over ``old``, an input read at the same
         point, that no later op of the group reads (a cache append: a few positions of a big state tensor
@@ -361,11 +407,21 @@ class _Emitter:
             return self.copy_code(g)
         if g.kind == "pointwise":
             op = self.ops[g.anchor]
-            n = op.out.numel
+            plan = g.plan
+            n = int(plan.get("numel", op.out.numel)) if plan.get("slice_write") else op.out.numel
             t = self.threads
-            body = block(f"const long long i = (long long)item * {t} + threadIdx.x;",
-                         f"if (i < {n}LL) {{", indent(self.point(g, "i", {}, 0)), "}")
-            return "{\n" + indent(body) + "\n}", max(1, -(-n // t)), 0
+            per = int(plan.get("per_thread", 1) or 1)
+            inner = self.slice_write(g, op, "i") if plan.get("slice_write") else self.point(g, "i", {}, 0)
+            if per == 1:
+                body = block(f"const long long i = (long long)item * {t} + threadIdx.x;",
+                             f"if (i < {n}LL) {{", indent(inner), "}")
+            else:
+                body = block(f"for (int tkx_p = 0; tkx_p < {per}; ++tkx_p) {{  // {per} points per thread, "
+                             f"{t} apart (coalesced)",
+                             indent(block(f"const long long i = ((long long)item * {per} + tkx_p) * {t} + threadIdx.x;",
+                                          f"if (i < {n}LL) {{", indent(inner), "}")),
+                             "}")
+            return "{\n" + indent(body) + "\n}", max(1, -(-n // (t * per))), 0
         if g.kind in ("gemm", "gemm_partial"):
             return self.gemm_code(g)
         if g.kind == "attention":
@@ -823,6 +879,7 @@ SPECIAL_POINTWISE = {
     "gather": lambda em, op, lin, lines, memo, regs, inl, var: em.index_code(op, lin, lines, var),
     "cat": lambda em, op, lin, lines, memo, regs, inl, var: em.index_code(op, lin, lines, var),
     "slice_scatter": lambda em, op, lin, lines, memo, regs, inl, var: em.index_code(op, lin, lines, var),
+    "scatter": lambda em, op, lin, lines, memo, regs, inl, var: em.index_code(op, lin, lines, var),
     "index_check": lambda em, op, lin, lines, memo, regs, inl, var: em.index_check_code(op, lin, lines, memo, regs,
                                                                                         inl, var),
 }

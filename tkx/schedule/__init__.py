@@ -44,6 +44,7 @@ from ..target import (
     choose_reduction,
     gemm_emitter,
     pointwise_cost,
+    pointwise_per_thread,
     reduction_emitter,
     resolve_arch,
 )
@@ -188,6 +189,8 @@ def _can_join(w: _Work, anchor: str, op: Op) -> str | None:
     anchor_op = g.ops[anchor]
     if op.family != "pointwise":
         return "not pointwise"
+    if anchor_op.kind == "scatter":
+        return "not fused: a scatter's loop may cover only the written slice (an in-place update)"
     if op.out.numel != anchor_op.out.numel:
         return "not fused: the consumer has a different number of elements"
     members = set(w.domains[anchor])
@@ -271,6 +274,13 @@ def _decide_inlining(w: _Work) -> None:
             continue
         w.cost[op.id] = _inline_cost(w, op)
         consumers = g.users.get(op.id, [])
+        if op.kind == "scatter":  # materialised: its value at a point would search the whole index list
+            for c, _ in consumers[:1]:
+                w.record("inline", op.id, c.id, "legality",
+                         keep("scatter-stored", "not fused: a scatter is written into memory once (only its "
+                                                "indexed slice when it updates an input in place), never "
+                                                "recomputed where it is read"))
+            continue
         if op.id in g.sink_buffers:
             for c, _ in consumers[:1]:
                 w.record("inline", op.id, c.id, "returned-value",
@@ -406,8 +416,30 @@ def _group_cost(group: Group, program_ops: dict[str, Op], threads: int) -> Cost:
         phase = "partial" if group.kind == "reduction_partial" else "one"
         c = reduction_emitter(p.strategy).cost(p, threads, phase)
         return Cost(c.items, c.flops, c.bytes + (store_bytes if p.strategy != "partial" or phase == "partial" else 0))
+    if isinstance(p, PointwisePlan):
+        if p.slice_write:  # stores only the written values
+            store_bytes = p.numel * (program_ops[group.anchor].out.nbytes // max(program_ops[group.anchor].out.numel, 1))
+        return pointwise_cost(p.numel, len(group.ops), len(group.reads), threads, store_bytes, p.per_thread or 1)
     numel = anchor.out.numel if anchor is not None else p.get("numel", 1)
     return pointwise_cost(numel, len(group.ops), len(group.reads), threads, store_bytes)
+
+
+def _replace_plan(group: Group, plan: Any) -> Group:
+    return Group(group.id, group.kind, group.anchor, group.ops, group.stores, group.reads, group.inlined,
+                 group.work_items, group.flops, group.bytes, plan)
+
+
+def _slice_write_ok(w: _Work, group: Group, scatter: Op, inp_buf: str, root: TensorSpec) -> bool:
+    """Can ``scatter`` (alone in ``group``) write only its slice into input ``inp_buf`` (its base)? Its base
+    must be the whole input, read nowhere else in the group (not by its index or values, nor by what they
+    inline): the positions it does not write then already hold the old value."""
+    base = scatter.inputs[0]
+    if group.ops != (scatter.id,) or not isinstance(base, TensorSpec) or base.buffer != inp_buf \
+            or not is_identity(base, root) or not root.is_dense:
+        return False
+    if any(isinstance(x, TensorSpec) and x.buffer == inp_buf for x in scatter.inputs[1:]):
+        return False
+    return not any(x.buffer == inp_buf for m in group.inlined for x in w.graph.ops[m].tensor_inputs)
 
 
 def schedule(program: Program, options: Any = None, *, rules: tuple[FusionRule, ...] = ()) -> FusedSchedule:
@@ -507,6 +539,9 @@ def schedule(program: Program, options: Any = None, *, rules: tuple[FusionRule, 
             params = _reduction_plan(a, threads)
         else:
             params = PointwisePlan(a.out.numel)
+            per = pointwise_per_thread(a.out.numel, threads, options.max_blocks or SM_COUNT * options.blocks_per_sm)
+            if per > 1:
+                params = PointwisePlan(a.out.numel, per_thread=per)
         reads, inl = group_reads[anchor]
         stores = tuple(m for m in members if m in stored)
         if not stores:
@@ -600,6 +635,22 @@ def schedule(program: Program, options: Any = None, *, rules: tuple[FusionRule, 
             if own.kind in ("gemm", "reduction") and any(
                     b == inp_buf for b in _group_reads(w, list(own.ops), [own.anchor])[0]):
                 own_ok = False  # the GEMM/reduction itself reads the old value at other points
+            scatter = g.ops[own.anchor] if g.ops[own.anchor].kind == "scatter" else None
+            if scatter is not None:
+                own_ok = _slice_write_ok(w, own, scatter, inp_buf, program.inputs[upd.input_index].value)
+            if not late and own_ok and scatter is not None:
+                values = scatter.inputs[2]
+                assert isinstance(values, TensorSpec)
+                homes[v.buffer] = Home("input", upd.input_index)
+                why = (f"only the indexed slice is written: {values.numel} of the {scatter.out.numel} elements of "
+                       f"{name}, in place")
+                per = pointwise_per_thread(values.numel, threads, options.max_blocks or SM_COUNT * options.blocks_per_sm)
+                groups[producer] = _replace_plan(own, PointwisePlan(values.numel, per_thread=per if per > 1 else None,
+                                                                    slice_write=why))
+                w.decisions.append(FusionDecision(
+                    "in-place", v.buffer, name, True, "in-place", "slice-write",
+                    f"written in place: {why}; every other read of the old {name} happens in an earlier stage"))
+                continue
             if not late and own_ok:
                 homes[v.buffer] = Home("input", upd.input_index)
                 w.decisions.append(FusionDecision(
@@ -610,6 +661,8 @@ def schedule(program: Program, options: Any = None, *, rules: tuple[FusionRule, 
                    if late else "the producing loop reads the old value through a view")
         elif not dense_target:
             why = "the input is not a dense tensor (a view or transposed), so it is written through its strides"
+        elif producer is not None and g.ops[groups[producer].anchor].kind == "scatter":
+            why = "the scattered value is not the whole update of the input"
         else:
             why = "the new value is not computed elementwise in one group"
         last_reader = max((stage[r] for r in readers_of_input.get(upd.input_index, [])), default=-1)

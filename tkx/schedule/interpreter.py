@@ -138,6 +138,9 @@ class _Machine:
             self.arena_view(name, "float32", parts.numel()).copy_(parts.reshape(-1))
             self.written.add(name)
             return
+        if grp.kind == "pointwise" and grp.params.get("slice_write"):
+            self.slice_write(grp, ops[0], regs, memo)
+            return
         start = 0
         if grp.kind == "gemm" and grp.params.get("partials"):  # split-K phase 2: add the slices in order
             mm, gp = ops[0], grp.params
@@ -168,6 +171,21 @@ class _Machine:
             regs[op.id] = self.compute(op, regs, grp, memo)
         for s in grp.stores:
             self.store(self.s.homes[s], s, regs[s])
+
+    def slice_write(self, grp: Group, op: Op, regs: dict[str, torch.Tensor], memo: dict[str, torch.Tensor]) -> None:
+        """A ``scatter`` written in place (the kernel's loop over the values): only the indexed positions
+        of the input tensor change; the old value is never read."""
+        home = self.s.homes[op.id]
+        if home.kind != "input":
+            raise ScheduleError(f"group {grp.id}: a slice write must go to an input, not {home}")
+        index = self.operand(op.inputs[1], regs, grp, memo)
+        values = self.operand(op.inputs[2], regs, grp, memo)
+        target = self.inputs[home.index]
+        if not target.is_contiguous():
+            raise ScheduleError(f"group {grp.id}: input {home.index} is not dense, so no slice write goes to it")
+        pos, vals = optable.scatter_writes(op, op.out.shape, index, values)
+        target.view(-1)[pos] = vals.to(target.dtype)
+        self.written.add(op.id)
 
     def gemm_slices(self, mm: Op, regs: dict[str, torch.Tensor], grp: Group, memo: dict[str, torch.Tensor],
                     plan: Any) -> torch.Tensor:

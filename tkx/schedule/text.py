@@ -42,6 +42,10 @@ def describe_group(s: FusedSchedule, g: Group) -> str:
                 + (f" {p['mask']} mask" if p["mask"] != "none" else ""))
     else:
         head = f"pointwise {anchor.id} {_shape(anchor.out.shape)}"
+        if p.get("slice_write"):
+            head += f" (slice write of {p['numel']} values in place)"
+        if p.get("per_thread"):
+            head += f", {p['per_thread']} per thread"
     parts = [head, plural(g.work_items, "item")]
     extra = [o for o in g.ops[1:]] if g.kind != "pointwise" else list(g.ops[1:])
     if extra:
