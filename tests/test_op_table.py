@@ -104,6 +104,7 @@ PROBES = {
     "gather": (lambda x, i: (x.gather(1, i), x[i[:, 0]]), lambda: (f(5, 3), ints(3, 5, 2))),
     "cat": (lambda x, y: (torch.cat([x, y], 0), torch.stack([x, x], 1)), lambda: (f(2, 3), f(4, 3))),
     "slice_scatter": (lambda x, y: torch.slice_scatter(x, y, 1, 1, 5, 2), lambda: (f(4, 6), f(4, 2))),
+    "scatter": (lambda c, v, p: _put(c, v, p), lambda: (f(4, 6, 3), f(4, 3), torch.tensor([2]))),
     "philox": (lambda x, s: _draw(x, s), lambda: (f(5, 3), tkx.random.philox_state(3))),
     "attention": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
                   lambda: (f(2, 5, 8), f(2, 7, 8), f(2, 7, 4))),
@@ -112,6 +113,13 @@ PROBES = {
         argnums=(0, 1, 2))(q, k, v),
         lambda: (f(2, 5, 8), f(2, 7, 8), f(2, 7, 4), f(5, 7))),
 }
+
+
+def _put(cache, v, p):
+    cache[:, p] = v.unsqueeze(1)  # in place into an input: only the slice is written
+    fresh = torch.zeros(4, 6, 3, device=v.device).scatter(2, torch.zeros(4, 6, 1, dtype=torch.int64,
+                                                                          device=v.device), cache[..., :1])
+    return cache * 2, fresh
 
 
 def _draw(x, state):
