@@ -31,6 +31,7 @@ from ..errors import TkxError
 from ..ir import Op, Program, TensorSpec
 from ..target import (
     ATTENTION_EMITTER,
+    SKINNY_MAX,
     SM_COUNT,
     AttentionPlan,
     CopyPlan,
@@ -132,6 +133,9 @@ class _Work:
     domains: dict[str, list[str]] = field(default_factory=dict)  # anchor id -> domain ops
     inlined: set[str] = field(default_factory=set)
     cost: dict[str, int] = field(default_factory=dict)
+    #: pointwise op -> the skinny GEMM whose short operand it is, kept out of a GEMM's epilogue so that
+    #: two sibling GEMMs share a stage (:func:`_sibling_gemm`); inlined into that operand's load in step 2.
+    short_operand: dict[str, str] = field(default_factory=dict)
 
     def record(self, kind: str, producer: str, consumer: str, rule: str, v: Verdict) -> None:
         self.decisions.append(FusionDecision(kind, producer, consumer, v.fuse, rule, v.code, v.reason))
@@ -259,11 +263,65 @@ def _grow_epilogue(w: _Work, anchor: Op) -> None:
         if reason is not None:
             w.record("epilogue", current.id, nxt.id, "legality", keep("illegal", reason))
             break
+        sibling = _sibling_gemm(w, anchor, nxt)
+        if sibling is not None:
+            other, consumer = sibling
+            w.short_operand[nxt.id] = consumer
+            w.record("epilogue", current.id, nxt.id, "sibling-gemms", keep(
+                "sibling-gemms", f"not fused: {nxt.kind} also reads {other}, a GEMM independent of {anchor.id}; "
+                                 f"in this epilogue {anchor.id} would wait for it, so {nxt.id} is computed in "
+                                 f"the short-operand load of the GEMV {consumer} instead and both GEMMs share "
+                                 "one stage"))
+            break
         if not w.ask("epilogue", current, nxt, view):
             break
         w.domains[anchor.id].append(nxt.id)
         w.domain_of[nxt.id] = anchor.id
         current = nxt
+
+
+def _short_operand_of(op: Op) -> TensorSpec | None:
+    """The short operand of a skinny matrix product (``min(M, N) <= SKINNY_MAX``: the GEMV emitters), or None."""
+    if op.family != "matmul":
+        return None
+    a, b = (op.inputs[1], op.inputs[2]) if op.kind == "addmm" else (op.inputs[0], op.inputs[1])
+    if not (isinstance(a, TensorSpec) and isinstance(b, TensorSpec)):
+        return None
+    m, n = a.shape[-2], b.shape[-1]
+    if min(m, n) > SKINNY_MAX:
+        return None
+    return a if m <= n else b
+
+
+def _sibling_gemm(w: _Work, anchor: Op, nxt: Op) -> tuple[str, str] | None:
+    """``(other GEMM, consumer GEMV)`` when epilogue candidate ``nxt`` of GEMM ``anchor`` also reads another
+    GEMM's result (through pointwise producers) that ``anchor`` does not depend on, and ``nxt``'s only
+    consumer is a skinny GEMM reading it as its short operand: the epilogue would serialise two GEMMs that
+    can share a stage (SwiGLU's ``silu(x @ Wg.T) * (x @ Wu.T)`` in a decode step), while the short operand
+    load of the consumer can compute ``nxt`` (a few rows, read once per warp and K step)."""
+    g = w.graph
+    consumers = g.consumer_ops(nxt.id)
+    if len(consumers) != 1 or nxt.id in g.sink_buffers:
+        return None
+    short = _short_operand_of(consumers[0])
+    if short is None or short.buffer != nxt.id:
+        return None
+    stack = [x.buffer for x in nxt.tensor_inputs if x.buffer != anchor.id]
+    seen: set[str] = set()
+    while stack:
+        b = stack.pop()
+        if b in seen or b not in g.ops:
+            continue
+        seen.add(b)
+        op = g.ops[b]
+        root = w.domain_of.get(b, b)
+        if g.ops[root].family == "matmul" and root != anchor.id:
+            if not g.depends(anchor.id, root) and not g.depends(root, anchor.id):
+                return root, consumers[0].id
+            continue
+        if op.family in ("pointwise", "generator"):
+            stack.extend(x.buffer for x in op.tensor_inputs)
+    return None
 
 
 def _decide_inlining(w: _Work) -> None:
@@ -274,6 +332,12 @@ def _decide_inlining(w: _Work) -> None:
             continue
         w.cost[op.id] = _inline_cost(w, op)
         consumers = g.users.get(op.id, [])
+        if op.id in w.short_operand:
+            w.inlined.add(op.id)
+            w.record("inline", op.id, w.short_operand[op.id], "sibling-gemms", fuse(
+                "gemv-short-operand", f"fused: the GEMV {w.short_operand[op.id]} computes {op.kind} in the load of its "
+                                      "short operand, so the two GEMMs it reads share one stage"))
+            continue
         if op.kind == "scatter":  # materialised: its value at a point would search the whole index list
             for c, _ in consumers[:1]:
                 w.record("inline", op.id, c.id, "legality",
