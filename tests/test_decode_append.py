@@ -148,12 +148,12 @@ def test_a_bad_position_is_one_index_error_naming_the_users_line():
         with pytest.raises(tkx.KernelError) as info:
             run([cache.clone(), k, torch.tensor(S)])
         assert info.value.code == 3 and "index_put x[idx] = v" in str(info.value)
-        assert "test_scatter_write.py" in str(info.value)
+        assert "test_decode_append.py" in str(info.value)
     # the kernel: an out-of-range position sets the index error (and writes nothing); the runtime names the op
     group = exp.cuda.text[exp.cuda.text.index("tkx_j < 0"):]
     number = int(re.search(r"tkx_fail\(status, TKX_ERR_INDEX, (\d+)\)", group).group(1))
     err = describe_status(3, number, 0, exp.schedule)
-    assert "index_put x[idx] = v" in str(err) and "test_scatter_write.py" in str(err)
+    assert "index_put x[idx] = v" in str(err) and "test_decode_append.py" in str(err)
 
 
 def test_decode_step_appends_write_only_their_slice():
@@ -167,3 +167,82 @@ def test_decode_step_appends_write_only_their_slice():
     assert all(grp.plan["numel"] == cfg.batch * cfg.heads * cfg.head_dim for grp in slices)
     if nvrtc_available():
         assert exp.cuda.check("sm_90").spill_bytes == 0
+
+
+# -- fewer, coarser work items and fewer stages ------------------------------------------------------
+
+
+def test_a_big_pointwise_loop_gives_each_thread_several_points():
+    from tkx.target import POINTWISE_MAX_PER_THREAD, SM_COUNT
+
+    def step(x, y):
+        return torch.sigmoid(x) * y + 1.0
+
+    n = 256 * 4 * SM_COUNT * 6 + 77  # six times the one-point-per-thread limit, and a ragged tail
+    x, y = torch.randn(n, generator=g), torch.randn(n, generator=g)
+    exp = check_step(step, (x, y))
+    grp = next(grp for grp in exp.schedule.groups.values() if grp.kind == "pointwise")
+    per = grp.plan["per_thread"]
+    assert 1 < per <= POINTWISE_MAX_PER_THREAD and grp.work_items == -(-n // (256 * per))
+    assert f"{per} points per thread" in exp.cuda.text
+    small = tkx.explore(step, (x[:1000], y[:1000])).schedule
+    assert all("per_thread" not in grp.plan for grp in small.groups.values())  # a small loop keeps one point
+
+
+def test_swiglu_gate_and_up_gemvs_share_a_stage_in_the_decode_step():
+    from tkx.examples import decode as D
+
+    ex = D.get("decode_tiny")
+    exp = tkx.explore(ex.step_fn, ex.make_inputs(0), name="decode_tiny")
+    s = exp.schedule
+    stage_of = {gid: k for k, st in enumerate(s.stages) for gid in st}
+    gemms = [grp for grp in s.groups.values() if grp.kind == "gemm"]
+    w = {op.id: op for op in exp.optimized.ops}
+    # per layer: q/k/v share a stage, gate/up share one: 3 + 1 + 2 + 1 stages of GEMMs, not 3 + 1 + 3 + 1
+    sharing = {}
+    for grp in gemms:
+        sharing.setdefault(stage_of[grp.id], []).append(grp.anchor)
+    pairs = [a for a in sharing.values() if len(a) == 2]
+    assert len(pairs) == ex.config.layers, sharing
+    sib = [d for d in s.decisions if d.code == "sibling-gemms"]
+    short = [d for d in s.decisions if d.code == "gemv-short-operand"]
+    assert len(sib) == len(short) == ex.config.layers and all(d.fused for d in short) and not any(d.fused for d in sib)
+    for d in short:  # the SwiGLU product is computed in the down projection's operand load, never stored
+        assert d.producer in s.inlined and d.producer in s.group_of(d.consumer).inlined
+        assert w[d.consumer].kind == "mm"
+    assert len(s.stages) == 19  # 21 before
+
+
+def test_sibling_rule_leaves_wide_gemms_alone():
+    """Only a skinny consumer (a GEMV) takes the product into its operand load: a training-sized SwiGLU keeps
+    the epilogue."""
+    import torch.nn.functional as F
+
+    def mlp(x, wg, wu, wd):
+        return F.linear(F.silu(F.linear(x, wg)) * F.linear(x, wu), wd)
+
+    args = (torch.randn(64, 32, generator=g), torch.randn(48, 32, generator=g), torch.randn(48, 32, generator=g),
+            torch.randn(32, 48, generator=g))
+    wide = check_step(mlp, args)
+    assert not [d for d in wide.schedule.decisions if d.code in ("sibling-gemms", "gemv-short-operand")]
+    skinny = check_step(mlp, (args[0][:2],) + args[1:])
+    assert [d for d in skinny.schedule.decisions if d.code == "gemv-short-operand"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_slice_write_and_coarse_items_on_the_gpu():
+    for step, make, _ in (CASES["dim2"], CASES["batch_of_positions"], CASES["scatter"]):
+        inputs = [t.cuda() for t in make()]
+        runner = tkx.runtime.build(step, inputs)
+        assert runner.verify(make_inputs=lambda seed, device="cuda", make=make: [t.to(device) for t in make()],
+                             strict=True).passed
+
+    def big(x, y):
+        return torch.sigmoid(x) * y + 1.0
+
+    x = torch.randn(256 * 4 * 132 * 6 + 77, device="cuda")
+    runner = tkx.runtime.build(big, (x, x.clone()))
+    assert runner.verify(make_inputs=lambda seed, device="cuda": (torch.randn(x.numel(), device=device),
+                                                                  torch.randn(x.numel(), device=device)),
+                         strict=True).passed
