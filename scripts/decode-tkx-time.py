@@ -34,8 +34,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--syncs", default="barrier", help="Options.sync values (the first quant gets them all)")
     ap.add_argument("--tokens", type=int, default=20)
     ap.add_argument("--prepare", action="store_true", help="only build (compile) the kernels")
+    ap.add_argument("--plain-epilogues", action="store_true",
+                    help="a user fusion rule fusing every epilogue (switches rule sibling-gemms off: the A side of an "
+                         "A/B of the SwiGLU gate/up GEMVs sharing a stage)")
     a = ap.parse_args(argv)
-    results: dict = {"tkx": tkx.__file__, "gpu": torch.cuda.get_device_name(DEV), "torch": torch.__version__,
+    if a.plain_epilogues:
+        tkx.fusion_rule("plain-epilogues", kinds=("epilogue",), replace=True)(
+            lambda c: tkx.fuse("legal", "fused: every epilogue (decode-tkx-time --plain-epilogues)"))
+    results: dict = {"tkx": tkx.__file__, "plain_epilogues": a.plain_epilogues, "gpu": torch.cuda.get_device_name(DEV), "torch": torch.__version__,
                      "runs": []}
     for qi, quant in enumerate(a.quants.split(",")):
         ex = D.get("decode" if quant == "bf16" else f"decode_{quant}")

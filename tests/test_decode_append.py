@@ -208,9 +208,25 @@ def test_swiglu_gate_and_up_gemvs_share_a_stage_in_the_decode_step():
     short = [d for d in s.decisions if d.code == "gemv-short-operand"]
     assert len(sib) == len(short) == ex.config.layers and all(d.fused for d in short) and not any(d.fused for d in sib)
     for d in short:  # the SwiGLU product is computed in the down projection's operand load, never stored
-        assert d.producer in s.inlined and d.producer in s.group_of(d.consumer).inlined
+        down = s.group_of(d.consumer)
+        assert d.producer in s.inlined and d.producer in down.inlined
         assert w[d.consumer].kind == "mm"
+        # every warp of the GEMV reads its short operand again: only the product is recomputed there, the
+        # sigmoid is computed once in the gate GEMV's epilogue loop
+        assert {w[m].kind for m in down.inlined} == {"mul"}
+    assert any("sigmoid" in {w[m].kind for m in grp.inlined} for grp in gemms)
     assert len(s.stages) == 19  # 21 before
+
+    @tkx.fusion_rule("plain-epilogues", kinds=("epilogue",), replace=True)
+    def plain(c):  # a user rule asked before the built-ins: the old schedule, for an A/B timing
+        return tkx.fuse("legal", "fused: every epilogue")
+
+    try:
+        old = tkx.explore(ex.step_fn, ex.make_inputs(0), name="decode_tiny").schedule
+        assert len(old.stages) == 21 and not [d for d in old.decisions if d.code == "gemv-short-operand"]
+    finally:
+        from tkx.schedule import remove_fusion_rule
+        remove_fusion_rule("plain-epilogues")
 
 
 def test_sibling_rule_leaves_wide_gemms_alone():

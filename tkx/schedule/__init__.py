@@ -31,7 +31,6 @@ from ..errors import TkxError
 from ..ir import Op, Program, TensorSpec
 from ..target import (
     ATTENTION_EMITTER,
-    SKINNY_MAX,
     SM_COUNT,
     AttentionPlan,
     CopyPlan,
@@ -69,6 +68,7 @@ from .rules import (
     judge,
     keep,
     remove_fusion_rule,
+    sibling_gemm,
 )
 
 __all__ = [
@@ -134,8 +134,10 @@ class _Work:
     inlined: set[str] = field(default_factory=set)
     cost: dict[str, int] = field(default_factory=dict)
     #: pointwise op -> the skinny GEMM whose short operand it is, kept out of a GEMM's epilogue so that
-    #: two sibling GEMMs share a stage (:func:`_sibling_gemm`); inlined into that operand's load in step 2.
+    #: two sibling GEMMs share a stage (rule ``sibling-gemms``); inlined into that operand's load in step 2.
     short_operand: dict[str, str] = field(default_factory=dict)
+    #: pointwise ops stored once rather than recomputed in such a short operand (:func:`_plan_short_operand`).
+    materialize: set[str] = field(default_factory=set)
 
     def record(self, kind: str, producer: str, consumer: str, rule: str, v: Verdict) -> None:
         self.decisions.append(FusionDecision(kind, producer, consumer, v.fuse, rule, v.code, v.reason))
@@ -263,65 +265,42 @@ def _grow_epilogue(w: _Work, anchor: Op) -> None:
         if reason is not None:
             w.record("epilogue", current.id, nxt.id, "legality", keep("illegal", reason))
             break
-        sibling = _sibling_gemm(w, anchor, nxt)
-        if sibling is not None:
-            other, consumer = sibling
-            w.short_operand[nxt.id] = consumer
-            w.record("epilogue", current.id, nxt.id, "sibling-gemms", keep(
-                "sibling-gemms", f"not fused: {nxt.kind} also reads {other}, a GEMM independent of {anchor.id}; "
-                                 f"in this epilogue {anchor.id} would wait for it, so {nxt.id} is computed in "
-                                 f"the short-operand load of the GEMV {consumer} instead and both GEMMs share "
-                                 "one stage"))
-            break
         if not w.ask("epilogue", current, nxt, view):
+            last = w.decisions[-1]
+            if last.code == "sibling-gemms" and not last.fused:
+                found = sibling_gemm(g.program, current, nxt)
+                if found is not None:
+                    _plan_short_operand(w, nxt, found[1])
             break
         w.domains[anchor.id].append(nxt.id)
         w.domain_of[nxt.id] = anchor.id
         current = nxt
 
 
-def _short_operand_of(op: Op) -> TensorSpec | None:
-    """The short operand of a skinny matrix product (``min(M, N) <= SKINNY_MAX``: the GEMV emitters), or None."""
-    if op.family != "matmul":
-        return None
-    a, b = (op.inputs[1], op.inputs[2]) if op.kind == "addmm" else (op.inputs[0], op.inputs[1])
-    if not (isinstance(a, TensorSpec) and isinstance(b, TensorSpec)):
-        return None
-    m, n = a.shape[-2], b.shape[-1]
-    if min(m, n) > SKINNY_MAX:
-        return None
-    return a if m <= n else b
-
-
-def _sibling_gemm(w: _Work, anchor: Op, nxt: Op) -> tuple[str, str] | None:
-    """``(other GEMM, consumer GEMV)`` when epilogue candidate ``nxt`` of GEMM ``anchor`` also reads another
-    GEMM's result (through pointwise producers) that ``anchor`` does not depend on, and ``nxt``'s only
-    consumer is a skinny GEMM reading it as its short operand: the epilogue would serialise two GEMMs that
-    can share a stage (SwiGLU's ``silu(x @ Wg.T) * (x @ Wu.T)`` in a decode step), while the short operand
-    load of the consumer can compute ``nxt`` (a few rows, read once per warp and K step)."""
+def _plan_short_operand(w: _Work, nxt: Op, gemv: str) -> None:
+    """``nxt`` (kept out of a GEMM's epilogue by rule ``sibling-gemms``) is computed in the short-operand load of
+    ``gemv``: each warp of the GEMV reads the short operand again, so only cheap ops may be recomputed there.
+    An operand of ``nxt`` whose chain holds a transcendental op (SwiGLU's sigmoid) is materialised instead:
+    stored once, by the loop of the GEMM it reads (step 3)."""
     g = w.graph
-    consumers = g.consumer_ops(nxt.id)
-    if len(consumers) != 1 or nxt.id in g.sink_buffers:
-        return None
-    short = _short_operand_of(consumers[0])
-    if short is None or short.buffer != nxt.id:
-        return None
-    stack = [x.buffer for x in nxt.tensor_inputs if x.buffer != anchor.id]
-    seen: set[str] = set()
-    while stack:
-        b = stack.pop()
-        if b in seen or b not in g.ops:
+    w.short_operand[nxt.id] = gemv
+    for x in nxt.tensor_inputs:
+        b = x.buffer
+        if b not in g.ops or b in w.domain_of or g.ops[b].family != "pointwise":
             continue
-        seen.add(b)
-        op = g.ops[b]
-        root = w.domain_of.get(b, b)
-        if g.ops[root].family == "matmul" and root != anchor.id:
-            if not g.depends(anchor.id, root) and not g.depends(root, anchor.id):
-                return root, consumers[0].id
-            continue
-        if op.family in ("pointwise", "generator"):
-            stack.extend(x.buffer for x in op.tensor_inputs)
-    return None
+        stack, seen = [b], set()
+        while stack:
+            c = stack.pop()
+            if c in seen or c not in g.ops or c in w.domain_of:
+                continue
+            seen.add(c)
+            op = g.ops[c]
+            if op.family != "pointwise":
+                continue
+            if ops.row(op.kind).transcendental:
+                w.materialize.add(b)
+                break
+            stack.extend(y.buffer for y in op.tensor_inputs)
 
 
 def _decide_inlining(w: _Work) -> None:
@@ -332,6 +311,13 @@ def _decide_inlining(w: _Work) -> None:
             continue
         w.cost[op.id] = _inline_cost(w, op)
         consumers = g.users.get(op.id, [])
+        if op.id in w.materialize:
+            for c, _ in consumers[:1]:
+                w.record("inline", op.id, c.id, "sibling-gemms", keep(
+                    "short-operand-source", f"not fused: {op.kind} would be recomputed by every warp of a GEMV's "
+                                            "short-operand load (a transcendental chain), so it is stored once, "
+                                            "by the loop of the GEMM it reads"))
+            continue
         if op.id in w.short_operand:
             w.inlined.add(op.id)
             w.record("inline", op.id, w.short_operand[op.id], "sibling-gemms", fuse(

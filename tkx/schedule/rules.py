@@ -162,6 +162,82 @@ def _multi_use(c: Candidate) -> Verdict | None:
                              f"and costs {c.cost} op(s) per element to recompute")
 
 
+def short_operand_of(op: Op) -> TensorSpec | None:
+    """The short operand of a skinny matrix product (``min(M, N) <= SKINNY_MAX``: the GEMV emitters), or None."""
+    if op.family != "matmul":
+        return None
+    a, b = (op.inputs[1], op.inputs[2]) if op.kind == "addmm" else (op.inputs[0], op.inputs[1])
+    if not (isinstance(a, TensorSpec) and isinstance(b, TensorSpec)):
+        return None
+    m, n = a.shape[-2], b.shape[-1]
+    if min(m, n) > SKINNY_MAX:
+        return None
+    return a if m <= n else b
+
+
+def _matmuls_behind(program_ops: dict[str, Op], bufs: list[str]) -> set[str]:
+    """The matrix products reached from ``bufs`` backwards through pointwise producers (each included)."""
+    out: set[str] = set()
+    stack, seen = list(bufs), set()
+    while stack:
+        b = stack.pop()
+        if b in seen or b not in program_ops:
+            continue
+        seen.add(b)
+        op = program_ops[b]
+        if op.family == "matmul":
+            out.add(b)
+        elif op.family in ("pointwise", "generator"):
+            stack.extend(x.buffer for x in op.tensor_inputs)
+    return out
+
+
+def _ancestors(program_ops: dict[str, Op], op_id: str) -> set[str]:
+    out: set[str] = set()
+    stack = [x.buffer for x in program_ops[op_id].tensor_inputs]
+    while stack:
+        b = stack.pop()
+        if b in out or b not in program_ops:
+            continue
+        out.add(b)
+        stack.extend(x.buffer for x in program_ops[b].tensor_inputs)
+    return out
+
+
+def sibling_gemm(program: Program, producer: Op, consumer: Op) -> tuple[str, str] | None:
+    """``(other GEMM, consumer GEMV)`` when epilogue candidate ``consumer`` of a GEMM (``producer`` is the
+    GEMM or the end of its epilogue) also reads another GEMM's result, through pointwise producers, that
+    neither depends on nor is depended on by the producer's GEMM, and ``consumer`` (not transcendental) is
+    read only as the short operand of a skinny GEMM: SwiGLU's ``silu(x @ Wg.T) * (x @ Wu.T)`` before the down
+    projection of a decode step. In the epilogue the GEMM would wait for its sibling (one stage each)."""
+    if consumer.kind in TRANSCENDENTAL:
+        return None
+    prog = {op.id: op for op in program.ops}
+    readers = [op for op in program.ops if any(x.buffer == consumer.id for x in op.tensor_inputs)]
+    if len(readers) != 1 or any(v.buffer == consumer.id for v in program.sinks()):
+        return None
+    short = short_operand_of(readers[0])
+    if short is None or short.buffer != consumer.id:
+        return None
+    mine = _matmuls_behind(prog, [producer.id])
+    others = _matmuls_behind(prog, [x.buffer for x in consumer.tensor_inputs if x.buffer != producer.id]) - mine
+    for other in sorted(others):
+        behind = _ancestors(prog, other)
+        if all(m not in behind and other not in _ancestors(prog, m) for m in mine):
+            return other, readers[0].id
+    return None
+
+
+def _sibling_gemms(c: Candidate) -> Verdict | None:
+    found = sibling_gemm(c.program, c.producer, c.consumer)
+    if found is None:
+        return None
+    other, gemv = found
+    return keep("sibling-gemms", f"not fused: {c.consumer.kind} also reads {other}, a GEMM independent of this "
+                                 f"one, which would wait for it here; {c.consumer.id} is computed in the "
+                                 f"short-operand load of the GEMV {gemv} instead, so both GEMMs share a stage")
+
+
 def _deep_inline(c: Candidate) -> Verdict | None:
     if c.cost > 24:
         return keep("too-deep", f"not fused: the inline expression would have {c.cost} ops")
@@ -176,6 +252,9 @@ BUILTIN_RULES: tuple[FusionRule, ...] = (
     FusionRule("multi-use", ("inline",), _multi_use, "recompute multi-use producers only when cheap"),
     FusionRule("expression-size", ("inline",), _deep_inline, "bound inline expression size"),
     FusionRule("row-fits", ("row",), _row_fits, "row-persistent fusion only when the row fits in registers"),
+    FusionRule("sibling-gemms", ("epilogue",), _sibling_gemms,
+               "an epilogue reading an independent GEMM moves into its consumer GEMV's short-operand load, so the "
+               "two GEMMs share a stage"),
 )
 
 _USER_RULES: dict[str, FusionRule] = {}
