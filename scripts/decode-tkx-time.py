@@ -41,8 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.plain_epilogues:
         tkx.fusion_rule("plain-epilogues", kinds=("epilogue",), replace=True)(
             lambda c: tkx.fuse("legal", "fused: every epilogue (decode-tkx-time --plain-epilogues)"))
-    results: dict = {"tkx": tkx.__file__, "plain_epilogues": a.plain_epilogues, "gpu": torch.cuda.get_device_name(DEV), "torch": torch.__version__,
-                     "runs": []}
+    results: dict = {"tkx": tkx.__file__, "plain_epilogues": a.plain_epilogues,
+                     "gpu": torch.cuda.get_device_name(DEV), "torch": torch.__version__, "runs": []}
     for qi, quant in enumerate(a.quants.split(",")):
         ex = D.get("decode" if quant == "bf16" else f"decode_{quant}")
         for sync in (a.syncs.split(",") if qi == 0 else ["barrier"]):

@@ -468,7 +468,8 @@ def _group_cost(group: Group, program_ops: dict[str, Op], threads: int) -> Cost:
         return Cost(c.items, c.flops, c.bytes + (store_bytes if p.strategy != "partial" or phase == "partial" else 0))
     if isinstance(p, PointwisePlan):
         if p.slice_write:  # stores only the written values
-            store_bytes = p.numel * (program_ops[group.anchor].out.nbytes // max(program_ops[group.anchor].out.numel, 1))
+            out = program_ops[group.anchor].out
+            store_bytes = p.numel * (out.nbytes // max(out.numel, 1))
         return pointwise_cost(p.numel, len(group.ops), len(group.reads), threads, store_bytes, p.per_thread or 1)
     numel = anchor.out.numel if anchor is not None else p.get("numel", 1)
     return pointwise_cost(numel, len(group.ops), len(group.reads), threads, store_bytes)
@@ -694,7 +695,8 @@ def schedule(program: Program, options: Any = None, *, rules: tuple[FusionRule, 
                 homes[v.buffer] = Home("input", upd.input_index)
                 why = (f"only the indexed slice is written: {values.numel} of the {scatter.out.numel} elements of "
                        f"{name}, in place")
-                per = pointwise_per_thread(values.numel, threads, options.max_blocks or SM_COUNT * options.blocks_per_sm)
+                grid = options.max_blocks or SM_COUNT * options.blocks_per_sm
+                per = pointwise_per_thread(values.numel, threads, grid)
                 groups[producer] = _replace_plan(own, PointwisePlan(values.numel, per_thread=per if per > 1 else None,
                                                                     slice_write=why))
                 w.decisions.append(FusionDecision(
