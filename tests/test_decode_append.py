@@ -262,3 +262,15 @@ def test_slice_write_and_coarse_items_on_the_gpu():
     assert runner.verify(make_inputs=lambda seed, device="cuda": (torch.randn(x.numel(), device=device),
                                                                   torch.randn(x.numel(), device=device)),
                          strict=True).passed
+
+
+def test_a_zero_d_position_as_an_index_says_to_keep_it_a_tensor():
+    def step(cache, k, pos):
+        cache[:, :, pos] = k  # torch turns a 0-d integer tensor index into a Python int (data-dependent)
+        return cache.sum()
+
+    with pytest.raises(tkx.UnsupportedError) as info:
+        _ = tkx.explore(step, (rnd(B, H, S, D), rnd(B, H, D), torch.tensor(5))).program
+    text = str(info.value)
+    assert info.value.kind == "data-dependent-control-flow" and "pos.view(1)" in text
+    assert "test_decode_append.py" in text and "cache[:, :, pos] = k" in text

@@ -220,6 +220,14 @@ def _tracing_error(e: BaseException, step_fn: Callable, example_inputs: Sequence
             source=src,
             hint="pass every tensor as an argument of the step (closed-over tensors would be "
                  "baked in as constants); Python floats are fine")
+    if "GuardOnDataDependent" in type(e).__name__ and "extract specialized integer" in str(e):
+        return UnsupportedError("data-dependent-control-flow",
+                                "a tensor's value is used as a Python integer (an index or a size): indexing "
+                                "with a 0-d integer tensor (x[:, pos] = v), .item() or int(t)",
+                                source=src,
+                                hint="keep an index a tensor with one element: x[:, pos.view(1)] = v.unsqueeze(1) "
+                                     "(or x.index_copy_(1, pos.view(1), v.unsqueeze(1))) writes only that slice; "
+                                     "sizes must be Python ints")
     if "data-dependent" in str(e).lower() or "GuardOnDataDependent" in type(e).__name__:
         return UnsupportedError("data-dependent-control-flow",
                                 f"tracing failed: {type(e).__name__}: {str(e).splitlines()[0]}",
