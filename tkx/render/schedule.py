@@ -55,10 +55,12 @@ def describe_params(s: Any, g: Any) -> tuple[str, str]:
         if "parts" in p:
             head += f" ({p['parts']} parts{'' if g.kind == 'reduction_partial' else ', final'})"
         return head, why
-    if g.kind == "attention":
+    if g.kind in ("attention", "attention_partial"):
         head = (f"fused {_kind_prefix(anchor)}[{p['batch']}×] {p['q_len']}×{p['head_dim']} over {p['kv_len']} keys"
                 f" · {p['impl']} tiles {p['tile_q']}×{p['tile_k']}" + (" · causal" if p["causal"] else "")
                 + (f" · {p['mask']} mask" if p["mask"] != "none" else ""))
+        if p["impl"] == "flash_decode":
+            head += " · phase 1 (KV tiles)" if g.kind == "attention_partial" else " · phase 2 (combine)"
         return head, why
     return f"pointwise over {_shape(anchor.out.shape)}", why
 

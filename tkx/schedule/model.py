@@ -29,7 +29,8 @@ from ..ir import OPS, Op, Program, TensorSpec
 from ..words import plural
 
 #: Group kinds.
-GROUP_KINDS = ("gemm", "gemm_partial", "reduction", "reduction_partial", "pointwise", "copy", "attention")
+GROUP_KINDS = ("gemm", "gemm_partial", "reduction", "reduction_partial", "pointwise", "copy", "attention",
+               "attention_partial")
 
 
 @dataclass(frozen=True)
