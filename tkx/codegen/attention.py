@@ -331,7 +331,7 @@ def _fetch(name: str, chunk: int, dim: int, live: str, row: str, ld: Loader, vec
                  f"for (int u = 0; u < {chunk}; ++u) {{",
                  f"    const int c = {row};",
                  f"    {name}[u] = make_uint4(0u, 0u, 0u, 0u);",
-                 f"    if ({live}) {{",
+                 f"    if (({live}) && seg * 8 < {dim}) {{",
                  f"        const unsigned short* src = {vec('b', 'c', 'seg * 8')};",
                  f"        if ({aligned}) {name}[u] = *reinterpret_cast<const uint4*>(src);  // 16-byte load",
                  "        else {  // a base that is not 16-byte aligned: the same bits, two bytes at a time",

@@ -23,7 +23,7 @@ from typing import Any
 
 from .. import ops as optable
 from ..arena import ArenaPlan
-from ..dtypes import FLOAT_DTYPES, INT_DTYPES
+from ..dtypes import DTYPE_BYTES, FLOAT_DTYPES, INT_DTYPES
 from ..errors import TkxError
 from ..ir import Op, TensorSpec, contiguous_strides
 from ..schedule.model import FusedSchedule, Group, Home
@@ -697,7 +697,8 @@ class _Emitter:
         else:
             final = epilogue
         if variant == "gemv_stream":
-            code = gemv_stream(prob, operand(a), operand(b), final, threads=self.threads, blocks=self.s.blocks)
+            code = gemv_stream(prob, operand(a), operand(b), final, threads=self.threads, blocks=self.s.blocks,
+                               **self.gemv_stream_loads(a, b, prob, pointer_to))
         else:
             code = emit_gemm(variant, prob, operand(a), operand(b), final, tile_m=params["tile_m"],
                              tile_n=params["tile_n"], tile_k=params["tile_k"], threads=self.threads,
@@ -709,6 +710,41 @@ class _Emitter:
         self.plan.tensor_cores |= code.tensor_cores
         self.plan.notes[g.id] = {"variant": code.variant, **code.params}
         return code.code, code.work_items, code.shared_bytes
+
+    def gemv_stream_loads(self, a: TensorSpec, b: TensorSpec, prob: GemmProblem, pointer_to: Any) -> dict:
+        """The streaming GEMV's long-operand loads (:mod:`tkx.codegen.gemv`): a pointer for 16-byte loads of a
+        stored bf16 weight, or the raw rows an inlined (dequantising) chain reads, to prefetch."""
+        from .gemv import Prefetch
+        from .leaves import column_spans
+
+        small_m = prob.m <= prob.n
+        view = b if small_m else a
+        fast = 0 if small_m else 1  # the long operand is contiguous along K
+        at = pointer_to(view, fast) if view.dtype == "bfloat16" else None
+        if at is not None:
+            ptr, _ = self.pointer(view.buffer)
+
+            def ptr_long(bat: str, k: str, l: str) -> str:
+                return f"reinterpret_cast<const unsigned short*>({at(bat, k, l) if small_m else at(bat, l, k)})"
+            out = {"ptr_long": ptr_long, "aligned": f"((((unsigned long long){ptr}) & 15ULL) == 0)"}
+            short = a if small_m else b
+            at_s = pointer_to(short, 1 - fast) if short.dtype == "bfloat16" else None
+            if at_s is not None:
+                sptr, _ = self.pointer(short.buffer)
+
+                def ptr_short(bat: str, k: str, s_: str) -> str:
+                    return f"reinterpret_cast<const unsigned short*>({at_s(bat, s_, k) if small_m else at_s(bat, k, s_)})"
+                out.update(ptr_short=ptr_short, aligned_short=f"((((unsigned long long){sptr}) & 15ULL) == 0)")
+            return out
+        if prob.batch != 1:
+            return {}
+        spans = column_spans(view, self.ops, set(self.s.inlined), 0 if small_m else 1)
+        fetch = []
+        for sp in spans:
+            ptr, dtype = self.pointer(sp.buffer)
+            size = DTYPE_BYTES[dtype]
+            fetch.append(Prefetch(ptr, sp.row_stride * size, sp.start * size, sp.span * size))
+        return {"prefetch": tuple(fetch)}
 
     def reduction_code(self, g: Group) -> tuple[str, int, int]:
         op = self.ops[g.anchor]
