@@ -185,7 +185,7 @@ def test_streaming_gemv_is_chosen_for_decode_sized_weights_and_compiles(quant):
     """A weight of decode size (long side >= 256) gets the streaming GEMV (tkx/codegen/gemv.py): columns
     split over the grid in one wave, K unrolled; its kernel compiles without spills, and the interpreters
     give AMK's column-tiled result."""
-    n, k, group = 512, 256, 128
+    n, k, group = 512, 512, 128
     w = rnd(n, k, scale=0.1)
     x = rnd(4, k, dtype=BF16)
     if quant == "bf16":
@@ -204,9 +204,56 @@ def test_streaming_gemv_is_chosen_for_decode_sized_weights_and_compiles(quant):
     from tkx.codegen.gemv import columns_per_warp
     assert columns_per_warp(512, 1, 8, 132) == 1 and columns_per_warp(4096, 1, 8, 132) == 4
     assert columns_per_warp(10**6, 1, 8, 132) == 8
+    note = exp.cuda.notes[grp.id]
+    # bf16 weights: 16-byte loads; int4: the chain's loads, with its raw rows (nibbles and scales) prefetched
+    assert note["vector_loads"] is (quant == "bf16") and note["prefetched"] == (2 if quant == "int4" else 0), note
+    # 512 columns over 132 SMs (the attention projections' shape): 4 columns per item, K in 2 slices -> 128 items
+    assert (note["per_item"], note["k_slices"]) == (4, 2) and exp.cuda.launch.config.blocks >= 128
     if nvrtc_available():
         assert "streaming GEMV" in exp.cuda.text
         assert exp.cuda.check("sm_90a").spill_bytes == 0
+
+
+def test_streaming_gemv_split_over_columns_and_k_fills_the_sms():
+    """stream_split: the decode GEMVs' (columns per warp, K slices) make about one wave of 132 SMs: q/k/v/o
+    (512 columns, K 512 in 2 vector steps) 4 columns per item over 2 K slices = 128 items; gate/up (1536
+    columns) 12 per item = 128 items; down (K 1536) 2 slices; the head (4096 columns) 32 per item."""
+    from tkx.codegen.gemv import stream_split
+
+    def items(n, steps):
+        cpw, ks = stream_split(n, 1, steps, 8, 132)
+        return cpw, ks, -(-n // (8 // ks * cpw))
+    assert items(512, 2) == (1, 2, 128)
+    assert items(1536, 2) == (3, 2, 128)
+    assert items(512, 6)[1:] == (2, 128)
+    assert items(4096, 2)[2] == 128
+    assert stream_split(512, 1, 1, 8, 132)[1] == 1  # one K step cannot be split
+    for n, steps in ((512, 2), (1536, 2), (512, 48), (4096, 16), (100, 3)):
+        cpw, ks = stream_split(n, 1, steps, 8, 132)
+        assert 1 <= cpw <= 8 and 8 % ks == 0 and ks <= steps
+
+
+@pytest.mark.parametrize("quant", ["int8", "int4"])
+def test_dequantising_chain_reads_one_raw_row_per_output_column(quant):
+    """tkx.codegen.leaves.column_spans follows the GEMV operand's inlined dequant chain with index maps:
+    output column ``l`` (weight row ``l``) reads bytes ``[l * K / d, (l + 1) * K / d)`` of the int8 (``d`` = 1)
+    or packed int4 (``d`` = 2) buffer and scales ``[l * K / G, (l + 1) * K / G)``: what the streaming GEMV
+    prefetches."""
+    from tkx.codegen.leaves import column_spans
+
+    n, k, group = 64, 256, 64
+    qw, sc = (D.quantize_int8 if quant == "int8" else D.quantize_int4)(rnd(n, k), group)
+    exp = tkx.explore(lambda x, qw, s: F.linear(x, D.dequantize(qw, s, quant, group)), [rnd(2, k, dtype=BF16), qw, sc])
+    sched = exp.schedule
+    (grp,) = [grp for grp in sched.groups.values() if grp.kind == "gemm"]
+    mm = sched.program.op(grp.anchor)
+    ops = {op.id: op for op in sched.program.ops}
+    spans = column_spans(mm.inputs[1], ops, set(sched.inlined), 0)
+    names = {i.value.buffer: i.name for i in sched.program.inputs}
+    got = {names[sp.buffer]: (sp.row_stride, sp.start, sp.span) for sp in spans}
+    d = 1 if quant == "int8" else 2
+    assert got == {"qw": (k // d, 0, k // d), "s": (k // group, 0, k // group)}, got
+    assert column_spans(mm.inputs[0], ops, set(sched.inlined), 1) == []  # a stored input: nothing to follow
 
 
 @pytest.mark.parametrize("quant", ["int8", "int4"])
@@ -575,3 +622,50 @@ def test_decode_kernel_gives_eagers_20_tokens_on_the_gpu(name):
     print(name, cmp)
     assert cmp.ok, str(cmp)
     assert len(cmp.differences) <= 2, str(cmp)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_flash_decoding_kernel_on_the_gpu():
+    """The flash-decoding groups as the compiled kernel runs them (16-byte cache loads, masked keys skipped,
+    the combine): the decode shape (4 x 8 heads over 1024 positions of 64) at positions 0 (one key), 5,
+    255 (the first tile), 700 and 1023 (every tile), against float32 attention over the first pos + 1 keys."""
+    b, h, s, d = 4, 8, 1024, 64
+    q, k, v = (rnd(b, h, d, dtype=BF16).cuda(), rnd(b, h, s, d, dtype=BF16).cuda(),
+               rnd(b, h, s, d, dtype=BF16).cuda())
+
+    def step(q, k, v, pos):
+        scores = (q.unsqueeze(2) @ k.transpose(-2, -1)).float() / math.sqrt(d)
+        scores = torch.where(torch.arange(s, device=pos.device) <= pos, scores, float("-inf"))
+        return (scores.softmax(-1).to(BF16) @ v).squeeze(2)
+
+    runner = tkx.runtime.build(step, (q, k, v, torch.tensor(0, device="cuda")))
+    kinds = sorted(grp.kind for grp in runner.schedule.groups.values() if grp.kind.startswith("attention"))
+    assert kinds == ["attention", "attention_partial"], kinds
+    for pos in (0, 5, 255, 700, 1023):
+        got = runner(q, k, v, torch.tensor(pos, device="cuda"))
+        close(got.cpu(), amk_attention(q.cpu(), k.cpu(), v.cpu(), pos + 1).to(BF16), f"flash-decoding pos {pos}",
+              rel=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("quant,n,k", [("bf16", 1536, 512), ("bf16", 512, 200), ("bf16", 300, 100),
+                                       ("int8", 512, 1536), ("int4", 4096, 512), ("int4", 512, 512)])
+def test_streaming_gemv_kernels_on_the_gpu(quant, n, k):
+    """The streaming GEMV as compiled: 16-byte loads (bf16; K = 200 ends inside a 256-element step, K = 100
+    is not a multiple of 8 and takes the element loads), the int8 / int4 dequantising chains with their rows
+    prefetched, K split over warps; against AMK's fp32-accumulated column-tiled reference."""
+    group = 128 if k % 128 == 0 else k
+    w, x = rnd(n, k, scale=1 / math.sqrt(k)), rnd(4, k, dtype=BF16)
+    if quant == "bf16":
+        wb = w.to(BF16)
+        runner = tkx.runtime.build(lambda x, w: F.linear(x, w), (x.cuda(), wb.cuda()))
+        got, want = runner(x.cuda(), wb.cuda()), amk_linear(x, wb, n_tile=64)
+    else:
+        qw, sc = (D.quantize_int8 if quant == "int8" else D.quantize_int4)(w, group)
+        runner = tkx.runtime.build(lambda x, qw, s: F.linear(x, D.dequantize(qw, s, quant, group)),
+                                   (x.cuda(), qw.cuda(), sc.cuda()))
+        got = runner(x.cuda(), qw.cuda(), sc.cuda())
+        want = (f32(x) @ amk_dequant(qw, sc, quant, group, k).t()).to(BF16)
+    close(got.cpu(), want, f"GEMV {quant} {n}x{k}")
