@@ -394,7 +394,7 @@ def test_flash_decoding_is_one_partial_group_over_kv_tiles_and_a_combine(pos):
     assert (tile, tiles) == (16, 4) and part.work_items == 16
     assert exp.schedule.stage_of(comb.id) == exp.schedule.stage_of(part.id) + 1
     (why,) = [d for d in exp.schedule.decisions if d.kind == "attention"]
-    assert why.fused and "flash-decoding" in why.reason and "4 KV tiles of 16" in why.reason, why.sentence
+    assert why.fused and "flash-decoding" in why.sentence and "4 KV tiles of 16" in why.reason, why.sentence
     # the partials in the scratch, against AMK's per-tile reference over the masked scores
     m = _phases_by_hand(exp, [q, k, v, p])
     got = m.arena_view(plan["partials"], "float32", 4 * tiles * (16 + 2))

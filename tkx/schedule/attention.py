@@ -75,7 +75,7 @@ def prepare(program: Program, options: Any, blocks: int
         elif want is True:
             code, reason, take = "forced", f"fused: fuse_attention=True ({numbers})", True
         elif fused <= unfused and plan is not None and plan.impl == "flash_decode":
-            code, reason, take = "cheaper", f"fused: flash-decoding (KV tiles, then a combine) is cheaper ({numbers})", True
+            code, reason, take = "cheaper", f"fused: cheaper than its math ({numbers})", True
         elif fused <= unfused:
             code, reason, take = "cheaper", f"fused: one FlashAttention group is cheaper ({numbers})", True
         else:
