@@ -297,6 +297,9 @@ VecPointer = Callable[[str, str, str], str] | None
 VEC = 8
 #: Key rows of one thread whose loads are issued together (in flight) before their arithmetic.
 DECODE_IN_FLIGHT = 8
+#: Load K and V together (one round trip) when one pass of ``DECODE_IN_FLIGHT`` rows per lane covers the
+#: KV tile with 16-byte loads; ``False``: K rows first (masked keys not read), V rows after the softmax.
+DECODE_ONE_TRIP = True
 
 
 @dataclass(frozen=True)
@@ -380,9 +383,11 @@ def decode_partial(plan: AttentionPlan, *, threads: int, ld_q: Loader, ld_k: Loa
     :func:`tkx.target.decode_partials_layout`).
 
     Each key row is read by ``lanes`` lanes, one 8-element segment each (one 16-byte load when
-    ``vec_*`` gives a pointer and ``aligned_*`` holds at run time), ``chunk`` rows per lane in flight;
-    a key that no query row keeps (masked, outside the cache) is not read at all; a value row whose
-    probability is 0 for every row is not read either. Scores go to shared memory, one warp per query
+    ``vec_*`` gives a pointer and ``aligned_*`` holds at run time), ``chunk`` rows per lane in flight.
+    When one pass covers the tile with 16-byte loads (the decode configuration: 256 keys, 8 rows per lane),
+    K and V are loaded together in one round trip and the mask applies to the scores (an H200 run showed
+    the kernel latency-bound: skipping masked rows saved no time); otherwise a key that no query row keeps
+    is not read, nor a value row whose probability is 0 for every row. Scores go to shared memory, one warp per query
     row takes the tile's maximum ``m`` and ``l = sum exp(s - m)``, and ``acc = sum_j p_j v_j`` is
     reduced over the lanes of a segment (shuffles) and then over the warps in a fixed order.
     """
@@ -393,10 +398,18 @@ def decode_partial(plan: AttentionPlan, *, threads: int, ld_q: Loader, ld_k: Loa
     scale = literal(plan_scale(plan))
     row = f"k0 + j0 + (it + u) * {lay.rows_per_pass}"
     inside = f"(it + u) < {lay.passes} && j0 + (it + u) * {lay.rows_per_pass} < {bk}"
-    any_keep = " || ".join(f"({_keep(plan, ld_mask, str(r), 'c')})" for r in range(lq))
-    k_lines, k_elem = _fetch("kraw", lay.chunk, e, f"{inside} && ({any_keep})", row, ld_k, vec_k, aligned_k)
-    any_p = " || ".join(f"sS[{r * bk} + j0 + (it + u) * {lay.rows_per_pass}] != 0.0f" for r in range(lq))
-    v_lines, v_elem = _fetch("vraw", lay.chunk, ev, f"{inside} && ({any_p})", row, ld_v, vec_v, aligned_v)
+    # one pass (every row of a lane in flight at once) with 16-byte loads: K and V are loaded together, in one
+    # round trip, and the mask applies to the scores; otherwise K rows no query keeps and V rows of
+    # probability 0 are not read (each chunk of rows waits for the mask, then for the softmax)
+    single = DECODE_ONE_TRIP and lay.passes <= lay.chunk and vec_k is not None and vec_v is not None
+    if single:
+        k_live = v_live = f"{inside} && c < {plan.kv_len}"
+    else:
+        k_live = f"{inside} && (" + " || ".join(f"({_keep(plan, ld_mask, str(r), 'c')})" for r in range(lq)) + ")"
+        v_live = f"{inside} && (" + " || ".join(f"sS[{r * bk} + j0 + (it + u) * {lay.rows_per_pass}] != 0.0f"
+                                                for r in range(lq)) + ")"
+    k_lines, k_elem = _fetch("kraw", lay.chunk, e, k_live, row, ld_k, vec_k, aligned_k)
+    v_lines, v_elem = _fetch("vraw", lay.chunk, ev, v_live, row, ld_v, vec_v, aligned_v)
     shuffle_seg = [f"for (int o = {lay.lanes // 2}; o > 0; o >>= 1) d[r] += __shfl_xor_sync(0xffffffffu, d[r], o);"] \
         if lay.lanes > 1 else []
     score = [f"float s = ({_keep(plan, ld_mask, 'r', 'c')}) ? d[r] * {scale} : -TKX_INF;"]
@@ -420,10 +433,12 @@ def decode_partial(plan: AttentionPlan, *, threads: int, ld_q: Loader, ld_k: Loa
         f"    for (int x = 0; x < {VEC}; ++x) {{ const int c = seg * 8 + x; "
         f"qv[r][x] = c < {e} ? {ld_q('b', 'r', 'c')} : 0.0f; }}",
         "}",
-        f"// scores: {lay.lanes} lanes per key row, {lay.rows_per_pass} rows per pass, {lay.chunk} rows per lane in flight",
-        f"for (int it = 0; it < {lay.passes}; it += {lay.chunk}) {{",
-        indent(block(
-            *k_lines,
+        f"// scores: {lay.lanes} lanes per key row, {lay.rows_per_pass} rows per pass, {lay.chunk} rows per lane in flight"
+        + (" (K and V together)" if single else ""),
+        *(["const int it = 0;  // one pass: every row of this lane", *k_lines, *v_lines] if single else
+          [f"for (int it = 0; it < {lay.passes}; it += {lay.chunk}) {{"]),
+        (lambda inner: inner if single else indent(inner))(block(
+            *([] if single else k_lines),
             "#pragma unroll",
             f"for (int u = 0; u < {lay.chunk}; ++u) {{",
             indent(block(
@@ -445,7 +460,7 @@ def decode_partial(plan: AttentionPlan, *, threads: int, ld_q: Loader, ld_k: Loa
                 "    }",
                 "}")),
             "}")),
-        "}",
+        *([] if single else ["}"]),
         "__syncthreads();",
         f"for (int r = warp; r < {lq}; r += {warps}) {{  // the tile's maximum and sum, one warp per query row",
         indent(block(
@@ -467,9 +482,9 @@ def decode_partial(plan: AttentionPlan, *, threads: int, ld_q: Loader, ld_k: Loa
         "    #pragma unroll",
         f"    for (int x = 0; x < {VEC}; ++x) acc[r][x] = 0.0f;",
         "}",
-        f"for (int it = 0; it < {lay.passes}; it += {lay.chunk}) {{  // acc += p v",
-        indent(block(
-            *v_lines,
+        *([] if single else [f"for (int it = 0; it < {lay.passes}; it += {lay.chunk}) {{  // acc += p v"]),
+        (lambda inner: inner if single else indent(inner))(block(
+            *([] if single else v_lines),
             "#pragma unroll",
             f"for (int u = 0; u < {lay.chunk}; ++u) {{",
             indent(block(
@@ -484,7 +499,7 @@ def decode_partial(plan: AttentionPlan, *, threads: int, ld_q: Loader, ld_k: Loa
                 "    }",
                 "}")),
             "}")),
-        "}",
+        *([] if single else ["}"]),
         "#pragma unroll",
         f"for (int r = 0; r < {lq}; ++r) {{  // over the key rows of the warp (lanes with the same segment)",
         "    #pragma unroll",
