@@ -974,7 +974,8 @@ class AttentionEmitter:
         dims = plan.head_dim + plan.value_dim
         if plan.impl == "flash_decode":
             _, _, floats = decode_partials_layout(b, plan.k_tiles, lq, plan.value_dim)
-            part = Cost(b * plan.k_tiles, 2 * b * lq * lk * dims, 4 * (b * lk * dims + b * lq * plan.head_dim) + 4 * floats)
+            part = Cost(b * plan.k_tiles, 2 * b * lq * lk * dims,
+                        4 * (b * lk * dims + b * lq * plan.head_dim) + 4 * floats)
             comb = Cost(_ceil(b * lq, 8), 4 * floats, 4 * floats + 4 * b * lq * (plan.value_dim + 1))
             if phase == "partial":
                 return part

@@ -416,8 +416,8 @@ def decode_partial(plan: AttentionPlan, *, threads: int, ld_q: Loader, ld_k: Loa
     if plan.mask == "additive":
         assert ld_mask is not None
         score.append(f"if (s != -TKX_INF) s += {ld_mask('b', 'r', 'c')};")
-    acc_lanes = [f"for (int o = {lay.lanes}; o < 32; o <<= 1) acc[r][x] += __shfl_xor_sync(0xffffffffu, acc[r][x], o);"] \
-        if lay.lanes < 32 else []
+    acc_lanes = [f"for (int o = {lay.lanes}; o < 32; o <<= 1) "
+                 "acc[r][x] += __shfl_xor_sync(0xffffffffu, acc[r][x], o);"] if lay.lanes < 32 else []
     body = block(
         "float* sS = reinterpret_cast<float*>(tkx_smem);  // the tile's scores, then probabilities",
         f"float* sAcc = sS + {lq * bk};  // each warp's sum of p v per query row",
@@ -433,7 +433,8 @@ def decode_partial(plan: AttentionPlan, *, threads: int, ld_q: Loader, ld_k: Loa
         f"    for (int x = 0; x < {VEC}; ++x) {{ const int c = seg * 8 + x; "
         f"qv[r][x] = c < {e} ? {ld_q('b', 'r', 'c')} : 0.0f; }}",
         "}",
-        f"// scores: {lay.lanes} lanes per key row, {lay.rows_per_pass} rows per pass, {lay.chunk} rows per lane in flight"
+        f"// scores: {lay.lanes} lanes per key row, {lay.rows_per_pass} rows per pass, "
+        f"{lay.chunk} rows per lane in flight"
         + (" (K and V together)" if single else ""),
         *(["const int it = 0;  // one pass: every row of this lane", *k_lines, *v_lines] if single else
           [f"for (int it = 0; it < {lay.passes}; it += {lay.chunk}) {{"]),
@@ -505,7 +506,7 @@ def decode_partial(plan: AttentionPlan, *, threads: int, ld_q: Loader, ld_k: Loa
         "    #pragma unroll",
         f"    for (int x = 0; x < {VEC}; ++x) {{",
         *(indent(x, 2) for x in acc_lanes),
-        f"        const int c = seg * 8 + x;",
+        "        const int c = seg * 8 + x;",
         f"        if (lane < {lay.lanes} && c < {ev}) sAcc[(warp * {lq} + r) * {ev} + c] = acc[r][x];",
         "    }",
         "}",
@@ -543,7 +544,8 @@ def decode_combine(plan: AttentionPlan, *, threads: int, partials: str, out: str
         indent(block(
             f"const int b = row / {lq}, r = row % {lq};",
             "float mx = -TKX_INF;",
-            f"for (int p = lane; p < {kt}; p += 32) mx = fmaxf(mx, {partials}[{m_off}LL + ((long long)b * {kt} + p) * {lq} + r]);",
+            f"for (int p = lane; p < {kt}; p += 32) "
+            f"mx = fmaxf(mx, {partials}[{m_off}LL + ((long long)b * {kt} + p) * {lq} + r]);",
             "mx = tkx_warp_max(mx);",
             "float den = 0.0f;",
             f"for (int p = lane; p < {kt}; p += 32) {{ {weight} "

@@ -66,6 +66,12 @@ def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _pack8(src: str) -> str:
+    """C expression: the 8 two-byte elements at ``src`` (any alignment) as one ``uint4``, the same bits."""
+    words = ", ".join(f"{src}[{2 * i}] | ((unsigned int){src}[{2 * i + 1}] << 16)" for i in range(4))
+    return f"make_uint4({words})"
+
+
 def columns_per_warp(long_n: int, batch: int, warps: int, blocks: int) -> int:
     """Columns per warp so that ``batch x long_n`` columns fit in one wave of ``blocks`` blocks of ``warps``
     warps (at least 1, at most :data:`MAX_CPW`)."""
@@ -104,7 +110,8 @@ def gemv_stream(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue
     2-byte element ``(batch, k, l)`` for 16-byte loads (used when K is a multiple of 8; ``aligned`` is the
     run-time C test that the buffer's base is 16-byte aligned, else the same bits are read two bytes at a
     time); ``ptr_short`` / ``aligned_short``: the same for the short operand's element ``(batch, k, s)`` (its
-    8 K elements per step in one load on the vector path); ``prefetch``: raw buffers of the element-load path to prefetch per column. Raises
+    8 K elements per step in one load on the vector path); ``prefetch``: raw buffers of the element-load path to
+    prefetch per column. Raises
     :class:`ValueError` if neither side is skinny (``min(M, N) > SKINNY_MAX``), if the long operand is not
     contiguous along K, or if ``threads`` is not a multiple of 32.
     """
@@ -158,8 +165,7 @@ def gemv_stream(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue
                 f"    if (l < {long_n}) {{",
                 f"        const unsigned short* src = {ptr_long('bat', 'k0', 'l')};",
                 f"        if ({aligned}) raw[c] = *reinterpret_cast<const uint4*>(src);",
-                "        else raw[c] = make_uint4(src[0] | ((unsigned int)src[1] << 16), src[2] | ((unsigned int)src[3] << 16), "
-                "src[4] | ((unsigned int)src[5] << 16), src[6] | ((unsigned int)src[7] << 16));",
+                f"        else raw[c] = {_pack8('src')};",
                 "    }",
                 "}",
                 "#pragma unroll",
@@ -169,9 +175,9 @@ def gemv_stream(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue
                     *(["uint4 av = make_uint4(0u, 0u, 0u, 0u);",
                        f"const unsigned short* asrc = {ptr_short('bat', 'k0', 's')};",
                        f"if ({aligned_short}) av = *reinterpret_cast<const uint4*>(asrc);",
-                       "else av = make_uint4(asrc[0] | ((unsigned int)asrc[1] << 16), asrc[2] | ((unsigned int)asrc[3] << 16), "
-                       "asrc[4] | ((unsigned int)asrc[5] << 16), asrc[6] | ((unsigned int)asrc[7] << 16));",
-                       *(f"a[{2 * i}] = __uint_as_float(av.{w} << 16); a[{2 * i + 1}] = __uint_as_float(av.{w} & 0xffff0000u);"
+                       f"else av = {_pack8('asrc')};",
+                       *(f"a[{2 * i}] = __uint_as_float(av.{w} << 16); "
+                         f"a[{2 * i + 1}] = __uint_as_float(av.{w} & 0xffff0000u);"
                          for i, w in enumerate("xyzw"))] if ptr_short is not None else
                       ["#pragma unroll", f"for (int t = 0; t < 8; ++t) a[t] = {short_of('(k0 + t)')};"]),
                     "#pragma unroll",
@@ -204,15 +210,15 @@ def gemv_stream(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue
     fetch = []
     if prefetch and not vec:
         fetch = ["#pragma unroll",
-                 f"for (int c = 0; c < {cpw}; ++c) {{  // the raw bytes of this slice of the columns' rows, in flight at once",
+                 f"for (int c = 0; c < {cpw}; ++c) {{  // the raw bytes of this K slice of the columns' rows, at once",
                  "    const int l = l0 + c;",
                  f"    if (l < {long_n}) {{"]
         for pf in prefetch:  # the slice's bytes [lo, lo + n): a line each lane, the last byte at most
             n = _ceil(pf.span, ksplit)
             lo = f"({pf.row_stride}LL * l + {pf.start} + {k_lo} * {pf.span}LL / K)"
             fetch += [f"        for (int x = lane; x <= {(n - 1) // LINE + 1}; x += 32) "
-                      f'asm volatile("prefetch.global.L1 [%0];" :: "l"(reinterpret_cast<const unsigned char*>({pf.pointer}) '
-                      f"+ {lo} + min(x * {LINE}, {n - 1})));"]
+                      'asm volatile("prefetch.global.L1 [%0];" :: '
+                      f'"l"(reinterpret_cast<const unsigned char*>({pf.pointer}) + {lo} + min(x * {LINE}, {n - 1})));']
         fetch += ["    }", "}"]
     out = block(f"const int l = l0 + c, row = {row}, col = {col};", "const float acc = sum[c][s];",
                 epilogue("bat", "row", "col", "acc"))
@@ -271,7 +277,8 @@ def gemv_stream(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue
             "        #pragma unroll",
             f"        for (int s = 0; s < {s_count}; ++s) {{",
             "            float v = 0.0f;",
-            f"            for (int j = 0; j < {ksplit}; ++j) v += red[j * {slots} + (group * {cpw} + c) * {s_count} + s];",
+            f"            for (int j = 0; j < {ksplit}; ++j) "
+            f"v += red[j * {slots} + (group * {cpw} + c) * {s_count} + s];",
             "            sum[c][s] = v;",
             "        }",
             "    }",

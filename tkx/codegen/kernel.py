@@ -724,16 +724,17 @@ class _Emitter:
         if at is not None:
             ptr, _ = self.pointer(view.buffer)
 
-            def ptr_long(bat: str, k: str, l: str) -> str:
-                return f"reinterpret_cast<const unsigned short*>({at(bat, k, l) if small_m else at(bat, l, k)})"
+            def ptr_long(bat: str, k: str, col: str) -> str:
+                return f"reinterpret_cast<const unsigned short*>({at(bat, k, col) if small_m else at(bat, col, k)})"
             out = {"ptr_long": ptr_long, "aligned": f"((((unsigned long long){ptr}) & 15ULL) == 0)"}
             short = a if small_m else b
             at_s = pointer_to(short, 1 - fast) if short.dtype == "bfloat16" else None
             if at_s is not None:
                 sptr, _ = self.pointer(short.buffer)
 
-                def ptr_short(bat: str, k: str, s_: str) -> str:
-                    return f"reinterpret_cast<const unsigned short*>({at_s(bat, s_, k) if small_m else at_s(bat, k, s_)})"
+                def ptr_short(bat: str, k: str, row: str) -> str:
+                    elem = at_s(bat, row, k) if small_m else at_s(bat, k, row)
+                    return f"reinterpret_cast<const unsigned short*>({elem})"
                 out.update(ptr_short=ptr_short, aligned_short=f"((((unsigned long long){sptr}) & 15ULL) == 0)")
             return out
         if prob.batch != 1:
