@@ -276,7 +276,7 @@ def schedule_graph(s: Any, *, collapse: str = "auto", expand: Sequence[Any] = ()
                 c.node(n, label, style=style, fillcolor=fill, penwidth=pen,
                        color=REGION_COLORS.get(_region(program, o), "#57606a"))
                 nodes[o] = n
-            if g.kind == "reduction_partial":
+            if g.kind in ("reduction_partial", "attention_partial"):
                 for b in g.stores:
                     if b not in ops:
                         n = _node_id(gid, b)
