@@ -111,7 +111,11 @@ def timed(make, ex: D.DecodeExample, graphed: bool | str) -> float:
     return sorted(samples)[len(samples) // 2]
 
 
-def run(quants: list[str], config: str, syncs: dict[str, list[str]], tokens: int, out: Path) -> dict:
+BASELINES = ("eager", "eager+cudagraph", "torch.compile", "torch.compile max-autotune")
+
+
+def run(quants: list[str], config: str, syncs: dict[str, list[str]], tokens: int, out: Path,
+        wanted_baselines: tuple[str, ...] = BASELINES) -> dict:
     results: dict = {"gpu": torch.cuda.get_device_name(DEV), "torch": torch.__version__, "config": config,
                      "tokens_verified": tokens, "peak_bytes_per_s": GPU.peak_bytes_per_s, "variants": {}}
     for quant in quants:
@@ -144,6 +148,8 @@ def run(quants: list[str], config: str, syncs: dict[str, list[str]], tokens: int
                      ("torch.compile", lambda ex=ex: compiled(ex, None), True),
                      ("torch.compile max-autotune", lambda ex=ex: compiled(ex, "max-autotune-no-cudagraphs"), True)]
         for name, make, graphed in baselines:
+            if name not in wanted_baselines:
+                continue
             try:
                 times[name] = timed(make, ex, graphed)
             except Exception as exc:
@@ -190,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sync-quants", default="bf16",
                     help="formats timed with every --syncs value (the others with the first one only)")
     ap.add_argument("--tokens", type=int, default=20)
+    ap.add_argument("--baselines", default=",".join(BASELINES), help="baselines to time (comma list)")
     ap.add_argument("--timeline", action="store_true", help="also record one bf16 step's task timeline (counters)")
     ap.add_argument("--prepare", metavar="QUANT", help="only compile QUANT's kernels and torch.compile caches")
     ap.add_argument("--what", default="all", choices=("all", "tkx", "torch"), help="what --prepare compiles")
@@ -201,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     every = a.sync_quants.split(",")
     results = run(a.quants.split(","), a.config, {q: syncs if q in every else syncs[:1] for q in a.quants.split(",")},
-                  a.tokens, a.out)
+                  a.tokens, a.out, tuple(a.baselines.split(",")))
     if a.timeline:
         try:
             save_timeline(example("bf16", a.config), a.out)

@@ -858,10 +858,16 @@ class AttentionProblem:
 
 @dataclass(frozen=True, eq=False)
 class AttentionPlan(Plan):
-    """How a fused attention group runs: ``impl`` (``"flash_fwd"`` or ``"flash_bwd"``), ``why``,
-    query tile ``tile_q`` and key tile ``tile_k`` rows per work item, the problem's sizes, and the
+    """How a fused attention group runs: ``impl`` (``"flash_fwd"``, ``"flash_bwd"`` or ``"flash_decode"``),
+    ``why``, query tile ``tile_q`` and key tile ``tile_k`` rows per work item, the problem's sizes, and the
     softmax ``scale``, and the estimated µs of the fused group and of the unfused math
-    (``fused_us``, ``unfused_us``)."""
+    (``fused_us``, ``unfused_us``).
+
+    ``flash_decode`` (flash-decoding, a few query rows over a long KV cache): ``tile_q = q_len`` and the
+    keys are split into ``k_tiles`` KV tiles of ``tile_k``; phase 1 (an ``attention_partial`` group) writes
+    per (batch, KV tile) the un-normalised partials into the float32 scratch ``partials``
+    (:func:`decode_partials_layout`), phase 2 (the ``attention`` group, the next stage) combines them
+    with the online-softmax weights ``exp(m_p - max_p m_p)``. ``split_why`` says why this split."""
 
     impl: str
     why: str
@@ -877,6 +883,8 @@ class AttentionPlan(Plan):
     scale: float = 1.0
     fused_us: float = 0.0
     unfused_us: float = 0.0
+    partials: str | None = None
+    split_why: str | None = None
 
     @property
     def q_tiles(self) -> int:
@@ -889,6 +897,57 @@ class AttentionPlan(Plan):
 
 #: The largest head (and value) dimension the fused emitter keeps in shared memory.
 ATTENTION_MAX_HEAD_DIM = 128
+#: Flash-decoding (``flash_decode``) is planned for at most this many query rows per (batch, head) ...
+DECODE_MAX_Q = 4
+#: ... and at least this many keys (fewer fit one key tile of the forward emitter).
+DECODE_MIN_KV = 32
+#: KV tiles of flash-decoding are multiples of this many keys.
+DECODE_TILE_STEP = 16
+#: A work item's fixed cost in key-rows (staging q, three block barriers, the partials' stores) when
+#: :func:`decode_split` compares splits.
+DECODE_ITEM_KEYS = 32
+
+
+def decode_partials_layout(batch: int, k_tiles: int, q_len: int, value_dim: int) -> tuple[int, int, int]:
+    """Float offsets of flash-decoding's scratch ``[acc | m | l]``: ``acc [batch, k_tiles, q_len, value_dim]``
+    (``sum_j exp(s_j - m) v_j`` over the tile's keys), ``m [batch, k_tiles, q_len]`` (the tile's score
+    maximum, ``-inf`` when every key of the tile is masked), ``l [batch, k_tiles, q_len]`` (``sum_j
+    exp(s_j - m)``). Returns ``(m offset, l offset, total floats)``."""
+    acc = batch * k_tiles * q_len * value_dim
+    rows = batch * k_tiles * q_len
+    return acc, acc + rows, acc + 2 * rows
+
+
+def decode_split(batch: int, kv_len: int, blocks: int) -> tuple[int, str]:
+    """(KV tile size, why) of flash-decoding ``batch`` (batch x heads) query groups over ``kv_len`` keys on
+    ``blocks`` blocks: the tile (a multiple of :data:`DECODE_TILE_STEP`) whose work items
+    ``batch x ceil(kv_len / tile)`` cost the fewest waves x (tile + :data:`DECODE_ITEM_KEYS`) key-rows;
+    ties go to the larger tile (fewer partials to combine)."""
+    step = DECODE_TILE_STEP
+    options: list[tuple[int, int, int, int]] = []  # (tile, tiles, waves, cost), the smallest tile per count
+    for tiles in range(_ceil(kv_len, step), 0, -1):
+        tile = _ceil(_ceil(kv_len, tiles), step) * step
+        if _ceil(kv_len, tile) != tiles or (options and options[-1][0] == tile):
+            continue
+        waves = _ceil(batch * tiles, max(blocks, 1))
+        options.append((tile, tiles, waves, waves * (min(tile, kv_len) + DECODE_ITEM_KEYS)))
+    best = None
+    for o in options:  # smallest tile first: ``<=`` lets a larger tile win a tie
+        if best is None or o[3] <= best[3]:
+            best = o
+    assert best is not None
+    tile, tiles = best[0], best[1]
+    items = batch * tiles
+    waves = _ceil(items, max(blocks, 1))
+    smaller = [o for o in options if o[0] < tile]
+    alt = ""
+    if smaller:
+        o = smaller[-1]
+        alt = f"; tiles of {o[0]} would make {batch * o[1]} items in {o[2]} wave{'s' if o[2] != 1 else ''}"
+    why = (f"{kv_len} keys split into {tiles} KV tile{'s' if tiles != 1 else ''} of {tile}: {batch} x {tiles} = "
+           f"{items} work items on {blocks} blocks, {waves} wave{'s' if waves != 1 else ''} streaming the cache"
+           f"{alt}")
+    return tile, why
 
 
 class AttentionEmitter:
@@ -909,21 +968,45 @@ class AttentionEmitter:
             return "fewer than 64 threads per block"
         return None
 
-    def plan(self, p: AttentionProblem, options: Any, why: str) -> AttentionPlan:
+    @staticmethod
+    def decodes(p: AttentionProblem) -> bool:
+        """Is ``p`` decode-shaped (flash-decoding): a forward of at most :data:`DECODE_MAX_Q` query rows over
+        at least :data:`DECODE_MIN_KV` keys?"""
+        return not p.backward and p.q_len <= DECODE_MAX_Q and p.kv_len >= DECODE_MIN_KV
+
+    def plan(self, p: AttentionProblem, options: Any, why: str, blocks: int = SM_COUNT) -> AttentionPlan:
+        if self.decodes(p):
+            tile_k, split_why = decode_split(p.batch, p.kv_len, blocks)
+            return AttentionPlan("flash_decode", why, p.batch, p.q_len, p.kv_len, p.head_dim, p.value_dim,
+                                 p.q_len, tile_k, p.causal, p.mask, split_why=split_why)
         wide = max(p.head_dim, p.value_dim) > 64
         tile = 16 if wide else 32
         return AttentionPlan("flash_bwd" if p.backward else "flash_fwd", why, p.batch, p.q_len, p.kv_len,
                              p.head_dim, p.value_dim, tile, tile, p.causal, p.mask)
 
-    def shared_floats(self, plan: AttentionPlan) -> int:
+    def shared_floats(self, plan: AttentionPlan, threads: int = 256) -> int:
         bq, bk, e, ev = plan.tile_q, plan.tile_k, plan.head_dim, plan.value_dim
+        if plan.impl == "flash_decode":  # scores of the tile, each warp's acc, m and l of each row
+            return bq * bk + (threads // 32) * bq * ev + 2 * bq
         if plan.impl == "flash_fwd":
             return bq * e + bk * e + bk * ev + bq * bk + 3 * bq
         return bk * e + bk * ev + bq * e + bq * ev + 2 * bq * bk + 2 * bq
 
-    def cost(self, plan: AttentionPlan) -> Cost:
+    def cost(self, plan: AttentionPlan, phase: str = "one") -> Cost:
+        """Work items, FLOPs and bytes of the group; ``phase`` (``flash_decode`` only): ``"partial"`` (the
+        KV tiles), ``"combine"`` or ``"one"`` (both together, for the fused-or-not estimate)."""
         b, lq, lk = plan.batch, plan.q_len, plan.kv_len
         dims = plan.head_dim + plan.value_dim
+        if plan.impl == "flash_decode":
+            _, _, floats = decode_partials_layout(b, plan.k_tiles, lq, plan.value_dim)
+            part = Cost(b * plan.k_tiles, 2 * b * lq * lk * dims,
+                        4 * (b * lk * dims + b * lq * plan.head_dim) + 4 * floats)
+            comb = Cost(_ceil(b * lq, 8), 4 * floats, 4 * floats + 4 * b * lq * (plan.value_dim + 1))
+            if phase == "partial":
+                return part
+            if phase == "combine":
+                return comb
+            return Cost(part.items + comb.items, part.flops + comb.flops, part.bytes + comb.bytes)
         if plan.impl == "flash_fwd":
             items = b * plan.q_tiles
             flops = 2 * b * lq * lk * dims
@@ -941,15 +1024,17 @@ ATTENTION_EMITTER = AttentionEmitter()
 
 
 def unfused_attention_us(p: AttentionProblem, blocks: int = SM_COUNT) -> float:
-    """Estimated µs of the attention's math as separate groups: its products, the score matrix
-    written and read by each softmax stage, and a grid barrier per stage (5 forward, 9 backward)."""
+    """Estimated µs of the attention's math as separate groups: its products (their FLOPs and q, k, v read
+    once, 4 bytes per element as in the fused cost), the score matrix written and read by each softmax stage,
+    and a grid barrier per stage (5 forward, 9 backward)."""
     from . import costs
 
     c = costs.constants()
     scores = p.batch * p.q_len * p.kv_len * 4
+    operands = 4 * p.batch * (p.q_len * p.head_dim + p.kv_len * (p.head_dim + p.value_dim))
     passes, stages = (12, 9) if p.backward else (6, 5)
     flops = p.gemm_flops
-    return (flops / (c["sm_flops_per_us"] * blocks) + scores * passes / (c["sm_bytes_per_us"] * blocks)
+    return (flops / (c["sm_flops_per_us"] * blocks) + (scores * passes + operands) / (c["sm_bytes_per_us"] * blocks)
             + stages * (c["grid_barrier_us"] + c["item_overhead_us"]))
 
 
@@ -958,6 +1043,11 @@ def fused_attention_us(plan: AttentionPlan, blocks: int = SM_COUNT) -> float:
     from . import costs
 
     c = costs.constants()
-    cost = ATTENTION_EMITTER.cost(plan)
+    if plan.impl == "flash_decode":  # two stages: the KV tiles, then the combine
+        return sum(_stage_us(ATTENTION_EMITTER.cost(plan, phase), blocks, c) for phase in ("partial", "combine"))
+    return _stage_us(ATTENTION_EMITTER.cost(plan), blocks, c)
+
+
+def _stage_us(cost: Cost, blocks: int, c: dict) -> float:
     per_item = max(cost.flops / c["sm_flops_per_us"], cost.bytes / c["sm_bytes_per_us"]) / max(cost.items, 1)
     return math.ceil(cost.items / blocks) * (per_item + c["item_overhead_us"]) + c["grid_barrier_us"]

@@ -4,19 +4,22 @@ A decode step multiplies a few activation rows (``M`` = batch, 1-4) by every wei
 ``C[s, l] = sum_k A[s, k] * B[k, l]`` with the weight ``B = W.T`` of an ``nn.Linear`` (``W`` is
 ``[N_out, K_in]``, contiguous along K). Each weight element is used once per step, so the product is
 bound by how fast the weights stream from HBM, and at these sizes (a 512 x 512 bf16 matrix is 512 KB,
-under 4 KB per SM) by how many loads each SM has in flight, not by arithmetic.
+under 4 KB per SM) by how many bytes each SM has in flight, not by arithmetic.
 
 What this emitter does differently from :func:`tkx.codegen.gemm.gemv` (split_k mode):
 
-* **work split by output column range** so one pass over the grid covers the matrix: work item
-  ``item`` owns ``warps x cpw`` consecutive output columns (``cpw`` columns per warp, chosen by the
-  plan so the items fit in one wave of the grid), AMK's tiling by ``(n_off, N_tile)``;
-* **many loads in flight**: the K loop (a compile-time constant) is unrolled up to 16 steps and each
-  step issues the loads of all ``cpw`` columns before their FMAs, so a lane has ``16 x cpw`` loads
-  outstanding; a warp's loads of one step read ``32`` consecutive K elements of a weight row
-  (coalesced);
-* **any operand load**: the weight element is whatever ``load_b`` returns, so a dequantisation chain
-  (``q.to(bf16) * scale``, int4 nibbles) runs in registers on the loaded bytes (the prologue);
+* **work split over output columns and K so every SM streams** (:func:`stream_split`): a work item
+  owns ``warps / ksplit x cpw`` consecutive output columns (AMK's tiling by ``(n_off, N_tile)``); the
+  ``ksplit`` warps of one column group each sum one contiguous slice of K and the block adds their
+  sums in slice order (shared memory), so a 512-column matrix still makes 128 items for 132 SMs;
+* **16-byte weight loads** (``ptr_long``: a stored bf16/fp16 weight contiguous along K): each lane
+  loads 8 consecutive K elements of a weight row per step (``uint4``, a warp reads 512 contiguous
+  bytes), ``unroll`` steps x ``cpw`` columns of loads issued before their FMAs (in flight together);
+* **dequantisation in the load path** (any other ``load_b``, e.g. the user's ``q.to(bf16) * scale``
+  or int4 nibbles): the chain runs in registers on the loaded bytes, K unrolled up to 16 steps of 32
+  elements; ``prefetch`` lists the raw buffers it reads (the int8/int4 rows and their scales) and each
+  warp issues ``prefetch.global.L1`` for all the bytes of its columns' rows at the start of the
+  work item, so the whole row is in flight at once while the element loads hit the cache;
 * **fp32 accumulation then one cast** (in the epilogue), warp-shuffle reduction in a fixed order.
 
 Only the layout where the long operand is contiguous along K is handled (the ``nn.Linear`` weight,
@@ -25,20 +28,48 @@ and the K cache read as ``K^T``); :func:`tkx.target.choose_gemm` sends the rest 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 from ..target import SKINNY_MAX, GemmProblem
 from .gemm import Epilogue, GemmCode, LoadA, LoadB
 from .text import block, indent
 
-__all__ = ["gemv_stream", "columns_per_warp", "UNROLL"]
+__all__ = ["gemv_stream", "columns_per_warp", "stream_split", "Prefetch", "UNROLL", "VEC_UNROLL"]
 
-#: Most K steps (of 32 elements per warp) unrolled: loads in flight per lane = UNROLL x columns per warp.
+#: Most K steps (of 32 elements per warp) unrolled on the element-load path: loads in flight per lane =
+#: UNROLL x columns per warp.
 UNROLL = 16
+#: Most 16-byte loads one lane keeps in flight on the vector path (``unroll x cpw``).
+VEC_UNROLL = 16
 #: Most output columns one warp owns (its accumulators: columns x short side floats).
 MAX_CPW = 8
+#: Bytes one prefetch covers (a cache line of sm_80 and sm_90).
+LINE = 128
+
+#: ``(batch, k, l) -> C pointer`` (``const unsigned short*``) to the long operand's element (k, l).
+PtrLong = Callable[[str, str, str], str]
+
+
+@dataclass(frozen=True)
+class Prefetch:
+    """A raw buffer the long operand's load reads: the bytes of column ``l`` lie in
+    ``[pointer + (row_stride * l + start), + span)`` (bytes)."""
+
+    pointer: str
+    row_stride: int
+    start: int
+    span: int
 
 
 def _ceil(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def _pack8(src: str) -> str:
+    """C expression: the 8 two-byte elements at ``src`` (any alignment) as one ``uint4``, the same bits."""
+    words = ", ".join(f"{src}[{2 * i}] | ((unsigned int){src}[{2 * i + 1}] << 16)" for i in range(4))
+    return f"make_uint4({words})"
 
 
 def columns_per_warp(long_n: int, batch: int, warps: int, blocks: int) -> int:
@@ -47,13 +78,42 @@ def columns_per_warp(long_n: int, batch: int, warps: int, blocks: int) -> int:
     return max(1, min(MAX_CPW, _ceil(batch * long_n, warps * max(blocks, 1))))
 
 
+def stream_split(long_n: int, batch: int, steps: int, warps: int, blocks: int) -> tuple[int, int]:
+    """``(cpw, ksplit)``: columns per warp and warps sharing one column group over slices of K, for a GEMV
+    of ``batch x long_n`` output columns whose K takes ``steps`` warp steps, on ``blocks`` blocks of
+    ``warps`` warps. Picks the fewest waves x (per-warp steps ``cpw x ceil(steps / ksplit)`` + one step of
+    overhead); ties go to fewer work items, then to the smaller ``ksplit``."""
+    best: tuple[float, int, int, int] | None = None
+    ks = 1
+    while ks <= warps:
+        if warps % ks == 0 and ks <= steps:
+            for cpw in range(1, MAX_CPW + 1):
+                per_item = warps // ks * cpw
+                items = batch * _ceil(long_n, per_item)
+                waves = _ceil(items, max(blocks, 1))
+                t = waves * (cpw * _ceil(steps, ks) + 1)
+                key = (t, items, ks, cpw)
+                if best is None or key < best:
+                    best = key
+        ks *= 2
+    assert best is not None
+    return best[3], best[2]
+
+
 def gemv_stream(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue, *, threads: int = 256,
-                blocks: int = 132, item: str = "item") -> GemmCode:
+                blocks: int = 132, item: str = "item", ptr_long: PtrLong | None = None, aligned: str = "false",
+                ptr_short: PtrLong | None = None, aligned_short: str = "false",
+                prefetch: tuple[Prefetch, ...] = ()) -> GemmCode:
     """C block for one work item of the streaming GEMV of ``p`` (see the module text).
 
-    ``blocks``: the grid size the columns are spread over. Raises :class:`ValueError` if neither side
-    is skinny (``min(M, N) > SKINNY_MAX``), if the long operand is not contiguous along K, or if
-    ``threads`` is not a multiple of 32.
+    ``blocks``: the grid size the columns are spread over. ``ptr_long``: a pointer to the long operand's
+    2-byte element ``(batch, k, l)`` for 16-byte loads (used when K is a multiple of 8; ``aligned`` is the
+    run-time C test that the buffer's base is 16-byte aligned, else the same bits are read two bytes at a
+    time); ``ptr_short`` / ``aligned_short``: the same for the short operand's element ``(batch, k, s)`` (its
+    8 K elements per step in one load on the vector path); ``prefetch``: raw buffers of the element-load path to
+    prefetch per column. Raises
+    :class:`ValueError` if neither side is skinny (``min(M, N) > SKINNY_MAX``), if the long operand is not
+    contiguous along K, or if ``threads`` is not a multiple of 32.
     """
     if threads % 32:
         raise ValueError("threads must be a multiple of 32")
@@ -65,65 +125,168 @@ def gemv_stream(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue
     if (p.b_n_contiguous if small_m else not p.a_k_contiguous):
         raise ValueError("gemv_stream needs the long operand contiguous along K (use gemv)")
     warps = threads // 32
-    cpw = columns_per_warp(long_n, p.batch, warps, blocks)
-    per_item = warps * cpw
+    vec = ptr_long is not None and p.k % 8 == 0
+    per_step = 256 if vec else 32
+    steps = _ceil(p.k, per_step)
+    cpw, ksplit = stream_split(long_n, p.batch, steps, warps, blocks)
+    groups = warps // ksplit  # column groups of one work item
+    per_item = groups * cpw
     per_batch = _ceil(long_n, per_item)
-    steps = _ceil(p.k, 32)
-    unroll = min(UNROLL, steps)
+    slice_steps = _ceil(steps, ksplit)
     if small_m:
-        short_of, long_of = load_a("bat", "s", "k"), load_b("bat", "k", "l")
+        short_of = lambda k: load_a("bat", "s", k)  # noqa: E731
+        long_of = lambda k: load_b("bat", k, "l")  # noqa: E731
         row, col, dims = "s", "l", "C[s, l] = sum_k A[s, k] * B[k, l]"
     else:
-        short_of, long_of = load_b("bat", "k", "s"), load_a("bat", "l", "k")
+        short_of = lambda k: load_b("bat", k, "s")  # noqa: E731
+        long_of = lambda k: load_a("bat", "l", k)  # noqa: E731
         row, col, dims = "l", "s", "C[l, s] = sum_k A[l, k] * B[k, s]"
+    zero = block(
+        f"float sum[{cpw}][{s_count}];",
+        "#pragma unroll",
+        f"for (int c = 0; c < {cpw}; ++c) {{",
+        "    #pragma unroll",
+        f"    for (int s = 0; s < {s_count}; ++s) sum[c][s] = 0.0f;",
+        "}")
+    k_lo, k_hi = f"kslice * {slice_steps * per_step}", f"min(K, (kslice + 1) * {slice_steps * per_step})"
+    if vec:
+        assert ptr_long is not None
+        unroll = max(1, min(slice_steps, VEC_UNROLL // cpw))
+        words = [f"raw[c].{w}" for w in "xyzw"]
+        loop = block(
+            f"#pragma unroll {unroll}",
+            f"for (int k0 = {k_lo} + lane * 8; k0 < {k_hi}; k0 += 256) {{",
+            indent(block(
+                f"uint4 raw[{cpw}];  // 8 weight elements per column: 16-byte loads, all in flight, then the FMAs",
+                "#pragma unroll",
+                f"for (int c = 0; c < {cpw}; ++c) {{",
+                "    const int l = l0 + c;",
+                "    raw[c] = make_uint4(0u, 0u, 0u, 0u);",
+                f"    if (l < {long_n}) {{",
+                f"        const unsigned short* src = {ptr_long('bat', 'k0', 'l')};",
+                f"        if ({aligned}) raw[c] = *reinterpret_cast<const uint4*>(src);",
+                f"        else raw[c] = {_pack8('src')};",
+                "    }",
+                "}",
+                "#pragma unroll",
+                f"for (int s = 0; s < {s_count}; ++s) {{",
+                indent(block(
+                    "float a[8];",
+                    *(["uint4 av = make_uint4(0u, 0u, 0u, 0u);",
+                       f"const unsigned short* asrc = {ptr_short('bat', 'k0', 's')};",
+                       f"if ({aligned_short}) av = *reinterpret_cast<const uint4*>(asrc);",
+                       f"else av = {_pack8('asrc')};",
+                       *(f"a[{2 * i}] = __uint_as_float(av.{w} << 16); "
+                         f"a[{2 * i + 1}] = __uint_as_float(av.{w} & 0xffff0000u);"
+                         for i, w in enumerate("xyzw"))] if ptr_short is not None else
+                      ["#pragma unroll", f"for (int t = 0; t < 8; ++t) a[t] = {short_of('(k0 + t)')};"]),
+                    "#pragma unroll",
+                    f"for (int c = 0; c < {cpw}; ++c) {{",
+                    indent(block(*(f"sum[c][s] = fmaf(a[{2 * i}], __uint_as_float({w} << 16), sum[c][s]);\n"
+                                   f"sum[c][s] = fmaf(a[{2 * i + 1}], __uint_as_float({w} & 0xffff0000u), sum[c][s]);"
+                                   for i, w in enumerate(words)))),
+                    "}")),
+                "}")),
+            "}")
+    else:
+        unroll = min(UNROLL, slice_steps)
+        loop = block(
+            f"#pragma unroll {unroll}",
+            f"for (int k = {k_lo} + lane; k < {k_hi}; k += 32) {{",
+            indent(block(
+                f"float elem[{cpw}];  // the long operand's loads first (all in flight), then the FMAs",
+                "#pragma unroll",
+                f"for (int c = 0; c < {cpw}; ++c) {{",
+                "    const int l = l0 + c;",
+                f"    elem[c] = l < {long_n} ? {long_of('k')} : 0.0f;",
+                "}",
+                "#pragma unroll",
+                f"for (int s = 0; s < {s_count}; ++s) {{",
+                f"    const float a_s = {short_of('k')};",
+                "    #pragma unroll",
+                f"    for (int c = 0; c < {cpw}; ++c) sum[c][s] = fmaf(a_s, elem[c], sum[c][s]);",
+                "}")),
+            "}")
+    fetch = []
+    if prefetch and not vec:
+        fetch = ["#pragma unroll",
+                 f"for (int c = 0; c < {cpw}; ++c) {{  // the raw bytes of this K slice of the columns' rows, at once",
+                 "    const int l = l0 + c;",
+                 f"    if (l < {long_n}) {{"]
+        for pf in prefetch:  # the slice's bytes [lo, lo + n): a line each lane, the last byte at most
+            n = _ceil(pf.span, ksplit)
+            lo = f"({pf.row_stride}LL * l + {pf.start} + {k_lo} * {pf.span}LL / K)"
+            fetch += [f"        for (int x = lane; x <= {(n - 1) // LINE + 1}; x += 32) "
+                      'asm volatile("prefetch.global.L1 [%0];" :: '
+                      f'"l"(reinterpret_cast<const unsigned char*>({pf.pointer}) + {lo} + min(x * {LINE}, {n - 1})));']
+        fetch += ["    }", "}"]
     out = block(f"const int l = l0 + c, row = {row}, col = {col};", "const float acc = sum[c][s];",
                 epilogue("bat", "row", "col", "acc"))
-    body = block(
-        f"// streaming GEMV: {dims}; {cpw} column(s) per warp, {per_item} per work item, K unrolled by {unroll}",
-        f"constexpr int M = {p.m}, N = {p.n}, K = {p.k};",
-        f"const int bat = {item} / {per_batch};" if p.batch > 1 else "const int bat = 0;",
-        "const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;",
-        f"const int l0 = ({item} % {per_batch}) * {per_item} + warp * {cpw};" if p.batch > 1
-        else f"const int l0 = {item} * {per_item} + warp * {cpw};",
-        f"if (l0 < {long_n}) {{  // the whole warp takes the same branch",
-        f"    float sum[{cpw}][{s_count}];",
-        "    #pragma unroll",
-        f"    for (int c = 0; c < {cpw}; ++c) {{",
-        "        #pragma unroll",
-        f"        for (int s = 0; s < {s_count}; ++s) sum[c][s] = 0.0f;",
-        "    }",
-        f"    #pragma unroll {unroll}",
-        "    for (int k = lane; k < K; k += 32) {",
-        f"        float elem[{cpw}];  // the long operand's loads first (all in flight), then the FMAs",
-        "        #pragma unroll",
-        f"        for (int c = 0; c < {cpw}; ++c) {{",
-        "            const int l = l0 + c;",
-        f"            elem[c] = l < {long_n} ? {long_of} : 0.0f;",
-        "        }",
+    store = block(
+        "#pragma unroll",
+        f"for (int c = 0; c < {cpw}; ++c) {{  // unrolled: the sums stay in registers",
+        f"    if (l0 + c < {long_n}) {{",
         "        #pragma unroll",
         f"        for (int s = 0; s < {s_count}; ++s) {{",
-        f"            const float a_s = {short_of};",
-        "            #pragma unroll",
-        f"            for (int c = 0; c < {cpw}; ++c) sum[c][s] = fmaf(a_s, elem[c], sum[c][s]);",
+        indent(out, 3),
         "        }",
         "    }",
+        "}")
+    reduce = block(
+        "#pragma unroll",
+        f"for (int c = 0; c < {cpw}; ++c) {{",
         "    #pragma unroll",
-        f"    for (int c = 0; c < {cpw}; ++c) {{",
-        "        #pragma unroll",
-        f"        for (int s = 0; s < {s_count}; ++s) sum[c][s] = tkx_warp_sum(sum[c][s]);",
-        "    }",
-        "    if (lane == 0) {",
-        "        #pragma unroll 1",
-        f"        for (int c = 0; c < {cpw}; ++c) {{",
-        f"            if (l0 + c >= {long_n}) break;",
-        "            #pragma unroll",
-        f"            for (int s = 0; s < {s_count}; ++s) {{",
-        indent(out, 4),
-        "            }",
-        "        }",
-        "    }",
-        "}",
-    )
+        f"    for (int s = 0; s < {s_count}; ++s) sum[c][s] = tkx_warp_sum(sum[c][s]);",
+        "}")
+    head = [f"// streaming GEMV: {dims}; {cpw} column(s) per warp, {per_item} per work item, K in {ksplit} "
+            f"slice(s) of {slice_steps} step(s), "
+            + ("16-byte weight loads" if vec else f"element loads unrolled by {unroll}"
+               + (", raw rows prefetched" if prefetch else "")),
+            f"constexpr int M = {p.m}, N = {p.n}, K = {p.k};",
+            f"const int bat = {item} / {per_batch};" if p.batch > 1 else "const int bat = 0;",
+            "const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;",
+            f"const int group = warp % {groups}, kslice = warp / {groups};",
+            (f"const int l0 = ({item} % {per_batch}) * {per_item} + group * {cpw};" if p.batch > 1
+             else f"const int l0 = {item} * {per_item} + group * {cpw};")]
+    if ksplit == 1:
+        body = block(*head, f"if (l0 < {long_n}) {{  // the whole warp takes the same branch",
+                     indent(block(zero, *fetch, loop, reduce, "if (lane == 0) {", indent(store), "}")), "}")
+        shared = 0
+    else:
+        slots = groups * cpw * s_count
+        body = block(
+            *head,
+            "float* red = reinterpret_cast<float*>(tkx_smem);  // [kslice][group][c][s]: each warp's sums",
+            zero,
+            f"if (l0 < {long_n}) {{  // the whole warp takes the same branch",
+            indent(block(*fetch, loop)),
+            "}",
+            reduce,
+            "if (lane == 0) {",
+            "    #pragma unroll",
+            f"    for (int c = 0; c < {cpw}; ++c) {{",
+            "        #pragma unroll",
+            f"        for (int s = 0; s < {s_count}; ++s) red[kslice * {slots} + (group * {cpw} + c) * {s_count} + s] "
+            "= sum[c][s];",
+            "    }",
+            "}",
+            "__syncthreads();",
+            f"if (kslice == 0 && lane == 0 && l0 < {long_n}) {{  // the slices added in order",
+            "    #pragma unroll",
+            f"    for (int c = 0; c < {cpw}; ++c) {{",
+            "        #pragma unroll",
+            f"        for (int s = 0; s < {s_count}; ++s) {{",
+            "            float v = 0.0f;",
+            f"            for (int j = 0; j < {ksplit}; ++j) "
+            f"v += red[j * {slots} + (group * {cpw} + c) * {s_count} + s];",
+            "            sum[c][s] = v;",
+            "        }",
+            "    }",
+            indent(store),
+            "}",
+            "__syncthreads();  // the next work item reuses the workspace")
+        shared = 4 * warps * cpw * s_count
     params = {"mode": "stream", "short": "m" if small_m else "n", "short_size": s_count, "per_item": per_item,
-              "columns_per_warp": cpw, "unroll": unroll}
-    return GemmCode("gemv_stream", "{\n" + indent(body) + "\n}", p.batch * per_batch, 0, threads, False, params)
+              "columns_per_warp": cpw, "k_slices": ksplit, "unroll": unroll, "vector_loads": vec,
+              "prefetched": len(prefetch) if not vec else 0}
+    return GemmCode("gemv_stream", "{\n" + indent(body) + "\n}", p.batch * per_batch, shared, threads, False, params)

@@ -23,7 +23,7 @@ from typing import Any
 
 from .. import ops as optable
 from ..arena import ArenaPlan
-from ..dtypes import FLOAT_DTYPES, INT_DTYPES
+from ..dtypes import DTYPE_BYTES, FLOAT_DTYPES, INT_DTYPES
 from ..errors import TkxError
 from ..ir import Op, TensorSpec, contiguous_strides
 from ..schedule.model import FusedSchedule, Group, Home
@@ -424,7 +424,7 @@ class _Emitter:
             return "{\n" + indent(body) + "\n}", max(1, -(-n // (t * per))), 0
         if g.kind in ("gemm", "gemm_partial"):
             return self.gemm_code(g)
-        if g.kind == "attention":
+        if g.kind in ("attention", "attention_partial"):
             return self.attention_code(g)
         if g.params.get("strategy") == "row":
             return self.row_code(g)
@@ -549,8 +549,10 @@ class _Emitter:
                 return load(dtype, ptr, idx)
             return ld
 
-        ptr, _ = self.home_pointer(self.s.homes[op.id], op.id)
         q, k, v = (loader(x) for x in op.inputs[:3])
+        if plan.impl == "flash_decode":
+            return self.decode_attention_code(g, op, q, k, v, loader)
+        ptr, _ = self.home_pointer(self.s.homes[op.id], op.id)
         if op.kind == "attention":
             mask = loader(op.inputs[3]) if plan.mask != "none" else None
             code = fa.forward(plan, threads=self.threads, ld_q=q, ld_k=k, ld_v=v, ld_mask=mask, out=ptr, name=g.id)
@@ -560,6 +562,44 @@ class _Emitter:
                                ld_out=loader(op.inputs[3]), ld_lse=lse_loader(op.inputs[4]),
                                ld_dout=loader(op.inputs[5]), grads=ptr, name=g.id)
         self.plan.notes[g.id] = {"variant": plan.impl, "tile_q": plan.tile_q, "tile_k": plan.tile_k}
+        return code.code, code.work_items, code.shared_bytes
+
+    def decode_attention_code(self, g: Group, op: Op, q: Any, k: Any, v: Any, loader: Any) -> tuple[str, int, int]:
+        """Flash-decoding (:func:`tkx.codegen.attention.decode_partial` / ``decode_combine``): the
+        ``attention_partial`` group reads the cache in 16-byte vectors where the view allows it."""
+        from . import attention as fa
+
+        plan = g.plan
+        scratch, _ = self.pointer(plan.partials)
+        if g.kind == "attention":
+            out, _ = self.home_pointer(self.s.homes[op.id], op.id)
+            code = fa.decode_combine(plan, threads=self.threads, partials=scratch, out=out, name=g.id)
+            self.plan.notes[g.id] = {"variant": "flash_decode combine", "k_tiles": plan.k_tiles}
+            return code.code, code.work_items, code.shared_bytes
+
+        def vec(view: TensorSpec) -> tuple[Any, str]:
+            """(pointer function, run-time alignment test) of a bf16 view whose rows are 8-element aligned."""
+            lead = view.shape[:-2]
+            if (view.buffer in self.s.inlined or view.dtype != "bfloat16" or view.strides[-1] != 1
+                    or view.shape[-1] % fa.VEC or view.offset % fa.VEC
+                    or any(st % fa.VEC for st in view.strides[:-1])):
+                return None, "false"
+            ptr, _ = self.pointer(view.buffer)
+            base = f"reinterpret_cast<const unsigned short*>({ptr})"
+
+            def at(b: str, r: str, c: str) -> str:
+                cs = _unravel(f"(long long){b}", lead) + [r, c]
+                return f"({base} + {_coords_index(cs, view.strides, view.offset)})"
+            return at, f"((((unsigned long long){ptr}) & 15ULL) == 0)"
+
+        (vk, ak), (vv, av) = vec(op.inputs[1]), vec(op.inputs[2])
+        mask = loader(op.inputs[3]) if plan.mask != "none" else None
+        code = fa.decode_partial(plan, threads=self.threads, ld_q=q, ld_k=k, ld_v=v, ld_mask=mask, vec_k=vk,
+                                 vec_v=vv, aligned_k=ak, aligned_v=av, partials=scratch, name=g.id)
+        lay = fa.decode_layout(plan, self.threads)
+        self.plan.notes[g.id] = {"variant": "flash_decode partial", "tile_k": plan.tile_k, "k_tiles": plan.k_tiles,
+                                 "lanes_per_key": lay.lanes, "rows_in_flight": lay.chunk,
+                                 "vector_loads": vk is not None and vv is not None}
         return code.code, code.work_items, code.shared_bytes
 
     def copy_code(self, g: Group) -> tuple[str, int, int]:
@@ -713,7 +753,8 @@ class _Emitter:
         else:
             final = epilogue
         if variant == "gemv_stream":
-            code = gemv_stream(prob, operand(a), operand(b), final, threads=self.threads, blocks=self.s.blocks)
+            code = gemv_stream(prob, operand(a), operand(b), final, threads=self.threads, blocks=self.s.blocks,
+                               **self.gemv_stream_loads(a, b, prob, pointer_to))
         else:
             code = emit_gemm(variant, prob, operand(a), operand(b), final, tile_m=params["tile_m"],
                              tile_n=params["tile_n"], tile_k=params["tile_k"], threads=self.threads,
@@ -725,6 +766,42 @@ class _Emitter:
         self.plan.tensor_cores |= code.tensor_cores
         self.plan.notes[g.id] = {"variant": code.variant, **code.params}
         return code.code, code.work_items, code.shared_bytes
+
+    def gemv_stream_loads(self, a: TensorSpec, b: TensorSpec, prob: GemmProblem, pointer_to: Any) -> dict:
+        """The streaming GEMV's long-operand loads (:mod:`tkx.codegen.gemv`): a pointer for 16-byte loads of a
+        stored bf16 weight, or the raw rows an inlined (dequantising) chain reads, to prefetch."""
+        from .gemv import Prefetch
+        from .leaves import column_spans
+
+        small_m = prob.m <= prob.n
+        view = b if small_m else a
+        fast = 0 if small_m else 1  # the long operand is contiguous along K
+        at = pointer_to(view, fast) if view.dtype == "bfloat16" else None
+        if at is not None:
+            ptr, _ = self.pointer(view.buffer)
+
+            def ptr_long(bat: str, k: str, col: str) -> str:
+                return f"reinterpret_cast<const unsigned short*>({at(bat, k, col) if small_m else at(bat, col, k)})"
+            out = {"ptr_long": ptr_long, "aligned": f"((((unsigned long long){ptr}) & 15ULL) == 0)"}
+            short = a if small_m else b
+            at_s = pointer_to(short, 1 - fast) if short.dtype == "bfloat16" else None
+            if at_s is not None:
+                sptr, _ = self.pointer(short.buffer)
+
+                def ptr_short(bat: str, k: str, row: str) -> str:
+                    elem = at_s(bat, row, k) if small_m else at_s(bat, k, row)
+                    return f"reinterpret_cast<const unsigned short*>({elem})"
+                out.update(ptr_short=ptr_short, aligned_short=f"((((unsigned long long){sptr}) & 15ULL) == 0)")
+            return out
+        if prob.batch != 1:
+            return {}
+        spans = column_spans(view, self.ops, set(self.s.inlined), 0 if small_m else 1)
+        fetch = []
+        for sp in spans:
+            ptr, dtype = self.pointer(sp.buffer)
+            size = DTYPE_BYTES[dtype]
+            fetch.append(Prefetch(ptr, sp.row_stride * size, sp.start * size, sp.span * size))
+        return {"prefetch": tuple(fetch)}
 
     def reduction_code(self, g: Group) -> tuple[str, int, int]:
         op = self.ops[g.anchor]

@@ -209,7 +209,7 @@ def footprints(s: FusedSchedule, arena: ArenaPlan) -> dict[str, tuple[tuple[Regi
     for gid, g in s.groups.items():
         reads = set(g.reads)
         partials = (g.params or {}).get("partials")
-        if isinstance(partials, str) and g.kind != "reduction_partial":
+        if isinstance(partials, str) and g.kind not in ("reduction_partial", "attention_partial"):
             reads.add(partials)
         writes: list[Region] = []
         if g.kind == "copy":

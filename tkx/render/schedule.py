@@ -55,10 +55,12 @@ def describe_params(s: Any, g: Any) -> tuple[str, str]:
         if "parts" in p:
             head += f" ({p['parts']} parts{'' if g.kind == 'reduction_partial' else ', final'})"
         return head, why
-    if g.kind == "attention":
+    if g.kind in ("attention", "attention_partial"):
         head = (f"fused {_kind_prefix(anchor)}[{p['batch']}×] {p['q_len']}×{p['head_dim']} over {p['kv_len']} keys"
                 f" · {p['impl']} tiles {p['tile_q']}×{p['tile_k']}" + (" · causal" if p["causal"] else "")
                 + (f" · {p['mask']} mask" if p["mask"] != "none" else ""))
+        if p["impl"] == "flash_decode":
+            head += " · phase 1 (KV tiles)" if g.kind == "attention_partial" else " · phase 2 (combine)"
         return head, why
     return f"pointwise over {_shape(anchor.out.shape)}", why
 
@@ -274,7 +276,7 @@ def schedule_graph(s: Any, *, collapse: str = "auto", expand: Sequence[Any] = ()
                 c.node(n, label, style=style, fillcolor=fill, penwidth=pen,
                        color=REGION_COLORS.get(_region(program, o), "#57606a"))
                 nodes[o] = n
-            if g.kind == "reduction_partial":
+            if g.kind in ("reduction_partial", "attention_partial"):
                 for b in g.stores:
                     if b not in ops:
                         n = _node_id(gid, b)

@@ -42,6 +42,7 @@ from ..target import (
     ReductionProblem,
     choose_gemm,
     choose_reduction,
+    decode_partials_layout,
     gemm_emitter,
     pointwise_cost,
     pointwise_per_thread,
@@ -456,8 +457,9 @@ def _group_cost(group: Group, program_ops: dict[str, Op], threads: int) -> Cost:
     p = group.plan
     store_bytes = sum(program_ops[s].out.nbytes for s in group.stores if s in program_ops)
     if isinstance(p, AttentionPlan):
-        c = ATTENTION_EMITTER.cost(p)
-        return Cost(c.items, c.flops, c.bytes + store_bytes)
+        phase = "partial" if group.kind == "attention_partial" else "combine" if p.partials else "one"
+        c = ATTENTION_EMITTER.cost(p, phase)
+        return Cost(c.items, c.flops, c.bytes + (store_bytes if phase != "partial" else 0))
     if isinstance(p, GemmPlan):
         phase = "partial" if group.kind == "gemm_partial" else "final" if p.partials else "one"
         c = gemm_emitter(p.impl).cost(p, phase)
@@ -631,6 +633,19 @@ def schedule(program: Program, options: Any = None, *, rules: tuple[FusionRule, 
                                       plan=gplan.replace(partials=name))
             groups[gid] = Group(gid, "gemm", grp.anchor, grp.ops, grp.stores, grp.reads + (name,), grp.inlined,
                                 plan=gplan.replace(partials=name))
+
+    # Flash-decoding attention becomes a partial group (each work item one (batch, KV tile): the tile's
+    # un-normalised output, maximum and sum, to fp32 scratch) plus the combine group (the next stage).
+    for gid in list(groups):
+        grp = groups[gid]
+        aplan = grp.plan
+        if grp.kind == "attention" and isinstance(aplan, AttentionPlan) and aplan.impl == "flash_decode":
+            name = f"{grp.anchor}_flashdec"
+            scratch[name] = 4 * decode_partials_layout(aplan.batch, aplan.k_tiles, aplan.q_len, aplan.value_dim)[2]
+            groups[f"{gid}p"] = Group(f"{gid}p", "attention_partial", grp.anchor, (grp.anchor,), (name,), grp.reads,
+                                      grp.inlined, plan=aplan.replace(partials=name))
+            groups[gid] = Group(gid, "attention", grp.anchor, grp.ops, grp.stores, (name,), (),
+                                plan=aplan.replace(partials=name))
 
     # Step 4: stages from read-after-write dependencies.
     producer_group: dict[str, str] = {}

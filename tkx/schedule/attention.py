@@ -5,7 +5,10 @@ FlashAttention group or expanded to its math before the rest of the scheduler ru
 the composite, estimates the µs of the fused group and of the unfused math
 (:func:`tkx.target.fused_attention_us`, :func:`tkx.target.unfused_attention_us`), and decides by
 ``Options.fuse_attention``: ``True`` fuses (and raises :class:`~tkx.errors.TkxError` when the
-emitter cannot), ``False`` expands, ``"auto"`` takes the cheaper estimate. Every decision is a
+emitter cannot), ``False`` expands, ``"auto"`` takes the cheaper estimate. A decode-shaped forward
+(at most :data:`tkx.target.DECODE_MAX_Q` query rows over a long KV cache) is planned as
+**flash-decoding** (``flash_decode``): the keys split into KV tiles by :func:`tkx.target.decode_split`
+(the split's sentence joins the decision), one work item per (batch, KV tile), and a combine stage. Every decision is a
 :class:`~tkx.schedule.model.FusionDecision` of kind ``"attention"`` with both estimates in its
 sentence, so ``why_not_fused`` and the Explorer's fusion view show it.
 
@@ -57,7 +60,7 @@ def prepare(program: Program, options: Any, blocks: int
         p = problem_of(op)
         unfused = unfused_attention_us(p, blocks)
         refused = ATTENTION_EMITTER.supports(p, options)
-        plan = None if refused else ATTENTION_EMITTER.plan(p, options, "")
+        plan = None if refused else ATTENTION_EMITTER.plan(p, options, "", blocks)
         fused = fused_attention_us(plan, blocks) if plan is not None else float("inf")
         numbers = (f"estimated {fused:.1f} µs fused vs {unfused:.1f} µs as its math" if plan is not None
                    else f"the math is estimated at {unfused:.1f} µs")
@@ -71,10 +74,14 @@ def prepare(program: Program, options: Any, blocks: int
             code, reason, take = "unsupported", f"not fused: {refused} ({numbers})", False
         elif want is True:
             code, reason, take = "forced", f"fused: fuse_attention=True ({numbers})", True
+        elif fused <= unfused and plan is not None and plan.impl == "flash_decode":
+            code, reason, take = "cheaper", f"fused: cheaper than its math ({numbers})", True
         elif fused <= unfused:
             code, reason, take = "cheaper", f"fused: one FlashAttention group is cheaper ({numbers})", True
         else:
             code, reason, take = "dearer", f"not fused: the math is cheaper ({numbers})", False
+        if take and plan is not None and plan.split_why:
+            reason += f"; {plan.split_why}"
         decisions.append(FusionDecision("attention", op.id, what, take, "attention", code, reason))
         if take:
             assert plan is not None

@@ -132,6 +132,16 @@ class _Machine:
             self.arena_view(name, "float32", parts.numel()).copy_(parts.reshape(-1))
             self.written.add(name)
             return
+        if grp.kind == "attention_partial":  # flash-decoding phase 1: partials of each KV tile
+            name = grp.stores[0]
+            parts = self.decode_partials(ops[0], regs, grp, memo, grp.params)
+            self.arena_view(name, "float32", parts.numel()).copy_(parts)
+            self.written.add(name)
+            return
+        if grp.kind == "attention" and grp.params.get("partials"):  # flash-decoding phase 2: the combine
+            att = ops[0]
+            self.store(self.s.homes[att.id], att.id, self.decode_combine(grp.params))
+            return
         if grp.kind == "gemm_partial":  # split-K phase 1: fp32 products over slices of K
             name = grp.stores[0]
             parts = self.gemm_slices(ops[0], regs, grp, memo, grp.params)
@@ -204,6 +214,40 @@ class _Machine:
             else:
                 out.append(torch.matmul(a[..., lo:hi], b[..., lo:hi, :]).reshape(-1))
         return torch.stack(out)
+
+    def decode_partials(self, att: Op, regs: dict[str, torch.Tensor], grp: Group, memo: dict[str, torch.Tensor],
+                        plan: Any) -> torch.Tensor:
+        """Flash-decoding's scratch ``[acc | m | l]`` (flat float32, :func:`tkx.target.decode_partials_layout`):
+        per (batch, KV tile of ``tile_k`` keys, query row) the tile's maximum score ``m`` (``-inf`` when every
+        key is masked), ``l = sum exp(s - m)`` and ``acc = sum exp(s - m) v``."""
+        from .. import attention_ref as ref
+
+        q, k, v = (self.operand(x, regs, grp, memo) for x in att.inputs[:3])
+        mask = self.operand(att.inputs[3], regs, grp, memo) if plan["mask"] != "none" else None
+        s = ref.scores(q, k, mask, plan["causal"], plan["scale"])         # [*B, L, S] float32
+        nb, lq, lk, ev, tk, kt = plan["batch"], plan["q_len"], plan["kv_len"], plan["value_dim"], plan["tile_k"], \
+            -(-plan["kv_len"] // plan["tile_k"])
+        pad = kt * tk - lk
+        s = torch.nn.functional.pad(s.reshape(nb, lq, lk), (0, pad), value=float("-inf")).reshape(nb, lq, kt, tk)
+        vv = torch.nn.functional.pad(v.float().reshape(nb, lk, ev), (0, 0, 0, pad)).reshape(nb, kt, tk, ev)
+        m = s.amax(-1)                                                        # [B, L, KT]
+        p = torch.where(m.unsqueeze(-1) == float("-inf"), torch.zeros_like(s), torch.exp(s - m.unsqueeze(-1)))
+        acc = torch.einsum("blpj,bpje->bple", p, vv)                          # [B, KT, L, Ev]
+        return torch.cat([acc.reshape(-1), m.transpose(1, 2).reshape(-1), p.sum(-1).transpose(1, 2).reshape(-1)])
+
+    def decode_combine(self, plan: Any) -> torch.Tensor:
+        """Flash-decoding's combine: the packed float32 root ``[out | lse]`` from the partials."""
+        nb, lq, ev, kt = plan["batch"], plan["q_len"], plan["value_dim"], -(-plan["kv_len"] // plan["tile_k"])
+        rows = nb * kt * lq
+        flat = self.arena_view(plan["partials"], "float32", rows * (ev + 2))
+        acc = flat[: rows * ev].reshape(nb, kt, lq, ev)
+        m = flat[rows * ev: rows * (ev + 1)].reshape(nb, kt, lq)
+        den = flat[rows * (ev + 1):].reshape(nb, kt, lq)
+        top = m.amax(1, keepdim=True)                                        # [B, 1, L]
+        w = torch.where(m == float("-inf"), torch.zeros_like(m), torch.exp(m - top))
+        total = (den * w).sum(1)                                              # [B, L]
+        out = (acc * w.unsqueeze(-1)).sum(1) / total.unsqueeze(-1)
+        return torch.cat([out.reshape(-1), (top.squeeze(1) + torch.log(total)).reshape(-1)])
 
     @staticmethod
     def partials(red: Op, x: torch.Tensor, parts: int) -> torch.Tensor:

@@ -29,7 +29,8 @@ from ..ir import OPS, Op, Program, TensorSpec
 from ..words import plural
 
 #: Group kinds.
-GROUP_KINDS = ("gemm", "gemm_partial", "reduction", "reduction_partial", "pointwise", "copy", "attention")
+GROUP_KINDS = ("gemm", "gemm_partial", "reduction", "reduction_partial", "pointwise", "copy", "attention",
+               "attention_partial")
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,9 @@ class FusionDecision:
             "row": f"{c} {'joins' if self.fused else 'does not join'} the row pass of {p}",
             "in-place": f"{c} is {'written in place into' if self.fused else 'staged, then copied into'} {p}",
             "attention": f"the attention {c} {p} "
-                         f"{'runs as one fused FlashAttention group' if self.fused else 'is expanded to its math'}",
+                         + ("is expanded to its math" if not self.fused else
+                            "runs as flash-decoding (a group over KV tiles, then a combine)" if "KV tile" in self.reason
+                            else "runs as one fused FlashAttention group"),
         }.get(self.kind, f"{self.kind} {p} -> {c}: {'fused' if self.fused else 'not fused'}")
         why = self.reason
         for prefix in ("not fused: ", "fused: ", "written in place: ", "staged commit: "):

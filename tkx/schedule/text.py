@@ -36,10 +36,13 @@ def describe_group(s: FusedSchedule, g: Group) -> str:
         head = (f"{what}{anchor.kind} {anchor.id} {plural(p['rows'], 'row')} x {p['size']}  {p['strategy']}"
                 + (f" ({p['parts']} parts)" if "parts" in p else "")
                 + ("" if g.kind == "reduction_partial" or "parts" not in p else " final"))
-    elif g.kind == "attention":
+    elif g.kind in ("attention", "attention_partial"):
         head = (f"fused {anchor.kind} {anchor.id} [{p['batch']}x] {p['q_len']}x{p['head_dim']} over {p['kv_len']} keys"
                 f"  {p['impl']} tiles {p['tile_q']}x{p['tile_k']}" + (" causal" if p["causal"] else "")
                 + (f" {p['mask']} mask" if p["mask"] != "none" else ""))
+        if p["impl"] == "flash_decode":
+            head += (f" phase 1: {-(-p['kv_len'] // p['tile_k'])} KV tiles" if g.kind == "attention_partial"
+                     else " phase 2: combine")
     else:
         head = f"pointwise {anchor.id} {_shape(anchor.out.shape)}"
         if p.get("slice_write"):
