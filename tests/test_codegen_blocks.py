@@ -392,3 +392,20 @@ def test_a_compile_served_without_a_ptxas_report_is_compiled_again(monkeypatch):
     assert report.kernels and report.registers > 0
     assert report.backend == "bindings"
 
+
+def test_a_cache_below_cuda_core_is_answered_with_a_new_program_text(monkeypatch):
+    """On the H200 machine the NVRTC bindings gave the same report-less answer for the same text: the
+    second compile sends a text that differs by a comment, which a cache keyed by the text misses."""
+    real = nv._compile_bindings
+    seen: dict[str, int] = {}
+
+    def caching(source, *args, **kwargs):
+        cubin, log, flags = real(source, *args, **kwargs)
+        seen[source] = seen.get(source, 0) + 1
+        return cubin, ("" if seen[source] > 1 or source == SMALL else log), flags
+
+    monkeypatch.setattr(nv, "_compile_bindings", caching)
+    report = nv.compile_cuda(SMALL, "sm_90", backend="bindings")
+    assert report.kernels and report.registers > 0 and report.backend == "bindings"
+    assert len(seen) == 2 and all(n == 1 for n in seen.values())  # two different texts, each compiled once
+
