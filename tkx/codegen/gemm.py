@@ -87,6 +87,22 @@ class GemmCode:
         return self.code
 
 
+@dataclass(frozen=True)
+class SplitFinal:
+    """The split-K final run by the last slice of each tile (:data:`tkx.target.SPLIT_K_LAST_SLICE`).
+
+    With it, a split-K wgmma work item first hands its fp32 slice of the tile to ``epilogue`` (the
+    caller's slice store into the scratch), then bumps the tile's arrival counter; the item that
+    arrives last resets the counter and runs ``final`` with ``acc`` = the sum of the tile's slices
+    in slice order. ``scratch``: C pointer (``float*``) to the ``[split, batch, m, n]`` slices;
+    ``counters``: C pointer (``unsigned int*``) to the GEMM's per-tile arrival counters (zero
+    before the first launch, left at zero by every launch); ``final``: the GEMM's own epilogue."""
+
+    scratch: str
+    counters: str
+    final: "Epilogue"
+
+
 def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -121,6 +137,8 @@ def _tile_header(p: GemmProblem, tm: int, tn: int, item: str, what: str, split: 
                   f"(of {split})",
                   f"const int k_beg = ks_split * {ks}, k_end = min(K, k_beg + {ks});"]
         it = f"({item} % {p.batch * per_batch})"
+        lines += [f"const int tkx_tile = {it};  // the output tile (its arrival counter, with a last-slice final)"]
+        it = "tkx_tile"
     elif k_range:
         lines += ["constexpr int ks_split = 0, k_beg = 0, k_end = K;  // the whole of K"]
     if p.batch > 1:
@@ -635,7 +653,7 @@ def _wgmma_pipelined(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epi
                      tm: int, tn: int, tk: int, threads: int, item: str, smem: str, ptr_a: PtrA | None,
                      ptr_b: PtrB | None, split: int = 1, shared_budget: int | None = None,
                      tma_a: TmaMap | None = None, tma_b: TmaMap | None = None,
-                     tmaps: str = "tmaps") -> GemmCode | None:
+                     tmaps: str = "tmaps", split_final: SplitFinal | None = None) -> GemmCode | None:
     """The wgmma GEMM with operands copied global -> shared by ``cp.async`` (16 bytes at a time, no
     registers), :func:`wgmma_stages` stages deep; ``None`` when it does not apply (see :func:`wgmma_gemm`).
     Each warpgroup leaves :data:`WGMMA_MMA_IN_FLIGHT` k-tiles' MMAs in flight (``wgmma.wait_group``)
@@ -851,7 +869,8 @@ def _wgmma_pipelined(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epi
             "};",
         ]
         copy_setup = [f"const bool vec_ok = {checks};  // 16-byte aligned operands: cp.async, else element loads"]
-    epi = _wgmma_store_c("ws", acc_regs, wn, ldc, tm, tn, threads, epilogue, m_guard, n_guard)
+    epi = _wgmma_store_c("ws", acc_regs, wn, ldc, tm, tn, threads, epilogue, m_guard, n_guard,
+                         _split_final_code(split_final, p, split, tm, tn, ldc, threads, m_guard, n_guard))
     what = {"wgmma_bf16": "bf16", "wgmma_f16": "fp16"}[variant]
     layouts = f"A {'K' if a_kmajor else 'M'}-major, B {'K' if b_kmajor else 'N'}-major"
     copies = "TMA (cp.async.bulk.tensor) + mbarriers" if use_tma else "cp.async"
@@ -881,7 +900,7 @@ def _wgmma_pipelined(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epi
     items = p.batch * _ceil(p.m, tm) * _ceil(p.n, tn) * split
     params = {"tile": (tm, tn, tk), "warpgroups": (wgm, wgn), "instruction": f"m64n{wn}k{fk}",
               "swizzle": "128B", "stages": stages, "copies": "tma" if use_tma else "cp.async", "layouts": layouts,
-              "split_k": split, "mma_in_flight": lag}
+              "split_k": split, "mma_in_flight": lag, **_split_final_params(split_final, split)}
     return GemmCode(variant, "{\n" + indent(body) + "\n}", items, shared, threads, True, params, use_tma)
 
 
@@ -889,7 +908,7 @@ def wgmma_gemm(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue,
                tile_m: int = 128, tile_n: int = 128, tile_k: int = 64, threads: int = 256, item: str = "item",
                smem: str = "tkx_smem", ptr_a: PtrA | None = None, ptr_b: PtrB | None = None,
                split: int = 1, shared_budget: int | None = None, tma_a: TmaMap | None = None,
-               tma_b: TmaMap | None = None) -> GemmCode:
+               tma_b: TmaMap | None = None, split_final: SplitFinal | None = None) -> GemmCode:
     """(e) Hopper warpgroup MMA (``wgmma.mma_async``, sm_90a only), fp32 accumulators in registers.
 
     The block's ``threads / 128`` warpgroups are arranged WGM x WGN over the ``tile_m x tile_n``
@@ -924,7 +943,7 @@ def wgmma_gemm(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue,
                          "columns each, a multiple of 8")
     piped = _wgmma_pipelined(p, load_a, load_b, epilogue, variant=variant, tm=tm, tn=tn, tk=tk, threads=threads,
                              item=item, smem=smem, ptr_a=ptr_a, ptr_b=ptr_b, split=split,
-                             shared_budget=shared_budget, tma_a=tma_a, tma_b=tma_b)
+                             shared_budget=shared_budget, tma_a=tma_a, tma_b=tma_b, split_final=split_final)
     if piped is not None:
         return piped
     sa = _Stage("a", tm, tk, "col" if p.a_k_contiguous else "row", threads)
@@ -992,7 +1011,8 @@ def wgmma_gemm(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue,
         "    buf ^= 1;",
         "}",
     )
-    epi = _wgmma_store_c("stage_base", acc_regs, wn, ldc, tm, tn, threads, epilogue, m_guard, n_guard)
+    epi = _wgmma_store_c("stage_base", acc_regs, wn, ldc, tm, tn, threads, epilogue, m_guard, n_guard,
+                         _split_final_code(split_final, p, split, tm, tn, ldc, threads, m_guard, n_guard))
     stash_fn = block(
         "auto stash_to = [&](int b) {  // registers -> stage b, K-major, 128-byte swizzle",
         f"    {elem}* As = stage_base + b * {stage_bytes // ebytes};",
@@ -1032,7 +1052,8 @@ def wgmma_gemm(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue,
     )
     items = p.batch * _ceil(p.m, tm) * _ceil(p.n, tn) * split
     params = {"tile": (tm, tn, tk), "warpgroups": (wgm, wgn), "instruction": f"m64n{wn}k{fk}",
-              "swizzle": "128B", "stages": 2, "vector_loads": vec is not None, "split_k": split}
+              "swizzle": "128B", "stages": 2, "vector_loads": vec is not None, "split_k": split,
+              **_split_final_params(split_final, split)}
     return GemmCode(variant, "{\n" + indent(body) + "\n}", items, shared, threads, True, params)
 
 
@@ -1174,22 +1195,28 @@ def emit_gemm(variant: str, p: GemmProblem, load_a: LoadA, load_b: LoadB, epilog
               tile_m: int = 64, tile_n: int = 64, tile_k: int = 32, threads: int = 256,
               item: str = "item", smem: str = "tkx_smem", ptr_a: PtrA | None = None,
               ptr_b: PtrB | None = None, split: int = 1, shared_budget: int | None = None,
-              tma_a: TmaMap | None = None, tma_b: TmaMap | None = None) -> GemmCode:
+              tma_a: TmaMap | None = None, tma_b: TmaMap | None = None,
+              split_final: SplitFinal | None = None) -> GemmCode:
     """Dispatch to the emitter of ``variant`` (one of :data:`VARIANTS`); ``ptr_a``/``ptr_b``
     (pointers to operand elements in memory, for 16-byte staging) are used by the wgmma variants;
     ``split > 1`` (wgmma only) makes work item ``s * tiles + t`` compute tile ``t`` over the s-th slice
     of K, and its epilogue sees the C variable ``ks_split`` (the slice); ``shared_budget`` (bytes of
     shared memory a block may use) sizes the pipelined wgmma's stages (:func:`wgmma_stages`);
-    ``tma_a``/``tma_b`` make it copy operands with the bulk tensor copy engine (:func:`_wgmma_pipelined`)."""
+    ``tma_a``/``tma_b`` make it copy operands with the bulk tensor copy engine (:func:`_wgmma_pipelined`);
+    ``split_final`` (with ``split > 1``): the last slice of each tile adds the slices and runs
+    ``split_final.final`` (:class:`SplitFinal`), ``epilogue`` being the slice store."""
     if split > 1 and variant not in _WGMMA:
         raise ValueError(f"split-K is implemented by the wgmma variants, not {variant}")
+    if split_final is not None and split <= 1:
+        raise ValueError("a last-slice split-K final needs split > 1")
     if variant == "simt":
         return simt_gemm(p, load_a, load_b, epilogue, tile_m=tile_m, tile_n=tile_n, tile_k=tile_k,
                          threads=threads, item=item, smem=smem)
     if variant in _WGMMA:
         return wgmma_gemm(p, load_a, load_b, epilogue, variant=variant, tile_m=tile_m, tile_n=tile_n,
                           tile_k=tile_k, threads=threads, item=item, smem=smem, ptr_a=ptr_a, ptr_b=ptr_b,
-                          split=split, shared_budget=shared_budget, tma_a=tma_a, tma_b=tma_b)
+                          split=split, shared_budget=shared_budget, tma_a=tma_a, tma_b=tma_b,
+                          split_final=split_final)
     if variant in _WMMA:
         return wmma_gemm(p, load_a, load_b, epilogue, variant=variant, tile_m=tile_m, tile_n=tile_n,
                          tile_k=tile_k, threads=threads, item=item, smem=smem)
@@ -1245,8 +1272,87 @@ def _batched_epilogue(epilogue: Epilogue, batch: int, *,
     return out_c, out_s
 
 
+#: Loads of split-K slices one thread has in flight per pass of a last-slice final (elements per pass =
+#: this // split_k, at most :data:`WGMMA_EPILOGUE_BATCH`).
+SPLIT_FINAL_LOADS = 32
+
+
+def _split_final_params(sf: SplitFinal | None, split: int) -> dict:
+    return {} if sf is None or split <= 1 else {"split_final": "last-slice"}
+
+
+def _split_final_code(sf: SplitFinal | None, p: GemmProblem, split: int, tm: int, tn: int, ldc: int,
+                      threads: int, m_guard: bool, n_guard: bool) -> list[str]:
+    """After the slice stores of a split-K item: the tile's arrival, and for the last slice to arrive
+    the sum of the tile's slices in slice order (``((0 + s0) + s1) + ...``: the bits of the separate
+    final phase) through ``sf.final``. Its own slice is read back from the shared C tile (the same
+    fp32 values it stored). Empty without ``sf``.
+
+    Ordering: ``__syncthreads`` (every thread's slice stores precede thread 0's fence), then thread 0's
+    ``__threadfence`` and acquire-release add on the counter (a release of the block's slice; for
+    the last arrival an acquire of every other slice's, whose releases it reads); the last one
+    stores 0 (the counter is re-armed for the next launch or graph replay: no other item of this
+    launch touches it again), fences, and the block reads the slices after a second
+    ``__syncthreads``."""
+    if sf is None or split <= 1:
+        return []
+    total = p.batch * p.m * p.n
+    fb = max(1, min(WGMMA_EPILOGUE_BATCH, SPLIT_FINAL_LOADS // split))
+    while fb > 1 and (tm * tn) % (threads * fb):
+        fb //= 2
+
+    def summed(x: str, row: str, col: str, local: str) -> str:
+        lin = f"(((long long)bat * M + {row}) * N + {col})"
+        terms = "0.0f"
+        for sl in range(split):
+            terms = f"({terms} + (ks_split == {sl} ? {local} : {sf.scratch}[{sl * total}LL + {x}lin]))"
+        return block(f"const long long {x}lin = {lin};", f"const float {x}acc = {terms};  // slices in slice order")
+
+    batched = None if (m_guard or n_guard) else _batched_epilogue(sf.final, fb)
+    if batched is not None:
+        comp, stores = batched
+        coords = []
+        for u in range(fb):
+            x = f"tkxE{u}_"
+            coords += [f"const int {x}e = e + {u * threads};",
+                       f"const int {x}row = row0 + {x}e / {tn}, {x}col = col0 + {x}e % {tn};",
+                       summed(x, f"{x}row", f"{x}col", f"Cs[({x}e / {tn}) * {ldc} + {x}e % {tn}]")]
+        loop = [f"#pragma unroll 1  // {fb} elements per thread and pass, {split} slice loads each",
+                f"for (int e = threadIdx.x; e < {tm * tn}; e += {threads * fb}) {{",
+                indent(block(*coords, *comp, *stores)), "}"]
+    else:
+        cond = _guard(("row < M", m_guard), ("col < N", n_guard))
+        inner = block(summed("", "row", "col", f"Cs[(e / {tn}) * {ldc} + e % {tn}]"),
+                      sf.final("bat", "row", "col", "acc"))
+        loop = ["#pragma unroll 1  // kept rolled: the epilogue's code appears once",
+                f"for (int e = threadIdx.x; e < {tm * tn}; e += {threads}) {{",
+                f"    const int row = row0 + e / {tn}, col = col0 + e % {tn};",
+                indent(f"if ({cond}) {{\n{indent(inner)}\n}}" if cond else inner), "}"]
+    return [
+        "__syncthreads();  // every thread's slice stores are done",
+        "{  // split-K: this slice has arrived; the last of the tile's slices adds them and runs the epilogue",
+        indent(block(
+            "__shared__ int tkx_last_slice;",
+            "if (threadIdx.x == 0) {",
+            "    __threadfence();  // the block's slice (ordered before by __syncthreads) at GPU scope",
+            f"    const unsigned int arrived = tkx_atom_add_acq_rel({sf.counters} + tkx_tile, 1u);",
+            f"    tkx_last_slice = arrived == {split - 1}u;",
+            "    if (tkx_last_slice) {",
+            f"        tkx_st_relaxed({sf.counters} + tkx_tile, 0u);  // re-armed for the next launch",
+            "        __threadfence();  // the other slices' stores, acquired above, before the block reads them",
+            "    }",
+            "}",
+            "__syncthreads();",
+            "if (tkx_last_slice) {  // block-uniform",
+            indent(block(*loop)),
+            "}",
+        )),
+        "}",
+    ]
+
+
 def _wgmma_store_c(base: str, acc_regs: int, wn: int, ldc: int, tm: int, tn: int, threads: int,
-                   epilogue: Epilogue, m_guard: bool, n_guard: bool) -> str:
+                   epilogue: Epilogue, m_guard: bool, n_guard: bool, after: list[str] | None = None) -> str:
     """The wgmma epilogue: each warpgroup's accumulator fragment of m64nN (register j of lane l in
     warp w is row 16 w + l / 4 + 8 ((j / 2) % 2), column 8 (j / 4) + 2 (l % 4) + j % 2) is written
     to an fp32 C tile in shared memory at ``base``, then the block applies the epilogue per element:
@@ -1286,4 +1392,5 @@ def _wgmma_store_c(base: str, acc_regs: int, wn: int, ldc: int, tm: int, tn: int
             indent(_epilogue_block(epilogue, f"Cs[(e / {tn}) * {ldc} + e % {tn}]", m_guard, n_guard)),
             "}",
         ]
-    return block(*head, *loop, "__syncthreads();  // Cs is read before the next work item reuses the workspace")
+    return block(*head, *loop, *(after or ()),
+                 "__syncthreads();  // Cs is read before the next work item reuses the workspace")
