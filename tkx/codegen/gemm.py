@@ -629,6 +629,12 @@ WGMMA_MMA_IN_FLIGHT = 1
 #: on 256 threads, each waiting one memory latency (on the H200 its items ran 15 µs in medium's step
 #: against about 7 µs with a store-only epilogue); more per pass is unmeasured.
 WGMMA_EPILOGUE_BATCH = EPILOGUE_BATCH
+#: Switch (default off, unmeasured): at the start of a wgmma work item without split-K, the block asks L2
+#: to prefetch (``prefetch.global.L2``, one request per 128-byte line, no registers) the rows of this tile
+#: of every buffer the epilogue reads at the output's own index (an SGD update's weights), so the
+#: epilogue's passes wait an L2 hit instead of a DRAM access; the lines arrive while the k-loop runs.
+#: Only for tiles inside the matrix (no bounds guards). The probe's ``+pf=1`` variant turns it on.
+WGMMA_EPILOGUE_PREFETCH = False
 #: fp32 words a row of the shared C tile is padded by: the accumulators are written as float2 (two
 #: adjacent columns), and a half-warp's 16 float2 (4 rows x 4 column pairs) then hit 32 distinct banks.
 WGMMA_C_PAD = 8
@@ -653,7 +659,8 @@ def _wgmma_pipelined(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epi
                      tm: int, tn: int, tk: int, threads: int, item: str, smem: str, ptr_a: PtrA | None,
                      ptr_b: PtrB | None, split: int = 1, shared_budget: int | None = None,
                      tma_a: TmaMap | None = None, tma_b: TmaMap | None = None,
-                     tmaps: str = "tmaps", split_final: SplitFinal | None = None) -> GemmCode | None:
+                     tmaps: str = "tmaps", split_final: SplitFinal | None = None,
+                     epilogue_reads: tuple[tuple[str, int], ...] = ()) -> GemmCode | None:
     """The wgmma GEMM with operands copied global -> shared by ``cp.async`` (16 bytes at a time, no
     registers), :func:`wgmma_stages` stages deep; ``None`` when it does not apply (see :func:`wgmma_gemm`).
     Each warpgroup leaves :data:`WGMMA_MMA_IN_FLIGHT` k-tiles' MMAs in flight (``wgmma.wait_group``)
@@ -871,6 +878,7 @@ def _wgmma_pipelined(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epi
         copy_setup = [f"const bool vec_ok = {checks};  // 16-byte aligned operands: cp.async, else element loads"]
     epi = _wgmma_store_c("ws", acc_regs, wn, ldc, tm, tn, threads, epilogue, m_guard, n_guard,
                          _split_final_code(split_final, p, split, tm, tn, ldc, threads, m_guard, n_guard))
+    prefetch = _epilogue_prefetch(epilogue_reads if split == 1 else (), p, tm, tn, threads, m_guard or n_guard)
     what = {"wgmma_bf16": "bf16", "wgmma_f16": "fp16"}[variant]
     layouts = f"A {'K' if a_kmajor else 'M'}-major, B {'K' if b_kmajor else 'N'}-major"
     copies = "TMA (cp.async.bulk.tensor) + mbarriers" if use_tma else "cp.async"
@@ -893,12 +901,15 @@ def _wgmma_pipelined(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epi
         f"float d[{acc_regs}];  // accumulators of this thread (m64n{wn} fragment)",
         "#pragma unroll",
         f"for (int j = 0; j < {acc_regs}; ++j) d[j] = 0.0f;",
+        *prefetch,
         k_loop,
         "// epilogue: accumulators -> shared C tile -> per element",
         epi,
     )
     items = p.batch * _ceil(p.m, tm) * _ceil(p.n, tn) * split
     params = {"tile": (tm, tn, tk), "warpgroups": (wgm, wgn), "instruction": f"m64n{wn}k{fk}",
+              **({"epilogue_prefetch": len(epilogue_reads)} if prefetch else {}),
+              "epilogue_batch": WGMMA_EPILOGUE_BATCH,
               "swizzle": "128B", "stages": stages, "copies": "tma" if use_tma else "cp.async", "layouts": layouts,
               "split_k": split, "mma_in_flight": lag, **_split_final_params(split_final, split)}
     return GemmCode(variant, "{\n" + indent(body) + "\n}", items, shared, threads, True, params, use_tma)
@@ -908,7 +919,8 @@ def wgmma_gemm(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue,
                tile_m: int = 128, tile_n: int = 128, tile_k: int = 64, threads: int = 256, item: str = "item",
                smem: str = "tkx_smem", ptr_a: PtrA | None = None, ptr_b: PtrB | None = None,
                split: int = 1, shared_budget: int | None = None, tma_a: TmaMap | None = None,
-               tma_b: TmaMap | None = None, split_final: SplitFinal | None = None) -> GemmCode:
+               tma_b: TmaMap | None = None, split_final: SplitFinal | None = None,
+               epilogue_reads: tuple[tuple[str, int], ...] = ()) -> GemmCode:
     """(e) Hopper warpgroup MMA (``wgmma.mma_async``, sm_90a only), fp32 accumulators in registers.
 
     The block's ``threads / 128`` warpgroups are arranged WGM x WGN over the ``tile_m x tile_n``
@@ -943,7 +955,8 @@ def wgmma_gemm(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue,
                          "columns each, a multiple of 8")
     piped = _wgmma_pipelined(p, load_a, load_b, epilogue, variant=variant, tm=tm, tn=tn, tk=tk, threads=threads,
                              item=item, smem=smem, ptr_a=ptr_a, ptr_b=ptr_b, split=split,
-                             shared_budget=shared_budget, tma_a=tma_a, tma_b=tma_b, split_final=split_final)
+                             shared_budget=shared_budget, tma_a=tma_a, tma_b=tma_b, split_final=split_final,
+                             epilogue_reads=epilogue_reads)
     if piped is not None:
         return piped
     sa = _Stage("a", tm, tk, "col" if p.a_k_contiguous else "row", threads)
@@ -1196,7 +1209,7 @@ def emit_gemm(variant: str, p: GemmProblem, load_a: LoadA, load_b: LoadB, epilog
               item: str = "item", smem: str = "tkx_smem", ptr_a: PtrA | None = None,
               ptr_b: PtrB | None = None, split: int = 1, shared_budget: int | None = None,
               tma_a: TmaMap | None = None, tma_b: TmaMap | None = None,
-              split_final: SplitFinal | None = None) -> GemmCode:
+              split_final: SplitFinal | None = None, epilogue_reads: tuple[tuple[str, int], ...] = ()) -> GemmCode:
     """Dispatch to the emitter of ``variant`` (one of :data:`VARIANTS`); ``ptr_a``/``ptr_b``
     (pointers to operand elements in memory, for 16-byte staging) are used by the wgmma variants;
     ``split > 1`` (wgmma only) makes work item ``s * tiles + t`` compute tile ``t`` over the s-th slice
@@ -1204,7 +1217,9 @@ def emit_gemm(variant: str, p: GemmProblem, load_a: LoadA, load_b: LoadB, epilog
     shared memory a block may use) sizes the pipelined wgmma's stages (:func:`wgmma_stages`);
     ``tma_a``/``tma_b`` make it copy operands with the bulk tensor copy engine (:func:`_wgmma_pipelined`);
     ``split_final`` (with ``split > 1``): the last slice of each tile adds the slices and runs
-    ``split_final.final`` (:class:`SplitFinal`), ``epilogue`` being the slice store."""
+    ``split_final.final`` (:class:`SplitFinal`), ``epilogue`` being the slice store; ``epilogue_reads``:
+    ``(C pointer, element bytes)`` of buffers the epilogue reads at the output's index (element (row, col)
+    at ``pointer + row * N + col``), prefetched into L2 with :data:`WGMMA_EPILOGUE_PREFETCH`."""
     if split > 1 and variant not in _WGMMA:
         raise ValueError(f"split-K is implemented by the wgmma variants, not {variant}")
     if split_final is not None and split <= 1:
@@ -1216,7 +1231,7 @@ def emit_gemm(variant: str, p: GemmProblem, load_a: LoadA, load_b: LoadB, epilog
         return wgmma_gemm(p, load_a, load_b, epilogue, variant=variant, tile_m=tile_m, tile_n=tile_n,
                           tile_k=tile_k, threads=threads, item=item, smem=smem, ptr_a=ptr_a, ptr_b=ptr_b,
                           split=split, shared_budget=shared_budget, tma_a=tma_a, tma_b=tma_b,
-                          split_final=split_final)
+                          split_final=split_final, epilogue_reads=epilogue_reads)
     if variant in _WMMA:
         return wmma_gemm(p, load_a, load_b, epilogue, variant=variant, tile_m=tile_m, tile_n=tile_n,
                          tile_k=tile_k, threads=threads, item=item, smem=smem)
@@ -1270,6 +1285,27 @@ def _batched_epilogue(epilogue: Epilogue, batch: int, *,
         out_c += [ren(x) for x in comp]
         out_s += [ren(x) for x in stores]
     return out_c, out_s
+
+
+def _epilogue_prefetch(reads: tuple[tuple[str, int], ...], p: GemmProblem, tm: int, tn: int, threads: int,
+                       guarded: bool) -> list[str]:
+    """With :data:`WGMMA_EPILOGUE_PREFETCH`: L2 prefetches of this tile's rows of each ``(pointer, element
+    bytes)`` in ``reads`` (element (row, col) at ``pointer + row * N + col``); empty otherwise."""
+    if not WGMMA_EPILOGUE_PREFETCH or not reads or guarded or p.batch > 1:
+        return []
+    lines = []
+    for ptr, esize in reads:
+        span = tn * esize
+        per_row = _ceil(span, 128) + 1  # the row's bytes may start inside a line
+        lines += [
+            f"for (int q = threadIdx.x; q < {tm * per_row}; q += {threads}) {{  // L2 prefetch: the epilogue "
+            f"reads this tile of {ptr}",
+            f"    const char* line = reinterpret_cast<const char*>({ptr}) + ((long long)(row0 + q / {per_row}) * N "
+            f"+ col0) * {esize} + min((q % {per_row}) * 128, {span - 1});",
+            '    asm volatile("prefetch.global.L2 [%0];" :: "l"(line));',
+            "}"]
+    return ["// the epilogue's reads of this tile into L2 while the k-loop runs (gemm.WGMMA_EPILOGUE_PREFETCH)",
+            *lines]
 
 
 #: Loads of split-K slices one thread has in flight per pass of a last-slice final (elements per pass =

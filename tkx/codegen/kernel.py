@@ -18,6 +18,7 @@ How a group reads a value (the same rules as the schedule interpreter):
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,7 @@ from ..target import EPILOGUE_BATCH, GPU, register_budget, register_note
 from . import abi
 from . import ops as cops
 from .cuda_prelude import C_TYPES, barrier, barrier_setup, load, prelude, round_to, shared_workspace, store
+from . import gemm as gemm_module
 from .gemm import GemmProblem, SplitFinal, _batched_epilogue, emit_gemm
 from .gemv import gemv_stream
 from .reduce import emit_reduction, final_reduce, partial_reduce
@@ -780,7 +782,9 @@ class _Emitter:
                              ptr_b=pointer_to(b, 1 if prob.b_n_contiguous else 0), split=split,
                              shared_budget=GPU.shared_per_block // max(1, int(self.s.options.blocks_per_sm)),
                              tma_a=tma_map(a, 1 if prob.a_k_contiguous else 0),
-                             tma_b=tma_map(b, 1 if prob.b_n_contiguous else 0), split_final=split_final)
+                             tma_b=tma_map(b, 1 if prob.b_n_contiguous else 0), split_final=split_final,
+                             epilogue_reads=_point_reads(epilogue("bat", "row", "col", "acc"))
+                             if gemm_module.WGMMA_EPILOGUE_PREFETCH and split == 1 and not batched else ())
         self.plan.tensor_cores |= code.tensor_cores
         self.plan.notes[g.id] = {"variant": code.variant, **code.params}
         return code.code, code.work_items, code.shared_bytes
@@ -868,6 +872,24 @@ class _Emitter:
                                   ctype=cops.c_type(op.out.dtype))
         self.plan.notes[g.id] = {"strategy": code.strategy, **code.params}
         return code.code, code.work_items, code.shared_bytes
+
+
+_POINT_LOAD = re.compile(r"tkx_ld_(\w+)\(((?:[^(),]|\([^()]*\))+), tkx_e\)")
+
+
+def _point_reads(code: str) -> tuple[tuple[str, int], ...]:
+    """``(C pointer, element bytes)`` of each buffer ``code`` (a GEMM epilogue's statements) loads at the
+    output element's own linear index ``tkx_e`` (the epilogue's ``load(dtype, ptr, "tkx_e")``)."""
+    from .cuda_prelude import SUFFIX
+    size = {suffix: _ITEMSIZE[dt] for dt, suffix in SUFFIX.items() if dt in _ITEMSIZE}
+    seen: dict[str, int] = {}
+    for suffix, ptr in _POINT_LOAD.findall(code):
+        if suffix in size:
+            seen.setdefault(ptr.strip(), size[suffix])
+    return tuple(seen.items())
+
+
+_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "bool": 1, "int8": 1, "uint8": 1}
 
 
 def _stage_loop(parts: list[tuple[Group, str, int]]) -> str:
