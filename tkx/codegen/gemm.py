@@ -624,11 +624,13 @@ WGMMA_MAX_STAGES = 8
 #: MMAs and then waits only for k-tile kt - 1's, refilling the stage of k-tile kt - 2 (one stage fewer
 #: holds copies in flight).
 WGMMA_MMA_IN_FLIGHT = 1
-#: Elements per thread and pass of the wgmma tile epilogue (their loads in flight together): the
-#: target's :data:`~tkx.target.EPILOGUE_BATCH`. A 128x256 tile of an SGD update takes 16 passes of 8
-#: on 256 threads, each waiting one memory latency (on the H200 its items ran 15 µs in medium's step
-#: against about 7 µs with a store-only epilogue); more per pass is unmeasured.
-WGMMA_EPILOGUE_BATCH = EPILOGUE_BATCH
+#: Elements per thread and pass of the wgmma tile epilogue (their loads in flight together). A 128x256
+#: tile of an SGD update took 16 passes of 8 (the target's :data:`~tkx.target.EPILOGUE_BATCH`) on 256
+#: threads, each waiting one memory latency (on the H200 its items ran 15 µs in medium's step against
+#: about 7 µs with a store-only epilogue); 16 halves the passes. Registers (sm_90a, NVRTC, no spills):
+#: small 116 -> 134, medium 155 -> 154, mixed_precision 154 -> 178 (32: 168 / 189 / 246). Set it back to
+#: 8 to undo; the probe's ``+epi=N`` variants measure it.
+WGMMA_EPILOGUE_BATCH = 16
 #: Switch (default off, unmeasured): at the start of a wgmma work item without split-K, the block asks L2
 #: to prefetch (``prefetch.global.L2``, one request per 128-byte line, no registers) the rows of this tile
 #: of every buffer the epilogue reads at the output's own index (an SGD update's weights), so the
