@@ -14,11 +14,11 @@ out=${1:?usage: scripts/gemm-s4-lastk.sh OUTDIR}
 mkdir -p "$out"
 export PYTHONPATH=$PWD
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv > "$out/gpu.txt" 2>&1
-timeout 62 python scripts/gemm-s4-probe.py --steps --no-gemms --budget-s 54 \
+timeout 58 python scripts/gemm-s4-probe.py --steps --no-gemms --budget-s 50 \
     --variants "L1-tma+lastk=0+epi=8,L1-tma,L1-tma+epi=8" \
     --step-variants "L1-tma+lastk=0,L1-tma+epi=32,L1-tma+pf=1" \
     --out "$out/probe.json" > "$out/probe.txt" 2>&1
 echo "probe rc=$?" >> "$out/probe.txt"
-timeout 25 python -m pytest -q -x -p no:cacheprovider tests/test_wgmma_gpu.py -k last_slice > "$out/pytest.txt" 2>&1
+timeout 28 python -m pytest -q -x -p no:cacheprovider tests/test_wgmma_gpu.py -k last_slice > "$out/pytest.txt" 2>&1
 echo "pytest rc=$?" >> "$out/pytest.txt"
 tail -n 12 "$out/probe.txt" "$out/pytest.txt"
