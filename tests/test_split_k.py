@@ -173,3 +173,53 @@ def test_split_k_decision():
     assert cut.split_k == 2 and "cut to 2" in cut.adjusted
     portable = choose_gemm(GemmProblem(256, 1024, 4096, dtype="bfloat16"), Options(split_k=4), "sm_80")
     assert portable.split_k == 1 and "not applied" in portable.adjusted
+
+
+def test_last_slice_final_in_the_tile_code():
+    """emit_gemm with a SplitFinal: the slice store, the arrival on the tile's counter, and the final that
+    adds the slices in slice order (its own from the shared C tile), batched or (ragged tiles) rolled."""
+    from tkx.codegen import gemm as G
+
+    def ld(b, r, c):
+        return f"tkx_ld_bf16(A, {r} * 512 + {c})"
+
+    def store(b, r, c, acc):
+        return f"S[(long long)ks_split * 65536LL + (long long){r} * 256 + {c}] = {acc};"
+
+    def final(b, r, c, acc):
+        return f"const long long tkx_e = ((long long){r} * 256 + {c});\ntkx_st_f32(C, tkx_e, {acc});"
+    for m, batched in ((256, True), (200, False)):
+        p = G.GemmProblem(m, 256, 512, dtype="bfloat16")
+        code = G.emit_gemm("wgmma_bf16", p, ld, ld, store, tile_m=128, tile_n=128, tile_k=64, split=4,
+                           ptr_a=lambda b, r, k: f"(A + {r} * 512 + {k})", ptr_b=lambda b, k, c: f"(B + {k} * 256 + {c})",
+                           split_final=G.SplitFinal("S", "(T + 3)", final))
+        text = code.code
+        assert code.params["split_final"] == "last-slice" and code.work_items == 4 * (-(-m // 128)) * 2
+        assert "tkx_atom_add_acq_rel((T + 3) + tkx_tile, 1u)" in text and "arrived == 3u" in text
+        assert "tkx_st_relaxed((T + 3) + tkx_tile, 0u)" in text
+        order = [text.index(f"ks_split == {s} ?") for s in range(4)]
+        assert order == sorted(order)  # slice order
+        assert text.index("S[(long long)ks_split") < text.index("tkx_atom_add_acq_rel") < text.index("tkx_st_f32(C")
+        assert ("elements per thread and pass, 4 slice loads each" in text) == batched
+    with pytest.raises(ValueError, match="split > 1"):
+        G.emit_gemm("wgmma_bf16", G.GemmProblem(256, 256, 512, dtype="bfloat16"), ld, ld, store, tile_m=128,
+                    tile_n=128, tile_k=64, split_final=G.SplitFinal("S", "T", final))
+
+
+@pytest.mark.skipif(not nvrtc_available()[0], reason="NVRTC unavailable")
+def test_epilogue_prefetch_compiles_without_spills(monkeypatch):
+    """gemm.WGMMA_EPILOGUE_PREFETCH: the SGD updates of medium's weight gradients prefetch the weights' tile
+    rows into L2 (one request per 128-byte line); the kernel compiles for sm_90a without spills."""
+    from tkx.codegen import gemm as G
+    from tkx.codegen.kernel import _point_reads
+    assert _point_reads("const float v = tkx_ld_bf16(in2, tkx_e) - tkx_ld_f32(reinterpret_cast<float*>(arena + 64), "
+                        "tkx_e) + tkx_ld_bf16(in3, tkx_e + 1);") == (("in2", 2), ("reinterpret_cast<float*>(arena + 64)", 4))
+    monkeypatch.setattr(G, "WGMMA_EPILOGUE_PREFETCH", True)
+    ex = get("medium")
+    exp = tkx.explore(ex.step_fn, ex.example_inputs, name="medium", arch="sm_90a")
+    notes = exp.cuda.notes
+    updates = [g.id for g in exp.schedule.groups.values() if g.kind == "gemm" and g.plan.tile_m == 128]
+    assert updates and all(notes[g].get("epilogue_prefetch") == 1 for g in updates)
+    assert exp.cuda.text.count('prefetch.global.L2 [%0];') >= len(updates)
+    report = exp.cuda.check("sm_90a")
+    assert report.spill_bytes == 0, report.summary()
