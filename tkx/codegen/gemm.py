@@ -1340,11 +1340,12 @@ def _split_final_code(sf: SplitFinal | None, p: GemmProblem, split: int, tm: int
         fb //= 2
 
     def summed(x: str, row: str, col: str, local: str) -> str:
-        lin = f"(((long long)bat * M + {row}) * N + {col})"
+        lin = f"tkx_sk{x}lin"  # a name no epilogue declares (theirs are renamed tkxE<u>_<name>)
         terms = "0.0f"
         for sl in range(split):
-            terms = f"({terms} + (ks_split == {sl} ? {local} : {sf.scratch}[{sl * total}LL + {x}lin]))"
-        return block(f"const long long {x}lin = {lin};", f"const float {x}acc = {terms};  // slices in slice order")
+            terms = f"({terms} + (ks_split == {sl} ? {local} : {sf.scratch}[{sl * total}LL + {lin}]))"
+        return block(f"const long long {lin} = (((long long)bat * M + {row}) * N + {col});",
+                     f"const float {x}acc = {terms};  // slices in slice order")
 
     batched = None if (m_guard or n_guard) else _batched_epilogue(sf.final, fb)
     if batched is not None:
