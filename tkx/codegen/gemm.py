@@ -1343,7 +1343,8 @@ def _split_final_code(sf: SplitFinal | None, p: GemmProblem, split: int, tm: int
         lin = f"tkx_sk{x}lin"  # a name no epilogue declares (theirs are renamed tkxE<u>_<name>)
         terms = "0.0f"
         for sl in range(split):
-            terms = f"({terms} + (ks_split == {sl} ? {local} : {sf.scratch}[{sl * total}LL + {lin}]))"
+            # __ldcg: at L2, where the other blocks' slices are (this SM's L1 may hold no stale line)
+            terms = f"({terms} + (ks_split == {sl} ? {local} : __ldcg({sf.scratch} + {sl * total}LL + {lin})))"
         return block(f"const long long {lin} = (((long long)bat * M + {row}) * N + {col});",
                      f"const float {x}acc = {terms};  // slices in slice order")
 
