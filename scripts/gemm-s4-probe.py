@@ -109,7 +109,8 @@ def parse(variant: str) -> tuple[int, str, dict]:
 
 
 _DIRECT = target._Wgmma._direct
-_DEFAULTS = {"epi": G.WGMMA_EPILOGUE_BATCH, "lastk": int(target.SPLIT_K_LAST_SLICE), "pf": int(G.WGMMA_EPILOGUE_PREFETCH)}
+_DEFAULTS = {"epi": G.WGMMA_EPILOGUE_BATCH, "lastk": int(target.SPLIT_K_LAST_SLICE),
+             "pf": int(G.WGMMA_EPILOGUE_PREFETCH)}
 
 
 def set_variant(variant: str) -> Options:

@@ -191,7 +191,8 @@ def test_last_slice_final_in_the_tile_code():
     for m, batched in ((256, True), (200, False)):
         p = G.GemmProblem(m, 256, 512, dtype="bfloat16")
         code = G.emit_gemm("wgmma_bf16", p, ld, ld, store, tile_m=128, tile_n=128, tile_k=64, split=4,
-                           ptr_a=lambda b, r, k: f"(A + {r} * 512 + {k})", ptr_b=lambda b, k, c: f"(B + {k} * 256 + {c})",
+                           ptr_a=lambda b, r, k: f"(A + {r} * 512 + {k})",
+                           ptr_b=lambda b, k, c: f"(B + {k} * 256 + {c})",
                            split_final=G.SplitFinal("S", "(T + 3)", final))
         text = code.code
         assert code.params["split_final"] == "last-slice" and code.work_items == 4 * (-(-m // 128)) * 2
@@ -212,8 +213,9 @@ def test_epilogue_prefetch_compiles_without_spills(monkeypatch):
     rows into L2 (one request per 128-byte line); the kernel compiles for sm_90a without spills."""
     from tkx.codegen import gemm as G
     from tkx.codegen.kernel import _point_reads
-    assert _point_reads("const float v = tkx_ld_bf16(in2, tkx_e) - tkx_ld_f32(reinterpret_cast<float*>(arena + 64), "
-                        "tkx_e) + tkx_ld_bf16(in3, tkx_e + 1);") == (("in2", 2), ("reinterpret_cast<float*>(arena + 64)", 4))
+    code = ("const float v = tkx_ld_bf16(in2, tkx_e) - tkx_ld_f32(reinterpret_cast<float*>(arena + 64), tkx_e) "
+            "+ tkx_ld_bf16(in3, tkx_e + 1);")  # the last is not at the point
+    assert _point_reads(code) == (("in2", 2), ("reinterpret_cast<float*>(arena + 64)", 4))
     monkeypatch.setattr(G, "WGMMA_EPILOGUE_PREFETCH", True)
     ex = get("medium")
     exp = tkx.explore(ex.step_fn, ex.example_inputs, name="medium", arch="sm_90a")

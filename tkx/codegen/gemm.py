@@ -46,7 +46,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..target import EPILOGUE_BATCH, SKINNY_MAX, GemmProblem, choose_gemm
+from ..target import SKINNY_MAX, GemmProblem, choose_gemm
 from .text import block, indent
 
 LoadA = Callable[[str, str, str], str]  # (batch, row, k) -> float C expression
@@ -100,7 +100,7 @@ class SplitFinal:
 
     scratch: str
     counters: str
-    final: "Epilogue"
+    final: Epilogue
 
 
 def _ceil(a: int, b: int) -> int:

@@ -30,9 +30,9 @@ from ..ir import Op, TensorSpec, contiguous_strides
 from ..schedule.model import FusedSchedule, Group, Home
 from ..target import EPILOGUE_BATCH, GPU, register_budget, register_note
 from . import abi
+from . import gemm as gemm_module
 from . import ops as cops
 from .cuda_prelude import C_TYPES, barrier, barrier_setup, load, prelude, round_to, shared_workspace, store
-from . import gemm as gemm_module
 from .gemm import GemmProblem, SplitFinal, _batched_epilogue, emit_gemm
 from .gemv import gemv_stream
 from .reduce import emit_reduction, final_reduce, partial_reduce
@@ -1143,5 +1143,6 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
     return CudaSource(text=text, launch=launch, schedule=s, arena=arena,
                       op_lines={k: tuple(v) for k, v in op_lines.items()}, group_lines=group_lines,
                       tensor_cores=em.plan.tensor_cores, notes=em.plan.notes, sync=sync, sync_reason=sync_reason,
-                      sync_words=_sync_words(sync, dag, em.plan.tile_counter_words), timeline_tasks=dag.num_tasks if timeline and dag else 0,
+                      sync_words=_sync_words(sync, dag, em.plan.tile_counter_words),
+                      timeline_tasks=dag.num_tasks if timeline and dag else 0,
                       dag=dag)

@@ -28,9 +28,9 @@ block's task, counter, value and threshold are reported).
 
 Values: a group is computed by the schedule interpreter's machinery when its last task
 finishes (reading memory as it is then; a "last-slice" split-K group's per-tile arrival counters
-live across launches, as the kernel's sync words do, and must be back at 0 after each); from its first task's start until then the bytes it
-writes are poisoned (all bits set: NaN for floats), so premature readers see garbage. The
-outputs and updates of each launch are compared with :func:`tkx.reference.run`.
+live across launches, as the kernel's sync words do, and must be back at 0 after each); from its
+first task's start until then the bytes it writes are poisoned (all bits set: NaN for floats), so
+premature readers see garbage. The outputs and updates of each launch are compared with :func:`tkx.reference.run`.
 """
 
 from __future__ import annotations
