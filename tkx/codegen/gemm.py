@@ -1396,8 +1396,8 @@ def _wgmma_store_c(base: str, acc_regs: int, wn: int, ldc: int, tm: int, tn: int
     """The wgmma epilogue: each warpgroup's accumulator fragment of m64nN (register j of lane l in
     warp w is row 16 w + l / 4 + 8 ((j / 2) % 2), column 8 (j / 4) + 2 (l % 4) + j % 2) is written
     to an fp32 C tile in shared memory at ``base``, then the block applies the epilogue per element:
-    :data:`WGMMA_EPILOGUE_BATCH` elements per thread and pass (:func:`_batched_epilogue`) when the tile
-    needs no bounds guards, else one element per iteration."""
+    :data:`WGMMA_EPILOGUE_BATCH` elements per thread and pass (halved until the tile holds a whole pass;
+    :func:`_batched_epilogue`) when the tile needs no bounds guards, else one element per iteration."""
     head = [
         f"float* Cs = reinterpret_cast<float*>({base});  // the C tile, fp32, rows padded",
         "#pragma unroll",
@@ -1409,6 +1409,8 @@ def _wgmma_store_c(base: str, acc_regs: int, wn: int, ldc: int, tm: int, tn: int
         "__syncthreads();",
     ]
     ub = WGMMA_EPILOGUE_BATCH
+    while ub > 1 and (tm * tn) % (threads * ub):  # a small tile: fewer per pass, still batched
+        ub //= 2
     batched = None if (m_guard or n_guard or (tm * tn) % (threads * ub)) else _batched_epilogue(epilogue, ub)
     if batched is not None:
         comp, stores = batched
