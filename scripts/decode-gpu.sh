@@ -6,7 +6,7 @@
 #      tokens/s for tkx, eager, eager+CUDA graph, torch.compile default / max-autotune, and the speed of
 #      light;                                                                          -> OUT/decode-bench.{json,md,log}
 #   3. the GPU tests of tests/test_decode.py (cache hits by then).                     -> OUT/pytest-gpu.log
-# Environment: PYTHON (default python), DECODE_QUANTS (default bf16,int8,int4).
+# Environment: PYTHON (default python), DECODE_QUANTS (default bf16,int8,int4), DECODE_TESTS=0 skips step 3.
 set -u -o pipefail
 OUT="${1:-decode-gpu-out}"
 mkdir -p "$OUT"
@@ -30,5 +30,7 @@ echo "[decode-gpu] caches warm after $(( $(date +%s) - t0 )) s"; grep -h "built 
 "$PY" scripts/decode-bench.py --out "$OUT" --quants "$QUANTS" --syncs barrier,counters --sync-quants bf16 --timeline \
     2>&1 | tee "$OUT/decode-bench.log"
 echo "[decode-gpu] benchmark done after $(( $(date +%s) - t0 )) s"
-"$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_decode.py 2>&1 | tail -n 15 | tee "$OUT/pytest-gpu.log"
+if [ "${DECODE_TESTS:-1}" != 0 ]; then
+    "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_decode.py 2>&1 | tail -n 15 | tee "$OUT/pytest-gpu.log"
+fi
 echo "[decode-gpu] all done after $(( $(date +%s) - t0 )) s"

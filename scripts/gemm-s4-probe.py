@@ -15,7 +15,10 @@ Compares wgmma pipeline variants on a GPU in one process (issue 12, session 4):
 A variant is ``L<n>-<copy>[+field=value...]``: ``gemm.WGMMA_MMA_IN_FLIGHT = n`` (wgmma groups left in
 flight per k-tile) and ``Options(gemm_copy=copy, field=value)``; ``+tiles=old`` plans tiles as before
 128x256 tiles existed (``L0-cp.async+tiles=old`` is the previous default); ``+epi=16``: 16 elements
-per thread and pass in the wgmma tile epilogue (``gemm.WGMMA_EPILOGUE_BATCH``). ``--one VARIANT`` builds
+per thread and pass in the wgmma tile epilogue (``gemm.WGMMA_EPILOGUE_BATCH``); ``+lastk=0``: split-K
+with its final phase as a stage of its own (``target.SPLIT_K_LAST_SLICE = False``; ``1``: the last slice
+of each tile adds the slices); ``+pf=1``: L2 prefetch of the epilogue's tile reads
+(``gemm.WGMMA_EPILOGUE_PREFETCH``). Knobs not named keep the committed defaults. ``--one VARIANT`` builds
 medium's 256x4096x1024 GEMM in that variant and launches it ``--launches`` times (nothing timed: for
 ``ncu``; several variants comma-separated), and writes its cubin next to ``--out``.
 Work is done in order of value and stops (writing what it has) when ``--budget-s`` runs out.
@@ -106,6 +109,8 @@ def parse(variant: str) -> tuple[int, str, dict]:
 
 
 _DIRECT = target._Wgmma._direct
+_DEFAULTS = {"epi": G.WGMMA_EPILOGUE_BATCH, "lastk": int(target.SPLIT_K_LAST_SLICE),
+             "pf": int(G.WGMMA_EPILOGUE_PREFETCH)}
 
 
 def set_variant(variant: str) -> Options:
@@ -114,7 +119,9 @@ def set_variant(variant: str) -> Options:
     lag, copy, opts = parse(variant)
     G.WGMMA_MMA_IN_FLIGHT = lag
     target._Wgmma._direct = (lambda em, p: False) if opts.pop("tiles", None) == "old" else _DIRECT
-    G.WGMMA_EPILOGUE_BATCH = int(opts.pop("epi", target.EPILOGUE_BATCH))
+    G.WGMMA_EPILOGUE_BATCH = int(opts.pop("epi", _DEFAULTS["epi"]))
+    target.SPLIT_K_LAST_SLICE = bool(int(opts.pop("lastk", _DEFAULTS["lastk"])))
+    G.WGMMA_EPILOGUE_PREFETCH = bool(int(opts.pop("pf", _DEFAULTS["pf"])))
     return Options(gemm_copy=copy, **opts)
 
 
@@ -161,7 +168,7 @@ def main() -> int:
     args = ap.parse_args()
     dev = torch.device("cuda")
     t0 = time.time()
-    shapes = gemm_shapes(dev)
+    shapes = gemm_shapes(dev) if args.one or args.ablations or not args.no_gemms else []
     if args.one:
         plan = shapes[0][1]
         for variant in args.one.split(","):
@@ -229,12 +236,22 @@ def main() -> int:
                 ver = r.verify(seeds=(0,), make_inputs=ex.make_inputs)
                 graph = r.capture_graph(*inputs, warmup=3)
                 t = bench.median_us([graph.graph.replay], dev)
+                torch.cuda.synchronize(dev)
+                graph.check_status()
+                words = graph._words.cpu()
+                # split-K tile arrival counters (sync words 12 on, without sync="counters") after every replay
+                tiles_zero = int(words[12:].abs().sum()) == 0 if r.source.sync_words > 12 else None
+                sched = r.source.schedule
                 row = {"example": label, "variant": v, "step_us": t, "verified": ver.passed,
+                       "stages": len(sched.stages), "grid_barriers": sched.num_barriers,
+                       "tile_counters_zero": tiles_zero,
+                       "knobs": {"epi": G.WGMMA_EPILOGUE_BATCH, "lastk": target.SPLIT_K_LAST_SLICE,
+                                 "pf": G.WGMMA_EPILOGUE_PREFETCH},
                        "resources": r.resources.summary(),
                        "gemm_notes": {k: n for k, n in r.source.notes.items() if n.get("tile")}}
                 result["steps"].append(row)
-                print(f"step {label:<7} {v:<12} {t:7.1f} us  verified {ver.passed}  {r.resources.summary()}",
-                      flush=True)
+                print(f"step {label:<7} {v:<22} {t:7.1f} us  verified {ver.passed}  stages {len(sched.stages)}  "
+                      f"tile counters 0: {tiles_zero}  {r.resources.summary()}", flush=True)
             else:
                 row = one_gemm(plan, v, dev, ablation=abl, tile=tile)
                 row.update(label=label, variant=v, ablation=abl, forced_tile=tile)

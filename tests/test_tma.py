@@ -147,7 +147,7 @@ def test_batched_epilogue_in_the_tile_code():
         return f"const long long tkx_e = ((long long){r} * 256 + {c});\ntkx_st_f32(C, tkx_e, {acc});"
     code = G.emit_gemm("wgmma_bf16", p, ld, ld, epi, tile_m=128, tile_n=128, tile_k=64,
                        ptr_a=lambda b, r, k: f"(A + {r} * 128 + {k})", ptr_b=lambda b, k, c: f"(B + {k} * 256 + {c})")
-    assert f"{G.EPILOGUE_BATCH} elements per thread and pass" in code.code
+    assert f"{G.WGMMA_EPILOGUE_BATCH} elements per thread and pass" in code.code
     ragged = G.GemmProblem(200, 256, 128, dtype="bfloat16")  # row guards: one element per iteration
     code = G.emit_gemm("wgmma_bf16", ragged, ld, ld, epi, tile_m=128, tile_n=128, tile_k=64,
                        ptr_a=lambda b, r, k: f"(A + {r} * 128 + {k})", ptr_b=lambda b, k, c: f"(B + {k} * 256 + {c})")

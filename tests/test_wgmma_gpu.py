@@ -116,11 +116,52 @@ def test_examples_verify_with_wgmma(name, split):
     options = Options(arch="sm_90a", split_k=split, fp32_math="tf32" if split == 4 else "simt")
     runner = tkx.runtime.build(ex.step_fn, ex.make_inputs(0, "cuda"), options, name=name, loss=ex.loss_output)
     if split == 4 and name != "online":  # online's tiled GEMMs are fp32 with K = 8 or too narrow for wgmma
-        assert any(g.kind == "gemm_partial" for g in runner.source.schedule.groups.values())
+        assert any(g.plan.get("split_k", 1) > 1 for g in runner.source.schedule.groups.values()
+                   if g.kind in ("gemm", "gemm_partial"))
     gemms = [g for g in runner.source.schedule.groups.values() if g.kind == "gemm"]
     assert gemms and any(g.plan.impl.startswith("wgmma") for g in gemms) or ex.name == "online"
     v = runner.verify(seeds=(0, 1), make_inputs=ex.make_inputs)
     assert v.passed, v.summary()
+
+
+def _same_bits(a, b):
+    return a.shape == b.shape and torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())
+
+
+@pytest.mark.parametrize("name", ["small", "medium"])
+def test_last_slice_split_k_matches_the_stage_final_bit_for_bit(name, monkeypatch):
+    """The split-K final in the last slice of each tile (``tkx.target.SPLIT_K_LAST_SLICE``) gives the bits of
+    the separate final stage in every launch, and leaves every tile arrival counter (sync words 12 on) at 0
+    after launches and CUDA-graph replays."""
+    from tkx import target
+    ex = get(name)
+    results = {}
+    for last in (False, True):
+        monkeypatch.setattr(target, "SPLIT_K_LAST_SLICE", last)
+        r = tkx.runtime.build(ex.step_fn, ex.make_inputs(0, "cuda"), Options(arch="sm_90a", split_k=4),
+                              name=f"{name}_last{int(last)}", loss=ex.loss_output)
+        split = [g for g in r.source.schedule.groups.values() if g.kind == "gemm" and g.plan.split_k > 1]
+        assert split and all(g.plan.split_final == ("last-slice" if last else "stage") for g in split)
+        runs = []
+        for _ in range(3):  # every launch from the same inputs
+            flat = r.flatten(ex.make_inputs(0, "cuda"))
+            outs = r.run_flat(flat)
+            runs.append([t.clone() for t in outs] + [flat[u.input_index].clone() for u in r.program.updates])
+        torch.cuda.synchronize()
+        if last:
+            assert r.source.sync_words == 12 + sum(g.plan.tiles for g in split)
+            assert int(r._words.cpu()[12:].abs().sum()) == 0, "a tile arrival counter was left set"
+            graph = r.capture_graph(*ex.make_inputs(0, "cuda"))
+            for _ in range(4):
+                graph.replay()
+            torch.cuda.synchronize()
+            graph.check_status()
+            assert int(graph._words.cpu()[12:].abs().sum()) == 0, "a graph replay left a tile counter set"
+        for later in runs[1:]:
+            assert all(_same_bits(a, b) for a, b in zip(runs[0], later)), "launches differ"
+        results[last] = runs[0]
+    assert all(_same_bits(a, b) for a, b in zip(results[False], results[True])), \
+        "the last-slice final's bits differ from the separate final stage's"
 
 
 @pytest.mark.skipif(shutil.which("cuobjdump") is None, reason="cuobjdump not installed")

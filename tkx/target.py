@@ -261,9 +261,12 @@ class GemmPlan(Plan):
     output tile of one work item, ``tile_k`` the depth staged per step; ``split_k``: how
     many slices of K are computed by separate work items (1: none); ``adjusted``: what the
     planner changed from the options and why (empty when nothing); ``partials``: with split-K,
-    the fp32 scratch buffer ``[split_k, batch, m, n]`` the slices are written to (the
-    ``gemm_partial`` group) and then added in slice order (the ``gemm`` group, which also runs
-    the epilogue).
+    the fp32 scratch buffer ``[split_k, batch, m, n]`` the slices are written to and then added in
+    slice order; ``split_final``: who adds them: ``"stage"`` (the ``gemm_partial`` group writes the
+    slices, the ``gemm`` group of the next stage adds them and runs the epilogue) or
+    ``"last-slice"`` (one ``gemm`` group: each work item writes its slice and bumps its tile's
+    arrival counter; the item that arrives last adds the slices in slice order and runs the
+    epilogue, :data:`SPLIT_K_LAST_SLICE`); ``None`` without split-K.
     """
 
     impl: str
@@ -282,6 +285,13 @@ class GemmPlan(Plan):
     split_k: int = 1
     adjusted: str = ""
     partials: str | None = None
+    split_final: str | None = None
+
+    @property
+    def tiles(self) -> int:
+        """Output tiles (``batch x ceil(m / tile_m) x ceil(n / tile_n)``): the arrival counters of a
+        ``"last-slice"`` split-K GEMM."""
+        return self.batch * _ceil(self.m, self.tile_m) * _ceil(self.n, self.tile_n)
 
     @property
     def problem(self) -> GemmProblem:
@@ -334,8 +344,9 @@ class GemmEmitter:
         return plan.batch * _ceil(plan.m, plan.tile_m) * _ceil(plan.n, plan.tile_n) * plan.split_k
 
     def cost(self, plan: GemmPlan, phase: str = "one") -> Cost:
-        """Cost of the GEMM (``phase="one"``), of its split-K slices (``"partial"``) or of adding
-        the slices and the epilogue (``"final"``)."""
+        """Cost of the GEMM (``phase="one"``), of its split-K slices (``"partial"``), of adding
+        the slices and the epilogue (``"final"``) or of both in one group (``"fused"``: the
+        ``"last-slice"`` split-K final, one item per tile and slice)."""
         if phase == "final":
             outs = plan.m * plan.n * plan.batch
             per = plan.threads * EPILOGUE_BATCH
@@ -345,6 +356,8 @@ class GemmEmitter:
         nbytes = (plan.m * plan.k + plan.k * plan.n) * plan.batch * 4
         if plan.split_k > 1:
             nbytes += plan.m * plan.n * plan.batch * plan.split_k * 4  # fp32 partials written
+        if phase == "fused":
+            nbytes += plan.m * plan.n * plan.batch * plan.split_k * 4  # the last slice reads them back
         tc = self.capabilities.tensor_cores
         return Cost(self.items(plan), flops // TENSOR_SPEEDUP[tc] if tc else flops, nbytes)
 
@@ -647,6 +660,15 @@ def choose_gemm(p: GemmProblem, options: Any, arch: str = "sm_80") -> GemmPlan:
 
 #: Emitters whose code generation implements split-K (partial tiles reduced in a fixed order).
 SPLIT_K_EMITTERS: frozenset[str] = frozenset({"wgmma_bf16", "wgmma_f16", "wgmma_tf32"})
+
+#: Switch (default on): a split-K GEMM is one group whose last slice to finish each tile adds the slices
+#: and runs the epilogue (``GemmPlan.split_final = "last-slice"``): each work item writes its fp32 slice,
+#: then bumps its tile's arrival counter (a word of the kernel's ``sync`` words, an acquire-release
+#: atomic after a fence); the item that sees ``split_k - 1`` resets the counter to 0 (for the next
+#: launch or CUDA-graph replay), adds the slices in slice order (the same bits as the separate final
+#: phase) and runs the epilogue. No final stage and no grid barrier before it. ``False``: the final is
+#: a group of its own in the next stage (``"stage"``, the behaviour before session 4).
+SPLIT_K_LAST_SLICE = True
 
 
 def _plan_split_k(plan: GemmPlan, options: Any, e: GemmEmitter) -> GemmPlan:

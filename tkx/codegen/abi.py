@@ -26,6 +26,11 @@ the status words: ``sync[2]`` the epoch (launches completed), ``sync[3]`` the bl
 left, ``sync[8..9]`` a timed-out wait's counter value and threshold, ``sync[12 + k]`` counter
 ``k``; all zeroed once, like the barrier words (and again after an error).
 
+A split-K GEMM whose last slice adds the slices (:data:`tkx.target.SPLIT_K_LAST_SLICE`) has one
+arrival counter per output tile in the words after those (from word 12, or 12 + the dataflow
+counters with ``sync="counters"``; :attr:`CudaSource.sync_words` counts them): each slice's work
+item adds 1, the last one stores 0 again, so every launch and graph replay leaves them at zero.
+
 Tensor addresses are arguments, never constants in the source, so one binary serves any
 buffers of the compiled shapes, dtypes and strides (CUDA graphs re-launch it as is).
 Grid size is chosen at launch time: one block in ``block`` mode, up to the number of

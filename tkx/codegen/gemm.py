@@ -46,7 +46,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..target import EPILOGUE_BATCH, SKINNY_MAX, GemmProblem, choose_gemm
+from ..target import SKINNY_MAX, GemmProblem, choose_gemm
 from .text import block, indent
 
 LoadA = Callable[[str, str, str], str]  # (batch, row, k) -> float C expression
@@ -87,6 +87,22 @@ class GemmCode:
         return self.code
 
 
+@dataclass(frozen=True)
+class SplitFinal:
+    """The split-K final run by the last slice of each tile (:data:`tkx.target.SPLIT_K_LAST_SLICE`).
+
+    With it, a split-K wgmma work item first hands its fp32 slice of the tile to ``epilogue`` (the
+    caller's slice store into the scratch), then bumps the tile's arrival counter; the item that
+    arrives last resets the counter and runs ``final`` with ``acc`` = the sum of the tile's slices
+    in slice order. ``scratch``: C pointer (``float*``) to the ``[split, batch, m, n]`` slices;
+    ``counters``: C pointer (``unsigned int*``) to the GEMM's per-tile arrival counters (zero
+    before the first launch, left at zero by every launch); ``final``: the GEMM's own epilogue."""
+
+    scratch: str
+    counters: str
+    final: Epilogue
+
+
 def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -121,6 +137,8 @@ def _tile_header(p: GemmProblem, tm: int, tn: int, item: str, what: str, split: 
                   f"(of {split})",
                   f"const int k_beg = ks_split * {ks}, k_end = min(K, k_beg + {ks});"]
         it = f"({item} % {p.batch * per_batch})"
+        lines += [f"const int tkx_tile = {it};  // the output tile (its arrival counter, with a last-slice final)"]
+        it = "tkx_tile"
     elif k_range:
         lines += ["constexpr int ks_split = 0, k_beg = 0, k_end = K;  // the whole of K"]
     if p.batch > 1:
@@ -606,11 +624,19 @@ WGMMA_MAX_STAGES = 8
 #: MMAs and then waits only for k-tile kt - 1's, refilling the stage of k-tile kt - 2 (one stage fewer
 #: holds copies in flight).
 WGMMA_MMA_IN_FLIGHT = 1
-#: Elements per thread and pass of the wgmma tile epilogue (their loads in flight together): the
-#: target's :data:`~tkx.target.EPILOGUE_BATCH`. A 128x256 tile of an SGD update takes 16 passes of 8
-#: on 256 threads, each waiting one memory latency (on the H200 its items ran 15 µs in medium's step
-#: against about 7 µs with a store-only epilogue); more per pass is unmeasured.
-WGMMA_EPILOGUE_BATCH = EPILOGUE_BATCH
+#: Elements per thread and pass of the wgmma tile epilogue (their loads in flight together). A 128x256
+#: tile of an SGD update took 16 passes of 8 (the target's :data:`~tkx.target.EPILOGUE_BATCH`) on 256
+#: threads, each waiting one memory latency (on the H200 its items ran 15 µs in medium's step against
+#: about 7 µs with a store-only epilogue); 16 halves the passes. Registers (sm_90a, NVRTC, no spills):
+#: small 116 -> 134, medium 155 -> 154, mixed_precision 154 -> 178 (32: 168 / 189 / 246). Set it back to
+#: 8 to undo; the probe's ``+epi=N`` variants measure it.
+WGMMA_EPILOGUE_BATCH = 16
+#: Switch (default off, unmeasured): at the start of a wgmma work item without split-K, the block asks L2
+#: to prefetch (``prefetch.global.L2``, one request per 128-byte line, no registers) the rows of this tile
+#: of every buffer the epilogue reads at the output's own index (an SGD update's weights), so the
+#: epilogue's passes wait an L2 hit instead of a DRAM access; the lines arrive while the k-loop runs.
+#: Only for tiles inside the matrix (no bounds guards). The probe's ``+pf=1`` variant turns it on.
+WGMMA_EPILOGUE_PREFETCH = False
 #: fp32 words a row of the shared C tile is padded by: the accumulators are written as float2 (two
 #: adjacent columns), and a half-warp's 16 float2 (4 rows x 4 column pairs) then hit 32 distinct banks.
 WGMMA_C_PAD = 8
@@ -635,7 +661,8 @@ def _wgmma_pipelined(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epi
                      tm: int, tn: int, tk: int, threads: int, item: str, smem: str, ptr_a: PtrA | None,
                      ptr_b: PtrB | None, split: int = 1, shared_budget: int | None = None,
                      tma_a: TmaMap | None = None, tma_b: TmaMap | None = None,
-                     tmaps: str = "tmaps") -> GemmCode | None:
+                     tmaps: str = "tmaps", split_final: SplitFinal | None = None,
+                     epilogue_reads: tuple[tuple[str, int], ...] = ()) -> GemmCode | None:
     """The wgmma GEMM with operands copied global -> shared by ``cp.async`` (16 bytes at a time, no
     registers), :func:`wgmma_stages` stages deep; ``None`` when it does not apply (see :func:`wgmma_gemm`).
     Each warpgroup leaves :data:`WGMMA_MMA_IN_FLIGHT` k-tiles' MMAs in flight (``wgmma.wait_group``)
@@ -851,7 +878,9 @@ def _wgmma_pipelined(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epi
             "};",
         ]
         copy_setup = [f"const bool vec_ok = {checks};  // 16-byte aligned operands: cp.async, else element loads"]
-    epi = _wgmma_store_c("ws", acc_regs, wn, ldc, tm, tn, threads, epilogue, m_guard, n_guard)
+    epi = _wgmma_store_c("ws", acc_regs, wn, ldc, tm, tn, threads, epilogue, m_guard, n_guard,
+                         _split_final_code(split_final, p, split, tm, tn, ldc, threads, m_guard, n_guard))
+    prefetch = _epilogue_prefetch(epilogue_reads if split == 1 else (), p, tm, tn, threads, m_guard or n_guard)
     what = {"wgmma_bf16": "bf16", "wgmma_f16": "fp16"}[variant]
     layouts = f"A {'K' if a_kmajor else 'M'}-major, B {'K' if b_kmajor else 'N'}-major"
     copies = "TMA (cp.async.bulk.tensor) + mbarriers" if use_tma else "cp.async"
@@ -874,14 +903,17 @@ def _wgmma_pipelined(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epi
         f"float d[{acc_regs}];  // accumulators of this thread (m64n{wn} fragment)",
         "#pragma unroll",
         f"for (int j = 0; j < {acc_regs}; ++j) d[j] = 0.0f;",
+        *prefetch,
         k_loop,
         "// epilogue: accumulators -> shared C tile -> per element",
         epi,
     )
     items = p.batch * _ceil(p.m, tm) * _ceil(p.n, tn) * split
     params = {"tile": (tm, tn, tk), "warpgroups": (wgm, wgn), "instruction": f"m64n{wn}k{fk}",
+              **({"epilogue_prefetch": len(epilogue_reads)} if prefetch else {}),
+              "epilogue_batch": WGMMA_EPILOGUE_BATCH,
               "swizzle": "128B", "stages": stages, "copies": "tma" if use_tma else "cp.async", "layouts": layouts,
-              "split_k": split, "mma_in_flight": lag}
+              "split_k": split, "mma_in_flight": lag, **_split_final_params(split_final, split)}
     return GemmCode(variant, "{\n" + indent(body) + "\n}", items, shared, threads, True, params, use_tma)
 
 
@@ -889,7 +921,8 @@ def wgmma_gemm(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue,
                tile_m: int = 128, tile_n: int = 128, tile_k: int = 64, threads: int = 256, item: str = "item",
                smem: str = "tkx_smem", ptr_a: PtrA | None = None, ptr_b: PtrB | None = None,
                split: int = 1, shared_budget: int | None = None, tma_a: TmaMap | None = None,
-               tma_b: TmaMap | None = None) -> GemmCode:
+               tma_b: TmaMap | None = None, split_final: SplitFinal | None = None,
+               epilogue_reads: tuple[tuple[str, int], ...] = ()) -> GemmCode:
     """(e) Hopper warpgroup MMA (``wgmma.mma_async``, sm_90a only), fp32 accumulators in registers.
 
     The block's ``threads / 128`` warpgroups are arranged WGM x WGN over the ``tile_m x tile_n``
@@ -924,7 +957,8 @@ def wgmma_gemm(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue,
                          "columns each, a multiple of 8")
     piped = _wgmma_pipelined(p, load_a, load_b, epilogue, variant=variant, tm=tm, tn=tn, tk=tk, threads=threads,
                              item=item, smem=smem, ptr_a=ptr_a, ptr_b=ptr_b, split=split,
-                             shared_budget=shared_budget, tma_a=tma_a, tma_b=tma_b)
+                             shared_budget=shared_budget, tma_a=tma_a, tma_b=tma_b, split_final=split_final,
+                             epilogue_reads=epilogue_reads)
     if piped is not None:
         return piped
     sa = _Stage("a", tm, tk, "col" if p.a_k_contiguous else "row", threads)
@@ -992,7 +1026,8 @@ def wgmma_gemm(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue,
         "    buf ^= 1;",
         "}",
     )
-    epi = _wgmma_store_c("stage_base", acc_regs, wn, ldc, tm, tn, threads, epilogue, m_guard, n_guard)
+    epi = _wgmma_store_c("stage_base", acc_regs, wn, ldc, tm, tn, threads, epilogue, m_guard, n_guard,
+                         _split_final_code(split_final, p, split, tm, tn, ldc, threads, m_guard, n_guard))
     stash_fn = block(
         "auto stash_to = [&](int b) {  // registers -> stage b, K-major, 128-byte swizzle",
         f"    {elem}* As = stage_base + b * {stage_bytes // ebytes};",
@@ -1032,7 +1067,8 @@ def wgmma_gemm(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue,
     )
     items = p.batch * _ceil(p.m, tm) * _ceil(p.n, tn) * split
     params = {"tile": (tm, tn, tk), "warpgroups": (wgm, wgn), "instruction": f"m64n{wn}k{fk}",
-              "swizzle": "128B", "stages": 2, "vector_loads": vec is not None, "split_k": split}
+              "swizzle": "128B", "stages": 2, "vector_loads": vec is not None, "split_k": split,
+              **_split_final_params(split_final, split)}
     return GemmCode(variant, "{\n" + indent(body) + "\n}", items, shared, threads, True, params)
 
 
@@ -1174,22 +1210,30 @@ def emit_gemm(variant: str, p: GemmProblem, load_a: LoadA, load_b: LoadB, epilog
               tile_m: int = 64, tile_n: int = 64, tile_k: int = 32, threads: int = 256,
               item: str = "item", smem: str = "tkx_smem", ptr_a: PtrA | None = None,
               ptr_b: PtrB | None = None, split: int = 1, shared_budget: int | None = None,
-              tma_a: TmaMap | None = None, tma_b: TmaMap | None = None) -> GemmCode:
+              tma_a: TmaMap | None = None, tma_b: TmaMap | None = None,
+              split_final: SplitFinal | None = None, epilogue_reads: tuple[tuple[str, int], ...] = ()) -> GemmCode:
     """Dispatch to the emitter of ``variant`` (one of :data:`VARIANTS`); ``ptr_a``/``ptr_b``
     (pointers to operand elements in memory, for 16-byte staging) are used by the wgmma variants;
     ``split > 1`` (wgmma only) makes work item ``s * tiles + t`` compute tile ``t`` over the s-th slice
     of K, and its epilogue sees the C variable ``ks_split`` (the slice); ``shared_budget`` (bytes of
     shared memory a block may use) sizes the pipelined wgmma's stages (:func:`wgmma_stages`);
-    ``tma_a``/``tma_b`` make it copy operands with the bulk tensor copy engine (:func:`_wgmma_pipelined`)."""
+    ``tma_a``/``tma_b`` make it copy operands with the bulk tensor copy engine (:func:`_wgmma_pipelined`);
+    ``split_final`` (with ``split > 1``): the last slice of each tile adds the slices and runs
+    ``split_final.final`` (:class:`SplitFinal`), ``epilogue`` being the slice store; ``epilogue_reads``:
+    ``(C pointer, element bytes)`` of buffers the epilogue reads at the output's index (element (row, col)
+    at ``pointer + row * N + col``), prefetched into L2 with :data:`WGMMA_EPILOGUE_PREFETCH`."""
     if split > 1 and variant not in _WGMMA:
         raise ValueError(f"split-K is implemented by the wgmma variants, not {variant}")
+    if split_final is not None and split <= 1:
+        raise ValueError("a last-slice split-K final needs split > 1")
     if variant == "simt":
         return simt_gemm(p, load_a, load_b, epilogue, tile_m=tile_m, tile_n=tile_n, tile_k=tile_k,
                          threads=threads, item=item, smem=smem)
     if variant in _WGMMA:
         return wgmma_gemm(p, load_a, load_b, epilogue, variant=variant, tile_m=tile_m, tile_n=tile_n,
                           tile_k=tile_k, threads=threads, item=item, smem=smem, ptr_a=ptr_a, ptr_b=ptr_b,
-                          split=split, shared_budget=shared_budget, tma_a=tma_a, tma_b=tma_b)
+                          split=split, shared_budget=shared_budget, tma_a=tma_a, tma_b=tma_b,
+                          split_final=split_final, epilogue_reads=epilogue_reads)
     if variant in _WMMA:
         return wmma_gemm(p, load_a, load_b, epilogue, variant=variant, tile_m=tile_m, tile_n=tile_n,
                          tile_k=tile_k, threads=threads, item=item, smem=smem)
@@ -1245,13 +1289,115 @@ def _batched_epilogue(epilogue: Epilogue, batch: int, *,
     return out_c, out_s
 
 
+def _epilogue_prefetch(reads: tuple[tuple[str, int], ...], p: GemmProblem, tm: int, tn: int, threads: int,
+                       guarded: bool) -> list[str]:
+    """With :data:`WGMMA_EPILOGUE_PREFETCH`: L2 prefetches of this tile's rows of each ``(pointer, element
+    bytes)`` in ``reads`` (element (row, col) at ``pointer + row * N + col``); empty otherwise."""
+    if not WGMMA_EPILOGUE_PREFETCH or not reads or guarded or p.batch > 1:
+        return []
+    lines = []
+    for ptr, esize in reads:
+        span = tn * esize
+        per_row = _ceil(span, 128) + 1  # the row's bytes may start inside a line
+        lines += [
+            f"for (int q = threadIdx.x; q < {tm * per_row}; q += {threads}) {{  // L2 prefetch: the epilogue "
+            f"reads this tile of {ptr}",
+            f"    const char* line = reinterpret_cast<const char*>({ptr}) + ((long long)(row0 + q / {per_row}) * N "
+            f"+ col0) * {esize} + min((q % {per_row}) * 128, {span - 1});",
+            '    asm volatile("prefetch.global.L2 [%0];" :: "l"(line));',
+            "}"]
+    return ["// the epilogue's reads of this tile into L2 while the k-loop runs (gemm.WGMMA_EPILOGUE_PREFETCH)",
+            *lines]
+
+
+#: Loads of split-K slices one thread has in flight per pass of a last-slice final (elements per pass =
+#: this // split_k, at most :data:`WGMMA_EPILOGUE_BATCH`).
+SPLIT_FINAL_LOADS = 32
+
+
+def _split_final_params(sf: SplitFinal | None, split: int) -> dict:
+    return {} if sf is None or split <= 1 else {"split_final": "last-slice"}
+
+
+def _split_final_code(sf: SplitFinal | None, p: GemmProblem, split: int, tm: int, tn: int, ldc: int,
+                      threads: int, m_guard: bool, n_guard: bool) -> list[str]:
+    """After the slice stores of a split-K item: the tile's arrival, and for the last slice to arrive
+    the sum of the tile's slices in slice order (``((0 + s0) + s1) + ...``: the bits of the separate
+    final phase) through ``sf.final``. Its own slice is read back from the shared C tile (the same
+    fp32 values it stored). Empty without ``sf``.
+
+    Ordering: ``__syncthreads`` (every thread's slice stores precede thread 0's fence), then thread 0's
+    ``__threadfence`` and acquire-release add on the counter (a release of the block's slice; for
+    the last arrival an acquire of every other slice's, whose releases it reads); the last one
+    stores 0 (the counter is re-armed for the next launch or graph replay: no other item of this
+    launch touches it again), fences, and the block reads the slices after a second
+    ``__syncthreads``."""
+    if sf is None or split <= 1:
+        return []
+    total = p.batch * p.m * p.n
+    fb = max(1, min(WGMMA_EPILOGUE_BATCH, SPLIT_FINAL_LOADS // split))
+    while fb > 1 and (tm * tn) % (threads * fb):
+        fb //= 2
+
+    def summed(x: str, row: str, col: str, local: str) -> str:
+        lin = f"tkx_sk{x}lin"  # a name no epilogue declares (theirs are renamed tkxE<u>_<name>)
+        terms = "0.0f"
+        for sl in range(split):
+            # __ldcg: at L2, where the other blocks' slices are (this SM's L1 may hold no stale line)
+            terms = f"({terms} + (ks_split == {sl} ? {local} : __ldcg({sf.scratch} + {sl * total}LL + {lin})))"
+        return block(f"const long long {lin} = (((long long)bat * M + {row}) * N + {col});",
+                     f"const float {x}acc = {terms};  // slices in slice order")
+
+    batched = None if (m_guard or n_guard) else _batched_epilogue(sf.final, fb)
+    if batched is not None:
+        comp, stores = batched
+        coords = []
+        for u in range(fb):
+            x = f"tkxE{u}_"
+            coords += [f"const int {x}e = e + {u * threads};",
+                       f"const int {x}row = row0 + {x}e / {tn}, {x}col = col0 + {x}e % {tn};",
+                       summed(x, f"{x}row", f"{x}col", f"Cs[({x}e / {tn}) * {ldc} + {x}e % {tn}]")]
+        loop = [f"#pragma unroll 1  // {fb} elements per thread and pass, {split} slice loads each",
+                f"for (int e = threadIdx.x; e < {tm * tn}; e += {threads * fb}) {{",
+                indent(block(*coords, *comp, *stores)), "}"]
+    else:
+        cond = _guard(("row < M", m_guard), ("col < N", n_guard))
+        inner = block(summed("", "row", "col", f"Cs[(e / {tn}) * {ldc} + e % {tn}]"),
+                      sf.final("bat", "row", "col", "acc"))
+        loop = ["#pragma unroll 1  // kept rolled: the epilogue's code appears once",
+                f"for (int e = threadIdx.x; e < {tm * tn}; e += {threads}) {{",
+                f"    const int row = row0 + e / {tn}, col = col0 + e % {tn};",
+                indent(f"if ({cond}) {{\n{indent(inner)}\n}}" if cond else inner), "}"]
+    return [
+        "__syncthreads();  // every thread's slice stores are done",
+        "{  // split-K: this slice has arrived; the last of the tile's slices adds them and runs the epilogue",
+        indent(block(
+            "__shared__ int tkx_last_slice;",
+            "if (threadIdx.x == 0) {",
+            "    __threadfence();  // the block's slice (ordered before by __syncthreads) at GPU scope",
+            f"    const unsigned int arrived = tkx_atom_add_acq_rel({sf.counters} + tkx_tile, 1u);",
+            f"    tkx_last_slice = arrived == {split - 1}u;",
+            "    if (tkx_last_slice) {",
+            f"        tkx_st_relaxed({sf.counters} + tkx_tile, 0u);  // re-armed for the next launch",
+            "        __threadfence();  // the other slices' stores, acquired above, before the block reads them",
+            "    }",
+            "}",
+            "__syncthreads();",
+            "if (tkx_last_slice) {  // block-uniform",
+            indent(block(*loop)),
+            "}",
+        )),
+        "}",
+    ]
+
+
 def _wgmma_store_c(base: str, acc_regs: int, wn: int, ldc: int, tm: int, tn: int, threads: int,
-                   epilogue: Epilogue, m_guard: bool, n_guard: bool) -> str:
+                   epilogue: Epilogue, m_guard: bool, n_guard: bool, after: list[str] | None = None) -> str:
     """The wgmma epilogue: each warpgroup's accumulator fragment of m64nN (register j of lane l in
     warp w is row 16 w + l / 4 + 8 ((j / 2) % 2), column 8 (j / 4) + 2 (l % 4) + j % 2) is written
     to an fp32 C tile in shared memory at ``base``, then the block applies the epilogue per element:
-    :data:`WGMMA_EPILOGUE_BATCH` elements per thread and pass (:func:`_batched_epilogue`) when the tile
-    needs no bounds guards, else one element per iteration."""
+    :data:`WGMMA_EPILOGUE_BATCH` elements per thread and pass (halved until the tile holds a whole pass;
+    :func:`_batched_epilogue`) when the tile needs no bounds guards, else one element per iteration."""
     head = [
         f"float* Cs = reinterpret_cast<float*>({base});  // the C tile, fp32, rows padded",
         "#pragma unroll",
@@ -1263,6 +1409,8 @@ def _wgmma_store_c(base: str, acc_regs: int, wn: int, ldc: int, tm: int, tn: int
         "__syncthreads();",
     ]
     ub = WGMMA_EPILOGUE_BATCH
+    while ub > 1 and (tm * tn) % (threads * ub):  # a small tile: fewer per pass, still batched
+        ub //= 2
     batched = None if (m_guard or n_guard or (tm * tn) % (threads * ub)) else _batched_epilogue(epilogue, ub)
     if batched is not None:
         comp, stores = batched
@@ -1286,4 +1434,5 @@ def _wgmma_store_c(base: str, acc_regs: int, wn: int, ldc: int, tm: int, tn: int
             indent(_epilogue_block(epilogue, f"Cs[(e / {tn}) * {ldc} + e % {tn}]", m_guard, n_guard)),
             "}",
         ]
-    return block(*head, *loop, "__syncthreads();  // Cs is read before the next work item reuses the workspace")
+    return block(*head, *loop, *(after or ()),
+                 "__syncthreads();  // Cs is read before the next work item reuses the workspace")

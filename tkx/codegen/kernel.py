@@ -18,6 +18,7 @@ How a group reads a value (the same rules as the schedule interpreter):
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,9 +30,10 @@ from ..ir import Op, TensorSpec, contiguous_strides
 from ..schedule.model import FusedSchedule, Group, Home
 from ..target import EPILOGUE_BATCH, GPU, register_budget, register_note
 from . import abi
+from . import gemm as gemm_module
 from . import ops as cops
 from .cuda_prelude import C_TYPES, barrier, barrier_setup, load, prelude, round_to, shared_workspace, store
-from .gemm import GemmProblem, _batched_epilogue, emit_gemm
+from .gemm import GemmProblem, SplitFinal, _batched_epilogue, emit_gemm
 from .gemv import gemv_stream
 from .reduce import emit_reduction, final_reduce, partial_reduce
 from .text import block, indent
@@ -113,6 +115,10 @@ class KernelPlan:
     notes: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: TMA tensor maps the GEMMs read (index = position), for the launch contract.
     tensor_maps: list[abi.TensorMapSpec] = field(default_factory=list)
+    #: Per-tile arrival counters of the "last-slice" split-K GEMMs: group id -> first counter (words
+    #: ``tkx_tiles[first .. first + tiles)``, ``tkx_tiles`` = ``sync`` + :func:`_tile_counter_base`).
+    tile_counters: dict[str, int] = field(default_factory=dict)
+    tile_counter_words: int = 0
 
 
 class _Emitter:
@@ -338,7 +344,7 @@ class _Emitter:
             var = self.value_statements(op, lin, lines, memo, registers, inl)
             registers[op_id] = var
         for s in g.stores:
-            if s in masked:
+            if s in masked or s in self.s.scratch:  # a last-slice split-K group's slices: stored by the GEMM
                 continue
             ptr, dtype = self.home_pointer(self.s.homes[s], s)
             lines.append(store(dtype, ptr, lin, registers[s]) + f"  // store {s} -> {self.s.homes[s]}")
@@ -703,7 +709,21 @@ class _Emitter:
             return block(lines)
 
         split = int(params.get("split_k", 1))
-        if split > 1 and g.kind == "gemm":
+        split_final = None
+        if split > 1 and g.kind == "gemm" and params.get("split_final") == "last-slice":
+            # split-K in one group: each item writes its slice, the last of a tile adds them (gemm.SplitFinal)
+            scratch, _ = self.pointer(params["partials"])
+            total = prob.batch * m * n
+            first = self.plan.tile_counters.setdefault(g.id, self.plan.tile_counter_words)
+            if first == self.plan.tile_counter_words:
+                self.plan.tile_counter_words += params.tiles
+
+            def slice_store(bat: str, row: str, col: str, acc: str) -> str:
+                lin = f"(((long long){bat} * {m} + {row}) * {n} + {col})"
+                return f"{scratch}[(long long)ks_split * {total}LL + {lin}] = {acc};  // {op.id}: split-K slice"
+            split_final = SplitFinal(scratch, f"(tkx_tiles + {first})", epilogue)
+            final = slice_store
+        elif split > 1 and g.kind == "gemm":
             # split-K, phase 2: add the slices in order (a fixed order: the same bits every run), then
             # the epilogue, one output element per thread
             scratch, _ = self.pointer(params["partials"])
@@ -741,7 +761,7 @@ class _Emitter:
             self.plan.notes[g.id] = {"variant": f"{variant} split-K final", "split_k": split}
             return (f"{{  // {g.id}: add the {split} split-K slices of {op.id}, then its epilogue\n"
                     + indent(body) + "\n}"), max(1, -(-total // t)), 0
-        if split > 1:
+        elif split > 1:
             # split-K, phase 1: each work item writes one tile's sum over one slice of K to scratch
             scratch, _ = self.pointer(params["partials"])
             total = prob.batch * m * n
@@ -762,7 +782,9 @@ class _Emitter:
                              ptr_b=pointer_to(b, 1 if prob.b_n_contiguous else 0), split=split,
                              shared_budget=GPU.shared_per_block // max(1, int(self.s.options.blocks_per_sm)),
                              tma_a=tma_map(a, 1 if prob.a_k_contiguous else 0),
-                             tma_b=tma_map(b, 1 if prob.b_n_contiguous else 0))
+                             tma_b=tma_map(b, 1 if prob.b_n_contiguous else 0), split_final=split_final,
+                             epilogue_reads=_point_reads(epilogue("bat", "row", "col", "acc"))
+                             if gemm_module.WGMMA_EPILOGUE_PREFETCH and split == 1 and not batched else ())
         self.plan.tensor_cores |= code.tensor_cores
         self.plan.notes[g.id] = {"variant": code.variant, **code.params}
         return code.code, code.work_items, code.shared_bytes
@@ -852,6 +874,24 @@ class _Emitter:
         return code.code, code.work_items, code.shared_bytes
 
 
+_POINT_LOAD = re.compile(r"tkx_ld_(\w+)\(((?:[^(),]|\([^()]*\))+), tkx_e\)")
+
+
+def _point_reads(code: str) -> tuple[tuple[str, int], ...]:
+    """``(C pointer, element bytes)`` of each buffer ``code`` (a GEMM epilogue's statements) loads at the
+    output element's own linear index ``tkx_e`` (the epilogue's ``load(dtype, ptr, "tkx_e")``)."""
+    from .cuda_prelude import SUFFIX
+    size = {suffix: _ITEMSIZE[dt] for dt, suffix in SUFFIX.items() if dt in _ITEMSIZE}
+    seen: dict[str, int] = {}
+    for suffix, ptr in _POINT_LOAD.findall(code):
+        if suffix in size:
+            seen.setdefault(ptr.strip(), size[suffix])
+    return tuple(seen.items())
+
+
+_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "bool": 1, "int8": 1, "uint8": 1}
+
+
 def _stage_loop(parts: list[tuple[Group, str, int]]) -> str:
     """One grid-stride loop over the work items of every group of a stage."""
     total = sum(n for _, _, n in parts)
@@ -893,7 +933,16 @@ def _sync_plan(s: FusedSchedule, arena: ArenaPlan, stage_code: list) -> tuple[st
     return sync, reason, dag
 
 
-def _sync_words(sync: str, dag: Any) -> int:
+def _tile_counter_base(sync: str, dag: Any) -> int:
+    """Word of ``sync`` where the last-slice split-K tile counters start: past the dataflow counters
+    (``sync="counters"``), else past the status words."""
+    from .cuda_prelude import COUNTER_BASE
+    return COUNTER_BASE + (len(dag.counters) if sync == "counters" else 0)
+
+
+def _sync_words(sync: str, dag: Any, tile_counters: int = 0) -> int:
+    if tile_counters:
+        return _tile_counter_base(sync, dag) + tile_counters
     from .cuda_prelude import COUNTER_BASE
 
     return COUNTER_BASE + len(dag.counters) if sync == "counters" else 8
@@ -1001,6 +1050,9 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
         barrier_setup(mode) if sync == "barrier" else
         "const unsigned int tkx_epoch = tkx_counters_init(sync);  // launches completed: this launch's base",
     ]
+    if em.plan.tile_counter_words:
+        body.append(f"unsigned int* const tkx_tiles = sync + {_tile_counter_base(sync, dag)};  // split-K tile "
+                    f"arrival counters ({em.plan.tile_counter_words} words, left at 0 by every launch)")
     if shared:
         body.append(shared_workspace(shared))
     group_lines: dict[str, tuple[int, int]] = {}
@@ -1091,5 +1143,6 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
     return CudaSource(text=text, launch=launch, schedule=s, arena=arena,
                       op_lines={k: tuple(v) for k, v in op_lines.items()}, group_lines=group_lines,
                       tensor_cores=em.plan.tensor_cores, notes=em.plan.notes, sync=sync, sync_reason=sync_reason,
-                      sync_words=_sync_words(sync, dag), timeline_tasks=dag.num_tasks if timeline and dag else 0,
+                      sync_words=_sync_words(sync, dag, em.plan.tile_counter_words),
+                      timeline_tasks=dag.num_tasks if timeline and dag else 0,
                       dag=dag)

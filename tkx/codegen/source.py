@@ -43,6 +43,8 @@ class CudaSource:
     notes: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
     sync: str = "barrier"
     sync_reason: str = field(default="", repr=False, compare=False)
+    #: Words of the ``sync`` + status tensor the kernel uses (8; more with ``sync="counters"`` and with
+    #: last-slice split-K tile counters, see :mod:`tkx.codegen.abi`).
     sync_words: int = 8
     timeline_tasks: int = 0
     dag: Any = field(default=None, repr=False, compare=False)

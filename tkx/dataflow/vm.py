@@ -27,9 +27,10 @@ state in which no event is enabled before every block is done is a **deadlock** 
 block's task, counter, value and threshold are reported).
 
 Values: a group is computed by the schedule interpreter's machinery when its last task
-finishes (reading memory as it is then); from its first task's start until then the bytes it
-writes are poisoned (all bits set: NaN for floats), so premature readers see garbage. The
-outputs and updates of each launch are compared with :func:`tkx.reference.run`.
+finishes (reading memory as it is then; a "last-slice" split-K group's per-tile arrival counters
+live across launches, as the kernel's sync words do, and must be back at 0 after each); from its
+first task's start until then the bytes it writes are poisoned (all bits set: NaN for floats), so
+premature readers see garbage. The outputs and updates of each launch are compared with :func:`tkx.reference.run`.
 """
 
 from __future__ import annotations
@@ -99,6 +100,9 @@ class VMRun:
     updates: list[dict[int, torch.Tensor]] = field(default_factory=list)
     counters: list[int] = field(default_factory=list)
     epoch: int = 0
+    #: group id -> the per-tile arrival counters of each "last-slice" split-K group after the last launch
+    #: (sync words that persist across launches: all 0 when every launch reset them)
+    splitk_counters: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -167,12 +171,13 @@ def run(dag: TaskDAG, inputs: Sequence[Any], *, blocks: int = 4, policy: str = "
     counters = [(epoch * c.threshold) & MASK for c in dag.counters]
     raw_prev, war_later, over_prev = _conflict_tables(dag, fp)
     out = VMRun(dag, blocks, policy, seed)
+    splitk: dict[str, list[int]] = {}  # "last-slice" split-K tile counters: sync words, kept across launches
     clock = 0
     def one_launch(launch: int) -> bool:
         nonlocal clock
         base_epoch = epoch + launch
         copies = [in_captured_layout(t, spec.value, copy=True) for spec, t in zip(s.program.inputs, flat)]
-        m = _Machine(s, dag.arena, copies)
+        m = _Machine(s, dag.arena, copies, splitk, seed)
         started = {g: 0 for g in dag.order}
         finished = {g: 0 for g in dag.order}
         pc = [0] * blocks
@@ -296,6 +301,7 @@ def run(dag: TaskDAG, inputs: Sequence[Any], *, blocks: int = 4, policy: str = "
         if not one_launch(launch):
             break
     out.counters = counters
+    out.splitk_counters = splitk
     out.epoch = epoch + len(out.outputs)
     return out
 

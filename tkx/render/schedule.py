@@ -46,7 +46,7 @@ def describe_params(s: Any, g: Any) -> tuple[str, str]:
         if not str(p["impl"]).startswith("gemv"):
             head += f" tile {p['tile_m']}×{p['tile_n']}×{p['tile_k']}"
         if p.get("split_k", 1) > 1:
-            head += f" split-k {p['split_k']}"
+            head += f" split-k {p['split_k']}" + (" (last slice adds)" if p.get("split_final") == "last-slice" else "")
         return head, why
     if g.kind in ("reduction", "reduction_partial"):
         head = (f"{'partial ' if g.kind == 'reduction_partial' else ''}{_kind_prefix(anchor)}"

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import ops
+from .. import target as _target
 from ..dtypes import INT_DTYPES
 from ..errors import TkxError
 from ..ir import Op, Program, TensorSpec
@@ -461,7 +462,8 @@ def _group_cost(group: Group, program_ops: dict[str, Op], threads: int) -> Cost:
         c = ATTENTION_EMITTER.cost(p, phase)
         return Cost(c.items, c.flops, c.bytes + (store_bytes if phase != "partial" else 0))
     if isinstance(p, GemmPlan):
-        phase = "partial" if group.kind == "gemm_partial" else "final" if p.partials else "one"
+        phase = ("partial" if group.kind == "gemm_partial" else "fused" if p.split_final == "last-slice"
+                 else "final" if p.partials else "one")
         c = gemm_emitter(p.impl).cost(p, phase)
         return Cost(c.items, c.flops, c.bytes + (store_bytes if phase != "partial" else 0))
     if isinstance(p, ReductionPlan):
@@ -620,19 +622,36 @@ def schedule(program: Program, options: Any = None, *, rules: tuple[FusionRule, 
             groups[gid] = Group(gid, "reduction", grp.anchor, grp.ops, grp.stores, epi_reads + (name,),
                                 epi_inl, plan=rplan.replace(partials=name))
 
-    # Split-K GEMMs become a partial group (each work item one tile over one slice of K, written to
-    # fp32 scratch) plus the final group (adds the slices in order, then the epilogue).
+    # Split-K GEMMs: each work item computes one tile over one slice of K and writes it to fp32
+    # scratch. With target.SPLIT_K_LAST_SLICE the item that finishes a tile last (a per-tile arrival
+    # counter) adds the slices in order and runs the epilogue, in the same group; otherwise a
+    # partial group writes the slices and a final group of the next stage adds them.
     for gid in list(groups):
         grp = groups[gid]
         gplan = grp.plan
         if grp.kind == "gemm" and isinstance(gplan, GemmPlan) and gplan.split_k > 1:
             name = f"{grp.anchor}_splitk"
             scratch[name] = gplan.split_k * gplan.batch * gplan.m * gplan.n * 4
+            if _target.SPLIT_K_LAST_SLICE:
+                why = (f"{gplan.why}; the last of the {gplan.split_k} slices to finish a tile adds them in slice "
+                       "order and runs the epilogue (a per-tile arrival counter): no final stage")
+                groups[gid] = Group(gid, "gemm", grp.anchor, grp.ops, grp.stores + (name,), grp.reads, grp.inlined,
+                                    plan=gplan.replace(partials=name, split_final="last-slice", why=why))
+                w.decisions.append(FusionDecision(
+                    "split-k", grp.anchor, gid, True, "split-k-final", "last-slice",
+                    f"fused: the last of the {gplan.split_k} slices to finish each of its {gplan.tiles} tiles adds "
+                    "the slices in slice order and runs the epilogue, so the split-K final needs no stage and no "
+                    "grid barrier of its own"))
+                continue
             in_reads, in_inl = _group_reads(w, list(grp.ops), [grp.anchor])
             groups[f"{gid}k"] = Group(f"{gid}k", "gemm_partial", grp.anchor, (grp.anchor,), (name,), in_reads, in_inl,
-                                      plan=gplan.replace(partials=name))
+                                      plan=gplan.replace(partials=name, split_final="stage"))
             groups[gid] = Group(gid, "gemm", grp.anchor, grp.ops, grp.stores, grp.reads + (name,), grp.inlined,
-                                plan=gplan.replace(partials=name))
+                                plan=gplan.replace(partials=name, split_final="stage"))
+            w.decisions.append(FusionDecision(
+                "split-k", grp.anchor, gid, False, "split-k-final", "stage",
+                f"not fused: tkx.target.SPLIT_K_LAST_SLICE is off, so {gid}k writes the {gplan.split_k} slices and "
+                f"{gid} adds them in the next stage, after a grid barrier"))
 
     # Flash-decoding attention becomes a partial group (each work item one (batch, KV tile): the tile's
     # un-normalised output, maximum and sum, to fp32 scratch) plus the combine group (the next stage).

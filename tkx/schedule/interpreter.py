@@ -31,8 +31,13 @@ class ScheduleError(TkxError):
 
 
 class _Machine:
-    def __init__(self, sched: FusedSchedule, arena: ArenaPlan, flat: list[torch.Tensor]) -> None:
+    def __init__(self, sched: FusedSchedule, arena: ArenaPlan, flat: list[torch.Tensor],
+                 splitk_counters: dict[str, list[int]] | None = None, splitk_order: str | int = "reverse") -> None:
         self.s = sched
+        #: group id -> the per-tile arrival counters of a "last-slice" split-K group (the kernel's sync
+        #: words: they persist across launches, so the last arrival must leave them at 0)
+        self.splitk = {} if splitk_counters is None else splitk_counters
+        self.splitk_order = splitk_order
         self.arena_plan = arena
         self.p = sched.program
         self.device = flat[0].device
@@ -152,14 +157,17 @@ class _Machine:
             self.slice_write(grp, ops[0], regs, memo)
             return
         start = 0
-        if grp.kind == "gemm" and grp.params.get("partials"):  # split-K phase 2: add the slices in order
+        if grp.kind == "gemm" and grp.params.get("partials"):  # split-K: add the slices in order
             mm, gp = ops[0], grp.params
-            total = gp["split_k"] * gp["batch"] * gp["m"] * gp["n"]
-            slices = self.arena_view(gp["partials"], "float32", total).reshape(gp["split_k"], -1)
-            acc = slices[0].clone()
-            for piece in slices[1:]:
-                acc = acc + piece
-            acc = acc.reshape(mm.out.shape)
+            if gp.get("split_final") == "last-slice":
+                acc = self.last_slice_sums(grp, mm, regs, memo).reshape(mm.out.shape)
+            else:  # the final phase of its own: every slice was written a stage before
+                total = gp["split_k"] * gp["batch"] * gp["m"] * gp["n"]
+                slices = self.arena_view(gp["partials"], "float32", total).reshape(gp["split_k"], -1)
+                acc = slices[0].clone()
+                for piece in slices[1:]:
+                    acc = acc + piece
+                acc = acc.reshape(mm.out.shape)
             if mm.kind == "addmm":
                 bias = self.operand(mm.inputs[0], regs, grp, memo).float()
                 acc = mm.attr("alpha", 1) * acc + mm.attr("beta", 1) * bias
@@ -180,7 +188,60 @@ class _Machine:
         for op in ops[start:]:
             regs[op.id] = self.compute(op, regs, grp, memo)
         for s in grp.stores:
-            self.store(self.s.homes[s], s, regs[s])
+            if s not in self.s.scratch:  # a "last-slice" split-K group's slices are written above
+                self.store(self.s.homes[s], s, regs[s])
+
+    def last_slice_sums(self, grp: Group, mm: Op, regs: dict[str, torch.Tensor],
+                        memo: dict[str, torch.Tensor]) -> torch.Tensor:
+        """[batch, m, n] float32: a "last-slice" split-K group item by item, as the kernel runs it.
+
+        Work item ``s * tiles + t`` writes tile ``t`` of slice ``s`` into the scratch, then bumps tile
+        ``t``'s arrival counter; the item that finds ``split_k - 1`` there resets it to 0 and adds the
+        tile's slices in slice order. Items run in ``splitk_order`` (``"reverse"``: slice 0 of each
+        tile arrives last; ``"forward"``; an int: a seeded shuffle). A tile no last item finished stays
+        NaN; a counter above ``split_k - 1`` (not reset by the previous launch) or left nonzero raises
+        :class:`ScheduleError`."""
+        gp = grp.params
+        split, batch, m, n = gp["split_k"], gp["batch"], gp["m"], gp["n"]
+        tm, tn = gp["tile_m"], gp["tile_n"]
+        tiles_n = -(-n // tn)
+        per_batch = -(-m // tm) * tiles_n
+        tiles = batch * per_batch
+        slices = self.gemm_slices(mm, regs, grp, memo, gp).reshape(split, batch, m, n)
+        scratch = self.arena_view(gp["partials"], "float32", split * batch * m * n).reshape(split, batch, m, n)
+        self.written.add(gp["partials"])
+        counters = self.splitk.setdefault(grp.id, [0] * tiles)
+        if len(counters) != tiles:
+            raise ScheduleError(f"group {grp.id}: {len(counters)} arrival counters for {tiles} tiles")
+        items = list(range(split * tiles))
+        if self.splitk_order == "reverse":
+            items.reverse()
+        elif isinstance(self.splitk_order, int):
+            import random
+            random.Random(self.splitk_order).shuffle(items)
+        acc = torch.full((batch, m, n), float("nan"), device=slices.device)
+        for item in items:
+            sl, t = divmod(item, tiles)
+            bat, tile = divmod(t, per_batch)
+            r0, c0 = (tile // tiles_n) * tm, (tile % tiles_n) * tn
+            region = (bat, slice(r0, r0 + tm), slice(c0, c0 + tn))
+            scratch[sl][region] = slices[sl][region]
+            arrived = counters[t]
+            counters[t] = arrived + 1
+            if arrived >= split:
+                raise ScheduleError(f"group {grp.id}: tile {t}'s arrival counter stood at {arrived} before slice "
+                                    f"{sl} arrived, above {split - 1}: it was not reset by the previous launch")
+            if arrived == split - 1:  # the last slice of this tile: reset the counter, add the slices in order
+                counters[t] = 0
+                total = scratch[0][region].clone()
+                for piece in scratch[1:]:
+                    total = total + piece[region]
+                acc[region] = total
+        left = [t for t, c in enumerate(counters) if c]
+        if left:
+            raise ScheduleError(f"group {grp.id}: the arrival counters of tiles {left[:8]} stand at "
+                                f"{[counters[t] for t in left[:8]]} after the group (not reset for the next launch)")
+        return acc
 
     def slice_write(self, grp: Group, op: Op, regs: dict[str, torch.Tensor], memo: dict[str, torch.Tensor]) -> None:
         """A ``scatter`` written in place (the kernel's loop over the values): only the indexed positions
@@ -274,7 +335,8 @@ class _Machine:
 
 
 def run(sched: FusedSchedule, arena: ArenaPlan, inputs: Sequence[Any], *, update_inputs: bool = False,
-        on_stage: Callable[[int, list[torch.Tensor]], None] | None = None) -> Execution:
+        on_stage: Callable[[int, list[torch.Tensor]], None] | None = None,
+        splitk_counters: dict[str, list[int]] | None = None, splitk_order: str | int = "reverse") -> Execution:
     """Execute ``sched`` with ``arena`` on ``inputs`` (flat tensors or the step's pytrees).
 
     Returns an :class:`tkx.reference.Execution` (outputs, updates) comparable with
@@ -282,12 +344,16 @@ def run(sched: FusedSchedule, arena: ArenaPlan, inputs: Sequence[Any], *, update
     ``update_inputs=True`` the in-place state updates are then copied into the given tensors.
     ``on_stage(stage_index, outputs)``, if given, is called after each stage with the output tensors
     (those a finished stage wrote are final: :mod:`tkx.distributed` starts all-reduces from it).
+    ``splitk_counters``: group id -> the per-tile arrival counters of each "last-slice" split-K group
+    (the kernel's sync words, zero at the first launch): pass the same dict to consecutive runs to
+    model repeated launches (updated in place; every counter must be back at 0 after a run).
+    ``splitk_order``: the order those groups' work items arrive in (see ``_Machine.last_slice_sums``).
     """
     flat = flatten_inputs(sched.program, inputs)
     originals = flat
     # Work on copies laid out exactly as captured (strides and storage extent), like the kernel.
     flat = [in_captured_layout(t, spec.value, copy=True) for spec, t in zip(sched.program.inputs, originals)]
-    m = _Machine(sched, arena, flat)
+    m = _Machine(sched, arena, flat, splitk_counters, splitk_order)
     for k, stage in enumerate(sched.stages):
         for gid in reversed(stage):
             m.run_group(sched.groups[gid])

@@ -55,9 +55,10 @@ class FusionDecision:
 
     ``kind`` is ``"inline"`` (producer computed inside its consumer), ``"epilogue"``
     (pointwise consumer applied to a GEMM tile) or ``"side_output"`` (value stored from the
-    same GEMM tile). ``code`` is a stable reason code (e.g. ``"multi-use"``) and ``reason``
-    a sentence for users ("not fused: producer has 3 consumers"). ``rule`` names the rule
-    that decided.
+    same GEMM tile), ``"split-k"`` (where a split-K GEMM adds its slices: ``fused`` when the last
+    slice of each tile does, :data:`tkx.target.SPLIT_K_LAST_SLICE`). ``code`` is a stable reason code
+    (e.g. ``"multi-use"``) and ``reason`` a sentence for users ("not fused: producer has 3
+    consumers"). ``rule`` names the rule that decided.
     """
 
     kind: str
@@ -80,6 +81,8 @@ class FusionDecision:
             "loop": f"{p} and {c} {'share' if self.fused else 'do not share'} one loop",
             "row": f"{c} {'joins' if self.fused else 'does not join'} the row pass of {p}",
             "in-place": f"{c} is {'written in place into' if self.fused else 'staged, then copied into'} {p}",
+            "split-k": (f"the split-K final of {p} runs in the last slice of each tile of {c}" if self.fused
+                        else f"the split-K final of {p} is a group of its own ({c}), a stage after its slices"),
             "attention": f"the attention {c} {p} "
                          + ("is expanded to its math" if not self.fused else
                             "runs as flash-decoding (a group over KV tiles, then a combine)" if "KV tile" in self.reason

@@ -30,7 +30,8 @@ def describe_group(s: FusedSchedule, g: Group) -> str:
             head += f" tile {p['tile_m']}x{p['tile_n']}x{p['tile_k']}"
         if p.get("split_k", 1) > 1:
             head += (f" split-K {p['split_k']} slices" if g.kind == "gemm_partial"
-                     else f" (adds {p['split_k']} split-K slices)")
+                     else f" split-K {p['split_k']} slices, the last of a tile adds them"
+                     if p.get("split_final") == "last-slice" else f" (adds {p['split_k']} split-K slices)")
     elif g.kind in ("reduction", "reduction_partial"):
         what = "partial " if g.kind == "reduction_partial" else ""
         head = (f"{what}{anchor.kind} {anchor.id} {plural(p['rows'], 'row')} x {p['size']}  {p['strategy']}"
