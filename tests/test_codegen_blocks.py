@@ -394,8 +394,9 @@ def test_a_compile_served_without_a_ptxas_report_is_compiled_again(monkeypatch):
 
 
 def test_a_cache_below_cuda_core_is_answered_with_a_new_program_text(monkeypatch):
-    """On the H200 machine the NVRTC bindings gave the same report-less answer for the same text: the
-    second compile sends a text that differs by a comment, which a cache keyed by the text misses."""
+    """On the H200 machine the NVRTC bindings gave the same report-less answer for the same text (and for
+    a text that differed by a comment): the second compile sends a program with a new __device__
+    variable, whose text and PTX are new."""
     real = nv._compile_bindings
     seen: dict[str, int] = {}
 
@@ -408,4 +409,5 @@ def test_a_cache_below_cuda_core_is_answered_with_a_new_program_text(monkeypatch
     report = nv.compile_cuda(SMALL, "sm_90", backend="bindings")
     assert report.kernels and report.registers > 0 and report.backend == "bindings"
     assert len(seen) == 2 and all(n == 1 for n in seen.values())  # two different texts, each compiled once
+    assert any("__device__ int tkx_report_nonce_" in text for text in seen)
 

@@ -572,6 +572,30 @@ def test_damaged_cache_entry_is_recompiled_not_served(cache_home, field, value):
     assert C.load_entry(first.key) is not None
 
 
+def test_a_compile_without_a_ptxas_report_is_never_cached(cache_home, monkeypatch):
+    """An entry whose report has no kernel (no registers, no spill figures) is neither stored nor served."""
+    _nvrtc_or_skip()
+    import dataclasses
+    import json
+
+    from tkx.codegen import nvrtc as N
+    from tkx.runtime import cache as C
+    from tkx.runtime import kernel as K
+    real = N.compile_cuda
+    monkeypatch.setattr(N, "compile_cuda", lambda *a, **k: dataclasses.replace(real(*a, **k), kernels=(), registers=0))
+    blind = K.compile_cubin(TINY, "sm_90")
+    assert C.load_entry(blind.key) is None  # not stored
+    monkeypatch.setattr(N, "compile_cuda", real)
+    good = K.compile_cubin(TINY, "sm_90")
+    assert not good.cache_hit and good.report.registers > 0
+    meta_path = cache_home / "nvrtc" / f"{good.key}.json"
+    meta = json.loads(meta_path.read_text())
+    meta["report"]["kernels"] = []  # an entry left by an older tkx without the report
+    meta_path.write_text(json.dumps(meta))
+    again = K.compile_cubin(TINY, "sm_90")
+    assert not again.cache_hit and again.report.kernels
+
+
 def test_cache_key_follows_header_contents_not_their_folder(tmp_path, monkeypatch):
     _nvrtc_or_skip()
     from tkx.codegen import nvrtc as N

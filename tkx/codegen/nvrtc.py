@@ -554,10 +554,13 @@ def compile_cuda(source: str, arch: str = "sm_90", *, exact: bool = False, name:
         # A repeated compile of the same program can be answered from a cache whose log has no
         # ptxas report (seen on the H200 machine with cuda-core 1.2.0 and NVRTC 13: 0.05 s, no
         # "Used N registers" line; compiling again through the NVRTC bindings got the same answer,
-        # so the cache sits below cuda-core). The report is what tkx's disk cache, the views and the
+        # and so did a text that differed only by a comment: the cache sits below cuda-core and
+        # may key on the generated code). The report is what tkx's disk cache, the views and the
         # spill checks read, so the program is compiled once more through the bindings with a
-        # comment that makes its text new (the cubin is the same program).
-        fresh = f"{source}\n// tkx: compiled again for its ptxas report ({os.getpid()}-{time.perf_counter_ns()})\n"
+        # 4-byte __device__ variable of a unique name, which makes its PTX new as well; the kernel
+        # itself is the same (the variable is never read).
+        nonce = f"{os.getpid()}_{time.perf_counter_ns()}"
+        fresh = f"{source}\n__device__ int tkx_report_nonce_{nonce};  // tkx: compiled again for its ptxas report\n"
         try:
             cubin, log, flags = _compile_bindings(fresh, name, arch, exact, includes, max_registers, lineinfo)
             kernels, chosen = parse_ptxas_log(log), "bindings"

@@ -185,10 +185,12 @@ def compile_cubin(source: Any, arch: str = "sm_90", *, exact: bool | None = None
                     raise ValueError("compile_seconds or arch of the entry is malformed")
             except (KeyError, TypeError, ValueError):
                 report = None
+            if report is not None and not report.kernels and "__global__" in text:
+                report = None  # an entry without a ptxas report (registers, spills): compile again
             if report is not None:
                 return Binary(arch, report, key, True, time.perf_counter() - start, float(cold), flags)
     report = nvrtc.compile_cuda(text, arch, exact=exact)
-    if cache:
+    if cache and (report.kernels or "__global__" not in text):  # never keep an entry without its report
         _cache.store_entry(key, report.cubin, {"report": _report_to_json(report),
                                                "compile_seconds": report.compile_seconds, "arch": arch})
     return Binary(arch, report, key, False, time.perf_counter() - start, report.compile_seconds, flags)
