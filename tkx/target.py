@@ -661,14 +661,17 @@ def choose_gemm(p: GemmProblem, options: Any, arch: str = "sm_80") -> GemmPlan:
 #: Emitters whose code generation implements split-K (partial tiles reduced in a fixed order).
 SPLIT_K_EMITTERS: frozenset[str] = frozenset({"wgmma_bf16", "wgmma_f16", "wgmma_tf32"})
 
-#: Switch (default on): a split-K GEMM is one group whose last slice to finish each tile adds the slices
-#: and runs the epilogue (``GemmPlan.split_final = "last-slice"``): each work item writes its fp32 slice,
-#: then bumps its tile's arrival counter (a word of the kernel's ``sync`` words, an acquire-release
+#: Switch (default off): a split-K GEMM is one group whose last slice to finish each tile adds the
+#: slices and runs the epilogue (``GemmPlan.split_final = "last-slice"``): each work item writes its fp32
+#: slice, then bumps its tile's arrival counter (a word of the kernel's ``sync`` words, an acquire-release
 #: atomic after a fence); the item that sees ``split_k - 1`` resets the counter to 0 (for the next
 #: launch or CUDA-graph replay), adds the slices in slice order (the same bits as the separate final
-#: phase) and runs the epilogue. No final stage and no grid barrier before it. ``False``: the final is
-#: a group of its own in the next stage (``"stage"``, the behaviour before session 4).
-SPLIT_K_LAST_SLICE = True
+#: phase) and runs the epilogue. No final stage and no grid barrier before it. Off (the default): the
+#: final is a group of its own in the next stage (``"stage"``), spread over every block. Measured on the
+#: H200 (``docs/results/gemm-s4-final-probe.txt``, one run): on it verifies bit for bit but is slower,
+#: small 29.7 vs 25.2 µs and medium 70.2 vs 69.6 µs per step: one block per tile adding all slices
+#: and running the epilogue costs more than the grid barrier it saves.
+SPLIT_K_LAST_SLICE = False
 
 
 def _plan_split_k(plan: GemmPlan, options: Any, e: GemmEmitter) -> GemmPlan:
