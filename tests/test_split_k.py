@@ -100,8 +100,14 @@ def test_split_k_kernels_compile_for_sm_90a(name, last_slice, monkeypatch):
         assert "split-K slices" in text and "tkx_tiles" not in text and exp.cuda.sync_words == 8
 
 
+@pytest.fixture
+def last_slice_on(monkeypatch):
+    """The last-slice split-K final (off by default: slower on the H200, see tkx.target.SPLIT_K_LAST_SLICE)."""
+    monkeypatch.setattr(target, "SPLIT_K_LAST_SLICE", True)
+
+
 @pytest.mark.skipif(not nvrtc_available()[0], reason="NVRTC unavailable")
-def test_last_slice_counters_follow_the_dataflow_counters():
+def test_last_slice_counters_follow_the_dataflow_counters(last_slice_on):
     """With sync="counters" the tile counters sit past the dataflow counters (the ABI's words)."""
     ex = get("small")
     exp = tkx.explore(ex.step_fn, ex.example_inputs, name="small", arch="sm_90a", mode="grid", sync="counters")
@@ -112,7 +118,7 @@ def test_last_slice_counters_follow_the_dataflow_counters():
     assert f"unsigned int* const tkx_tiles = sync + {12 + len(src.dag.counters)};" in src.text
 
 
-def test_last_slice_counters_left_set_are_caught():
+def test_last_slice_counters_left_set_are_caught(last_slice_on):
     """A counter the previous launch left above 0 (no reset) finishes a tile too early: the interpreter
     refuses it, naming the group and the tile."""
     ex = get("small")
@@ -125,7 +131,7 @@ def test_last_slice_counters_left_set_are_caught():
         run_schedule(sched, plan, ex.make_inputs(seed=1), splitk_counters=stale)
 
 
-def test_last_slice_task_vm_two_launches():
+def test_last_slice_task_vm_two_launches(last_slice_on):
     """The task VM (counters kernel semantics) over several grids and policies, two launches each
     sharing the tile counters: every result matches the reference and the counters end at 0."""
     from tkx.dataflow import build
