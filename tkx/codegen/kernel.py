@@ -31,6 +31,7 @@ from ..schedule.model import FusedSchedule, Group, Home
 from ..target import EPILOGUE_BATCH, GPU, register_budget, register_note
 from . import abi
 from . import gemm as gemm_module
+from . import intfacts
 from . import ops as cops
 from .cuda_prelude import C_TYPES, barrier, barrier_setup, load, prelude, round_to, shared_workspace, store
 from .gemm import GemmProblem, SplitFinal, _batched_epilogue, emit_gemm
@@ -132,6 +133,19 @@ class _Emitter:
         self.threads = s.threads
         self.plan = KernelPlan()
         self._row: _RowContext | None = None  # set while a row-persistent group is emitted
+        self._index_only: dict = {}  # intfacts' cache of index-only values (divisors such as 16**j)
+        self._index32: bool | None = None
+
+    def index32(self) -> bool:
+        """Device functions take a 32-bit non-negative index (:func:`tkx.codegen.intfacts.index_fits_32` over
+        every view of the program), when :data:`tkx.codegen.intfacts.CHEAP_DEQUANT` is on."""
+        if self._index32 is None:
+            specs = [i.value for i in self.p.inputs] + [o.value for o in self.p.outputs]
+            for op in self.p.ops:
+                specs.append(op.out)
+                specs += [x for x in op.inputs if isinstance(x, TensorSpec)]
+            self._index32 = intfacts.CHEAP_DEQUANT and intfacts.index_fits_32(specs)
+        return self._index32
 
     # -- memory ---------------------------------------------------------------------------
     def pointer(self, buf: str) -> tuple[str, str]:
@@ -166,10 +180,14 @@ class _Emitter:
         lines: list[str] = []
         memo: dict[tuple[str, str], str] = {}
         val = self.value_statements(op, "i", lines, memo, registers={}, group_inlined=None)
+        narrow = self.index32()
+        if narrow:  # every index of the program fits: 32-bit, non-negative (shifts for / and % by 2**s)
+            lines.insert(0, "__builtin_assume(i >= 0);  // an element index (all fit 32 bits)")
         body = block(lines, f"return {val};")
         self.plan.functions[name] = (
             f"// {op_id} = {op.kind}: recomputed where it is read ({op.source.short() if op.source else ''})\n"
-            f"__device__ __forceinline__ {cops.c_type(op.out.dtype)} {name}(TKX_POINTERS, long long i) {{\n"
+            f"__device__ __forceinline__ {cops.c_type(op.out.dtype)} {name}(TKX_POINTERS, "
+            f"{'int' if narrow else 'long long'} i) {{\n"
             f"{indent(body)}\n}}")
         return name
 
@@ -233,6 +251,23 @@ class _Emitter:
                                               f"{cops.literal(op.attr('step', 1))} * (float){coord})")
         elif op.kind in SPECIAL_POINTWISE:
             text = SPECIAL_POINTWISE[op.kind](self, op, lin, lines, memo, registers, group_inlined, var)
+        elif (shift := self.power_of_two_divisor(op)) is not None:
+            a = self.element(op.inputs[0], lin, lines, memo, registers, group_inlined) \
+                if isinstance(op.inputs[0], TensorSpec) else cops.int_literal(op.inputs[0])
+            if isinstance(shift, int):
+                s_text = str(shift)
+            elif (table := intfacts.shift_table(op.inputs[1], self.ops, self._index_only)) is not None:
+                b = op.inputs[1]  # an index-only divisor (16**j): its shifts from a constant, by its index
+                r = _mixed_index(lin, b.shape, b.strides, b.offset)
+                s_text = f"(int)((0x{table:x}ULL >> ({intfacts.TABLE_BITS} * {r})) & 63ULL)"
+            else:
+                b = self.element(op.inputs[1], lin, lines, memo, registers, group_inlined)
+                s_text = f"(__ffsll((long long)({b})) - 1)"
+            a = f"(long long)({a})"
+            if op.kind == "floor_divide":  # arithmetic shift: floor(a / 2**s) for any sign of a
+                text = round_to(op.out.dtype, f"({a} >> {s_text})")
+            else:  # floor-mod by 2**s > 0: the low s bits (two's complement), the divisor's sign
+                text = round_to(op.out.dtype, f"({a} & ((1LL << {s_text}) - 1LL))")
         else:
             args = [self.element(x, lin, lines, memo, registers, group_inlined) if isinstance(x, TensorSpec)
                     else x for x in op.inputs]  # scalars are formatted in the op's compute type
@@ -242,6 +277,26 @@ class _Emitter:
         if text is not None:
             lines.append(f"const {ctype} {var} = {text};  // {op.id}: {op.kind}")
         return var
+
+    def power_of_two_divisor(self, op: Op) -> int | str | None:
+        """For an integer ``floor_divide``/``remainder`` whose divisor only takes positive powers of two
+        (:func:`tkx.codegen.intfacts.power_of_two_shifts`): the shift (an ``int`` when it is one value,
+        ``"tensor"`` when it varies per element); else ``None`` (also with ``CHEAP_DEQUANT`` off)."""
+        if not intfacts.CHEAP_DEQUANT or op.kind not in ("floor_divide", "remainder") or len(op.inputs) != 2:
+            return None
+        if optable.compute_type(op) != "int":
+            return None
+        a, b = op.inputs
+        if isinstance(a, TensorSpec) and a.dtype not in INT_DTYPES:
+            return None
+        if isinstance(b, TensorSpec) and b.dtype not in INT_DTYPES:
+            return None
+        if not isinstance(a, TensorSpec) and not (isinstance(a, int) and not isinstance(a, bool)):
+            return None
+        shifts = intfacts.power_of_two_shifts(b, self.ops, self._index_only)
+        if not shifts:
+            return None
+        return next(iter(shifts)) if len(shifts) == 1 else "tensor"
 
     # -- index ops: operands read at computed coordinates -------------------------------------
     def op_number(self, op: Op) -> int:
@@ -1089,7 +1144,7 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
                    "#define TKX_ARGS " + ", ".join(p.name for p in pointers))
     declarations = "\n".join(
         f"__device__ __forceinline__ {cops.c_type(em.ops[name[len('tkx_v_'):]].out.dtype)} {name}"
-        f"(TKX_POINTERS, long long i);" for name in em.plan.functions)
+        f"(TKX_POINTERS, {'int' if em.index32() else 'long long'} i);" for name in em.plan.functions)
     functions = "\n\n".join([declarations] + [f for f in em.plan.functions.values() if f]) \
         if em.plan.functions else ""
     if sync == "counters":

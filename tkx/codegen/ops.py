@@ -30,7 +30,11 @@ from collections.abc import Sequence
 from .. import ops as table
 from ..dtypes import INT_DTYPES, f32, int_literal, literal, round_scalar  # noqa: F401 (re-exported)
 from ..ir import Op, TensorSpec
+from . import intfacts
 from .cuda_prelude import round_to
+
+#: Integer dtypes whose ``long long`` registers always hold a 32-bit value (round_to wraps them).
+_NARROW_INTS = ("int32", "int16", "int8", "uint8")
 
 #: Kinds whose result is a 0/1 float whatever their operands.
 BOOLEAN_RESULT = table.BOOLEAN_RESULT
@@ -67,6 +71,9 @@ def expr(op: Op, operands: Sequence[str | float | int | bool], *, exact: bool = 
         if isinstance(x, str):
             src = "int" if isinstance(spec, TensorSpec) and spec.dtype in INT_DTYPES else (
                 "int" if integer and not isinstance(spec, TensorSpec) else "float")
+            if (intfacts.CHEAP_DEQUANT and src == "int" and ct == "float" and i not in keep
+                    and isinstance(spec, TensorSpec) and spec.dtype in _NARROW_INTS):
+                x = f"(int)({x})"  # a 32-bit value: the cheaper int-to-float conversion, the same float
             args.append(x if i in keep else _convert(x, src, ct))
             continue
         if op.kind == "pow" and i == 1 and isinstance(op.inputs[0], TensorSpec):
