@@ -828,8 +828,22 @@ class _Emitter:
         else:
             final = epilogue
         if variant == "gemv_stream":
+            small_m = prob.m <= prob.n
+            long_view = b if small_m else a
+            k_dim = long_view.ndim - (2 if small_m else 1)
+            others = [st for d, st in enumerate(long_view.strides) if d != k_dim]
+            long8 = None
+            if (intfacts.CHEAP_DEQUANT and long_view.buffer in self.s.inlined and long_view.strides[k_dim] == 1
+                    and all(st % 8 == 0 for st in others) and long_view.offset % 8 == 0):
+                fn = self.function(long_view.buffer)
+
+                def long8(bat: str, k0: str, col: str, t: str) -> str:
+                    # k0 a multiple of 8, every other stride and the offset too: index(k0) + t == index(k0) | t,
+                    # which shows the compiler the low 3 bits (one byte, one scale serve the 8 elements)
+                    idx = coords(bat, k0, col, long_view) if small_m else coords(bat, col, k0, long_view)
+                    return f"{fn}(TKX_ARGS, ({idx} | {t}))"
             code = gemv_stream(prob, operand(a), operand(b), final, threads=self.threads, blocks=self.s.blocks,
-                               **self.gemv_stream_loads(a, b, prob, pointer_to))
+                               long8=long8, **self.gemv_stream_loads(a, b, prob, pointer_to))
         else:
             code = emit_gemm(variant, prob, operand(a), operand(b), final, tile_m=params["tile_m"],
                              tile_n=params["tile_n"], tile_k=params["tile_k"], threads=self.threads,
@@ -872,13 +886,24 @@ class _Emitter:
             return out
         if prob.batch != 1:
             return {}
+        out = {}
+        short = a if small_m else b
+        at_s = pointer_to(short, 1 - fast) if intfacts.CHEAP_DEQUANT and short.dtype == "bfloat16" else None
+        if at_s is not None:  # the activations in 16-byte loads on the 8-elements-per-lane chain path
+            sptr, _ = self.pointer(short.buffer)
+
+            def ptr_short_chain(bat: str, k: str, row: str) -> str:
+                elem = at_s(bat, row, k) if small_m else at_s(bat, k, row)
+                return f"reinterpret_cast<const unsigned short*>({elem})"
+            out.update(ptr_short=ptr_short_chain, aligned_short=f"((((unsigned long long){sptr}) & 15ULL) == 0)")
         spans = column_spans(view, self.ops, set(self.s.inlined), 0 if small_m else 1)
         fetch = []
         for sp in spans:
             ptr, dtype = self.pointer(sp.buffer)
             size = DTYPE_BYTES[dtype]
             fetch.append(Prefetch(ptr, sp.row_stride * size, sp.start * size, sp.span * size))
-        return {"prefetch": tuple(fetch)}
+        out["prefetch"] = tuple(fetch)
+        return out
 
     def reduction_code(self, g: Group) -> tuple[str, int, int]:
         op = self.ops[g.anchor]
