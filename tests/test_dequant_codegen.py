@@ -113,11 +113,14 @@ def _int_steps():
     def by_tensor(x):
         d = 1 + 3 * torch.arange(2, dtype=torch.int32, device=x.device)  # 1, 4 (as int4's 16**j)
         return (x.unsqueeze(-1) // d) * 100 + x.unsqueeze(-1) % d
+    def by_long_tensor(x):  # a divisor of 12 elements: its shift found per element (__ffsll), not from a table
+        d = 1 + 15 * (torch.arange(12, dtype=torch.int32, device=x.device) % 2)
+        return (x.unsqueeze(-1) // d) * 100 + x.unsqueeze(-1) % d
     x = torch.arange(-70, 71, 5, dtype=torch.int32)[:28].reshape(2, -1)
-    return (by_literal, by_tensor), x
+    return (by_literal, by_tensor, by_long_tensor), x
 
 
-@pytest.mark.parametrize("which", [0, 1])
+@pytest.mark.parametrize("which", [0, 1, 2])
 def test_integer_floor_divide_and_remainder_by_powers_of_two(which):
     steps, x = _int_steps()
     step = steps[which]
@@ -128,13 +131,14 @@ def test_integer_floor_divide_and_remainder_by_powers_of_two(which):
     text = exp.cuda.text.split("end of tkx prelude")[1]  # the prelude defines the generic helpers
     assert "tkx_ifloordiv(" not in text and "tkx_iremainder(" not in text
     assert " >> " in text
+    assert ("__ffsll" in text) == (which == 2)
     if nvrtc_available():
         assert exp.cuda.check("sm_90").spill_bytes == 0
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("which", [0, 1])
+@pytest.mark.parametrize("which", [0, 1, 2])
 def test_integer_floor_divide_and_remainder_by_powers_of_two_on_the_gpu(which):
     steps, x = _int_steps()
     step = steps[which]

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 import torch
 
 from .. import ops as optable
-from ..ir import Op, TensorSpec
+from ..ir import Op, TensorSpec, contiguous_strides
 
 __all__ = ["CHEAP_DEQUANT", "index_fits_32", "power_of_two_shifts", "shift_table", "INT32_LIMIT", "MAX_EVALUATED",
            "TABLE_BITS"]
@@ -60,8 +60,9 @@ def _index_only_value(buf: str, ops: Mapping[str, Op], cache: dict[str, torch.Te
         return cache[buf]
     cache[buf] = None  # a DAG: no cycles, but keep a failed lookup cheap
     op = ops.get(buf)
-    if op is None or op.out.numel > MAX_EVALUATED:
-        return None
+    if op is None or op.out.numel > MAX_EVALUATED or op.out.offset != 0 \
+            or op.out.strides != contiguous_strides(op.out.shape):
+        return None  # the value's storage is its row-major elements (what the views' strides index)
     r = optable.row(op.kind)
     if r.family != "pointwise" and op.kind not in ("iota", "fill"):
         return None
