@@ -68,6 +68,12 @@ def test_dequant_chain_uses_32_bit_indices_shifts_and_8_elements_per_lane(quant)
     if quant == "int4":
         assert ">> (int)((0x100ULL >> (6 * ((i % 2)))) & 63ULL)" in funcs, funcs
         assert "& ((1LL << 4) - 1LL)" in funcs
+    # q.to(bf16) is not rounded: the integer is proved within [-256, 256] (int4: [-8, 7] by interval arithmetic)
+    assert re.search(r"const float v_\w+ = \(float\)\(\(int\)\(.+\)\);  // \w+: cast", funcs), funcs
+    ops = {op.id: op for op in exp.schedule.program.ops}
+    (cast,) = [op for op in ops.values() if op.kind == "cast" and op.out.dtype == "bfloat16"
+               and isinstance(op.inputs[0], TensorSpec) and op.inputs[0].dtype != "bfloat16"]
+    assert intfacts.int_range(cast.inputs[0], ops, {}) == ((-8, 7) if quant == "int4" else (-128, 127))
     # the streaming GEMV's chain path: 8 consecutive K elements per lane, the index written base | t
     (grp,) = [g for g in exp.schedule.groups.values() if g.kind == "gemm"]
     note = exp.cuda.notes[grp.id]

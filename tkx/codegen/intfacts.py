@@ -27,7 +27,7 @@ import torch
 from .. import ops as optable
 from ..ir import Op, TensorSpec, contiguous_strides
 
-__all__ = ["CHEAP_DEQUANT", "index_fits_32", "power_of_two_shifts", "shift_table", "INT32_LIMIT", "MAX_EVALUATED",
+__all__ = ["CHEAP_DEQUANT", "index_fits_32", "power_of_two_shifts", "shift_table", "int_range", "exact_in_half", "INT32_LIMIT", "MAX_EVALUATED",
            "TABLE_BITS"]
 
 #: Cheap integer arithmetic in the generated CUDA (32-bit device-function indices where the sizes allow,
@@ -119,3 +119,69 @@ def shift_table(divisor: TensorSpec, ops: Mapping[str, Op], cache: dict[str, tor
         if v > 0 and not v & (v - 1):
             table |= (v.bit_length() - 1) << (TABLE_BITS * r)
     return table
+
+
+_DTYPE_RANGE = {"int8": (-(1 << 7), (1 << 7) - 1), "uint8": (0, 255), "int16": (-(1 << 15), (1 << 15) - 1),
+                "int32": (-(1 << 31), (1 << 31) - 1), "int64": (-(1 << 63), (1 << 63) - 1), "bool": (0, 1)}
+
+
+def int_range(x: object, ops: Mapping[str, Op], cache: dict[str, tuple[int, int] | None]) -> tuple[int, int] | None:
+    """Bounds ``(lo, hi)`` of an integer operand's values (a Python int, or a view of a program input or an op),
+    by interval arithmetic over the ops that made it (casts, ``+``/``-``/``*`` by a scalar, ``//`` and ``%`` by
+    positive powers of two, ``iota``, ``fill``); a stored input gives its dtype's range; ``None`` for floats."""
+    if isinstance(x, bool):
+        return (int(x), int(x))
+    if isinstance(x, int):
+        return (x, x)
+    if not isinstance(x, TensorSpec) or x.dtype not in _DTYPE_RANGE:
+        return None
+    full = _DTYPE_RANGE[x.dtype]
+    if x.buffer in cache:
+        got = cache[x.buffer]
+        return got if got is not None else full
+    cache[x.buffer] = None
+    op = ops.get(x.buffer)
+    got = _op_range(op, ops, cache) if op is not None else None
+    if got is not None and not (full[0] <= got[0] and got[1] <= full[1]):
+        got = None  # it wraps in the dtype: no bound but the dtype's
+    cache[x.buffer] = got
+    return got if got is not None else full
+
+
+def _op_range(op: Op, ops: Mapping[str, Op], cache: dict) -> tuple[int, int] | None:
+    if op.kind == "fill" and isinstance(op.attr("value"), int):
+        v = int(op.attr("value"))
+        return (v, v)
+    if op.kind == "iota":
+        n = op.out.shape[op.attr("dim", 0)] if op.out.shape else 1
+        a, b = int(op.attr("start", 0)), int(op.attr("start", 0)) + int(op.attr("step", 1)) * (max(n, 1) - 1)
+        return (min(a, b), max(a, b))
+    ins = [int_range(v, ops, cache) for v in op.inputs]
+    if any(r is None for r in ins):
+        return None
+    if op.kind == "cast" and len(ins) == 1:
+        return ins[0]
+    if op.kind in ("add", "sub", "mul") and len(ins) == 2:
+        (a0, a1), (b0, b1) = ins  # type: ignore[misc]
+        if op.kind == "add":
+            return (a0 + b0, a1 + b1)
+        if op.kind == "sub":
+            return (a0 - b1, a1 - b0)
+        prods = (a0 * b0, a0 * b1, a1 * b0, a1 * b1)
+        return (min(prods), max(prods))
+    if op.kind in ("floor_divide", "remainder") and len(ins) == 2:
+        shifts = power_of_two_shifts(op.inputs[1], ops, {})
+        if not shifts:
+            return None
+        lo, hi = ins[0]  # type: ignore[misc]
+        if op.kind == "remainder":
+            return (0, (1 << max(shifts)) - 1)
+        outs = [v >> s for v in (lo, hi) for s in (min(shifts), max(shifts))]
+        return (min(outs), max(outs))
+    return None
+
+
+def exact_in_half(x: object, ops: Mapping[str, Op], cache: dict) -> bool:
+    """True when integer operand ``x`` provably lies in ``[-256, 256]``, where bf16 and f16 hold every integer."""
+    r = int_range(x, ops, cache)
+    return r is not None and -256 <= r[0] and r[1] <= 256

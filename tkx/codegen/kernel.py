@@ -135,6 +135,7 @@ class _Emitter:
         self._row: _RowContext | None = None  # set while a row-persistent group is emitted
         self._index_only: dict = {}  # intfacts' cache of index-only values (divisors such as 16**j)
         self._index32: bool | None = None
+        self._ranges: dict = {}  # intfacts' cache of integer value bounds
 
     def index32(self) -> bool:
         """Device functions take a 32-bit non-negative index (:func:`tkx.codegen.intfacts.index_fits_32` over
@@ -271,7 +272,9 @@ class _Emitter:
         else:
             args = [self.element(x, lin, lines, memo, registers, group_inlined) if isinstance(x, TensorSpec)
                     else x for x in op.inputs]  # scalars are formatted in the op's compute type
-            text = cops.value(op, args, exact=self.exact)
+            exact_cast = (intfacts.CHEAP_DEQUANT and op.kind == "cast" and op.inputs
+                          and intfacts.exact_in_half(op.inputs[0], self.ops, self._ranges))
+            text = cops.value(op, args, exact=self.exact, exact_cast=bool(exact_cast))
         if memo is not None:
             memo[key] = var
         if text is not None:

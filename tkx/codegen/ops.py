@@ -84,9 +84,13 @@ def expr(op: Op, operands: Sequence[str | float | int | bool], *, exact: bool = 
     return r.c(*args, table.Emit(op, integer=integer, exact=exact, scalars=scalars))
 
 
-def value(op: Op, operands: Sequence[str | float | int | bool], *, exact: bool = False) -> str:
-    """:func:`expr` rounded to ``op.out.dtype`` (the value eager PyTorch would store)."""
+def value(op: Op, operands: Sequence[str | float | int | bool], *, exact: bool = False,
+          exact_cast: bool = False) -> str:
+    """:func:`expr` rounded to ``op.out.dtype`` (the value eager PyTorch would store). ``exact_cast``: a
+    ``cast`` of an integer the caller proved within ``[-256, 256]`` to bf16/f16 (exact there) is not rounded."""
     text = expr(op, operands, exact=exact)
+    if exact_cast and op.kind == "cast" and op.out.dtype in ("bfloat16", "float16"):
+        return text  # the caller proved the integer exact in the 2-byte float (|x| <= 256): no rounding
     if op.out.dtype in INT_DTYPES and table.compute_type(op) != "int":
         text = f"(long long)({text})"
     return round_to(op.out.dtype, text)
