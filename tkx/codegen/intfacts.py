@@ -20,6 +20,7 @@ Imports only torch, the IR and the op table.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
 
 import torch
@@ -31,8 +32,10 @@ __all__ = ["CHEAP_DEQUANT", "index_fits_32", "power_of_two_shifts", "shift_table
            "TABLE_BITS"]
 
 #: Cheap integer arithmetic in the generated CUDA (32-bit device-function indices where the sizes allow,
-#: shifts/masks for integer ``//`` and ``%`` by powers of two). ``False``: the generic 64-bit forms.
-CHEAP_DEQUANT = True
+#: shifts/masks for integer ``//`` and ``%`` by powers of two, unrounded casts of small integers to bf16/f16,
+#: the streaming GEMV's 8-elements-per-lane chain path). ``False``: the generic 64-bit forms. Read at code
+#: generation; its default comes from the environment variable ``TKX_CHEAP_DEQUANT`` (``0``: off).
+CHEAP_DEQUANT = os.environ.get("TKX_CHEAP_DEQUANT", "1") != "0"
 #: Indices below this fit a signed 32-bit ``int``.
 INT32_LIMIT = 1 << 31
 #: Largest index-only value (elements) evaluated on the CPU to learn its divisor values.
