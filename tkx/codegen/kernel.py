@@ -181,15 +181,16 @@ class _Emitter:
         lines: list[str] = []
         memo: dict[tuple[str, str], str] = {}
         val = self.value_statements(op, "i", lines, memo, registers={}, group_inlined=None)
+        # every index of the program fits (index32): a 32-bit non-negative index, so / and % by 2**s are shifts
+        # and masks (the assumption on the signature's line: the source's line numbers stay as they were)
         narrow = self.index32()
-        if narrow:  # every index of the program fits: 32-bit, non-negative (shifts for / and % by 2**s)
-            lines.insert(0, "__builtin_assume(i >= 0);  // an element index (all fit 32 bits)")
         body = block(lines, f"return {val};")
         self.plan.functions[name] = (
             f"// {op_id} = {op.kind}: recomputed where it is read ({op.source.short() if op.source else ''})\n"
             f"__device__ __forceinline__ {cops.c_type(op.out.dtype)} {name}(TKX_POINTERS, "
-            f"{'int' if narrow else 'long long'} i) {{\n"
-            f"{indent(body)}\n}}")
+            + ("int i) { __builtin_assume(i >= 0);  // an element index: all fit 32 bits\n" if narrow
+               else "long long i) {\n")
+            + f"{indent(body)}\n}}")
         return name
 
     def element(self, x: Any, lin: str, lines: list[str] | None, memo: dict | None,
