@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..target import SKINNY_MAX, GemmProblem
+from . import intfacts
 from .gemm import Epilogue, GemmCode, LoadA, LoadB
 from .text import block, indent
 
@@ -42,6 +43,9 @@ __all__ = ["gemv_stream", "columns_per_warp", "stream_split", "Prefetch", "UNROL
 UNROLL = 16
 #: Most 16-byte loads one lane keeps in flight on the vector path (``unroll x cpw``).
 VEC_UNROLL = 16
+#: Most chain elements one lane computes per column and K pass on the 8-elements-per-lane chain path
+#: (``unroll x 8``).
+CHAIN_UNROLL = 16
 #: Most output columns one warp owns (its accumulators: columns x short side floats).
 MAX_CPW = 8
 #: Bytes one prefetch covers (a cache line of sm_80 and sm_90).
@@ -49,6 +53,8 @@ LINE = 128
 
 #: ``(batch, k, l) -> C pointer`` (``const unsigned short*``) to the long operand's element (k, l).
 PtrLong = Callable[[str, str, str], str]
+#: ``(batch, k0, l, t) -> C float``: the long operand's element (k0 + t, l), k0 a multiple of 8, 0 <= t < 8.
+Long8 = Callable[[str, str, str, str], str]
 
 
 @dataclass(frozen=True)
@@ -103,14 +109,16 @@ def stream_split(long_n: int, batch: int, steps: int, warps: int, blocks: int) -
 def gemv_stream(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue, *, threads: int = 256,
                 blocks: int = 132, item: str = "item", ptr_long: PtrLong | None = None, aligned: str = "false",
                 ptr_short: PtrLong | None = None, aligned_short: str = "false",
-                prefetch: tuple[Prefetch, ...] = ()) -> GemmCode:
+                prefetch: tuple[Prefetch, ...] = (), long8: Long8 | None = None) -> GemmCode:
     """C block for one work item of the streaming GEMV of ``p`` (see the module text).
 
     ``blocks``: the grid size the columns are spread over. ``ptr_long``: a pointer to the long operand's
     2-byte element ``(batch, k, l)`` for 16-byte loads (used when K is a multiple of 8; ``aligned`` is the
     run-time C test that the buffer's base is 16-byte aligned, else the same bits are read two bytes at a
     time); ``ptr_short`` / ``aligned_short``: the same for the short operand's element ``(batch, k, s)`` (its
-    8 K elements per step in one load on the vector path); ``prefetch``: raw buffers of the element-load path to
+    8 K elements per step in one load on the vector path); ``long8``: ``(batch, k0, l, t) -> C float`` the long
+    operand's element ``(k0 + t, l)`` for ``k0`` a multiple of 8 and ``0 <= t < 8`` (used on the chain path with
+    8 elements per lane, else ``load_a``/``load_b`` at ``k0 + t``); ``prefetch``: raw buffers of the element-load path to
     prefetch per column. Raises
     :class:`ValueError` if neither side is skinny (``min(M, N) > SKINNY_MAX``), if the long operand is not
     contiguous along K, or if ``threads`` is not a multiple of 32.
@@ -126,7 +134,11 @@ def gemv_stream(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue
         raise ValueError("gemv_stream needs the long operand contiguous along K (use gemv)")
     warps = threads // 32
     vec = ptr_long is not None and p.k % 8 == 0
-    per_step = 256 if vec else 32
+    # a dequantising chain with K a multiple of 8 (intfacts.CHEAP_DEQUANT): each lane computes 8 consecutive
+    # K elements per step, so the compiler sees one byte serve both nibbles and one scale serve all 8
+    # (the indices' low 3 bits are the constant t) and the activations come in 16-byte loads
+    lane8 = not vec and intfacts.CHEAP_DEQUANT and p.k % 8 == 0
+    per_step = 256 if vec or lane8 else 32
     steps = _ceil(p.k, per_step)
     cpw, ksplit = stream_split(long_n, p.batch, steps, warps, blocks)
     groups = warps // ksplit  # column groups of one work item
@@ -188,6 +200,43 @@ def gemv_stream(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue
                     "}")),
                 "}")),
             "}")
+    elif lane8:
+        unroll = max(1, min(slice_steps, CHAIN_UNROLL // (8 * cpw)))
+        if ptr_short is not None:
+            short8 = ["uint4 av = make_uint4(0u, 0u, 0u, 0u);",
+                      f"const unsigned short* asrc = {ptr_short('bat', 'k0', 's')};",
+                      f"if ({aligned_short}) av = *reinterpret_cast<const uint4*>(asrc);",
+                      f"else av = {_pack8('asrc')};",
+                      *(f"a[{2 * i}] = __uint_as_float(av.{w} << 16); "
+                        f"a[{2 * i + 1}] = __uint_as_float(av.{w} & 0xffff0000u);" for i, w in enumerate("xyzw"))]
+        else:
+            short8 = ["#pragma unroll", f"for (int t = 0; t < 8; ++t) a[t] = {short_of('(k0 + t)')};"]
+        loop = block(
+            f"#pragma unroll {unroll}",
+            f"for (int k8 = kslice * {slice_steps * 32} + lane; k8 < min({p.k // 8}, (kslice + 1) * {slice_steps * 32}); "
+            "k8 += 32) {",
+            indent(block(
+                "const int k0 = k8 * 8;  // 8 consecutive K elements; the low 3 bits of k0 + t are t",
+                f"float elem[{cpw}][8];  // the chain's loads first (all in flight), then the FMAs",
+                "#pragma unroll",
+                f"for (int c = 0; c < {cpw}; ++c) {{",
+                "    const int l = l0 + c;",
+                "    #pragma unroll",
+                f"    for (int t = 0; t < 8; ++t) elem[c][t] = l < {long_n} ? "
+                f"{long8('bat', 'k0', 'l', 't') if long8 is not None else long_of('(k0 + t)')} : 0.0f;",
+                "}",
+                "#pragma unroll",
+                f"for (int s = 0; s < {s_count}; ++s) {{",
+                indent(block(
+                    "float a[8];",
+                    *short8,
+                    "#pragma unroll",
+                    f"for (int c = 0; c < {cpw}; ++c) {{",
+                    "    #pragma unroll",
+                    "    for (int t = 0; t < 8; ++t) sum[c][s] = fmaf(a[t], elem[c][t], sum[c][s]);",
+                    "}")),
+                "}")),
+            "}")
     else:
         unroll = min(UNROLL, slice_steps)
         loop = block(
@@ -240,7 +289,8 @@ def gemv_stream(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue
         "}")
     head = [f"// streaming GEMV: {dims}; {cpw} column(s) per warp, {per_item} per work item, K in {ksplit} "
             f"slice(s) of {slice_steps} step(s), "
-            + ("16-byte weight loads" if vec else f"element loads unrolled by {unroll}"
+            + ("16-byte weight loads" if vec else
+               (f"8 chain elements per lane, unrolled by {unroll}" if lane8 else f"element loads unrolled by {unroll}")
                + (", raw rows prefetched" if prefetch else "")),
             f"constexpr int M = {p.m}, N = {p.n}, K = {p.k};",
             f"const int bat = {item} / {per_batch};" if p.batch > 1 else "const int bat = 0;",
@@ -288,5 +338,5 @@ def gemv_stream(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue
         shared = 4 * warps * cpw * s_count
     params = {"mode": "stream", "short": "m" if small_m else "n", "short_size": s_count, "per_item": per_item,
               "columns_per_warp": cpw, "k_slices": ksplit, "unroll": unroll, "vector_loads": vec,
-              "prefetched": len(prefetch) if not vec else 0}
+              "prefetched": len(prefetch) if not vec else 0, "lane_elements": 8 if vec or lane8 else 1}
     return GemmCode("gemv_stream", "{\n" + indent(body) + "\n}", p.batch * per_batch, shared, threads, False, params)

@@ -31,6 +31,7 @@ from ..schedule.model import FusedSchedule, Group, Home
 from ..target import EPILOGUE_BATCH, GPU, register_budget, register_note
 from . import abi
 from . import gemm as gemm_module
+from . import intfacts
 from . import ops as cops
 from .cuda_prelude import C_TYPES, barrier, barrier_setup, load, prelude, round_to, shared_workspace, store
 from .gemm import GemmProblem, SplitFinal, _batched_epilogue, emit_gemm
@@ -132,6 +133,20 @@ class _Emitter:
         self.threads = s.threads
         self.plan = KernelPlan()
         self._row: _RowContext | None = None  # set while a row-persistent group is emitted
+        self._index_only: dict = {}  # intfacts' cache of index-only values (divisors such as 16**j)
+        self._index32: bool | None = None
+        self._ranges: dict = {}  # intfacts' cache of integer value bounds
+
+    def index32(self) -> bool:
+        """Device functions take a 32-bit non-negative index (:func:`tkx.codegen.intfacts.index_fits_32` over
+        every view of the program), when :data:`tkx.codegen.intfacts.CHEAP_DEQUANT` is on."""
+        if self._index32 is None:
+            specs = [i.value for i in self.p.inputs] + [o.value for o in self.p.outputs]
+            for op in self.p.ops:
+                specs.append(op.out)
+                specs += [x for x in op.inputs if isinstance(x, TensorSpec)]
+            self._index32 = intfacts.CHEAP_DEQUANT and intfacts.index_fits_32(specs)
+        return self._index32
 
     # -- memory ---------------------------------------------------------------------------
     def pointer(self, buf: str) -> tuple[str, str]:
@@ -166,11 +181,16 @@ class _Emitter:
         lines: list[str] = []
         memo: dict[tuple[str, str], str] = {}
         val = self.value_statements(op, "i", lines, memo, registers={}, group_inlined=None)
+        # every index of the program fits (index32): a 32-bit non-negative index, so / and % by 2**s are shifts
+        # and masks (the assumption on the signature's line: the source's line numbers stay as they were)
+        narrow = self.index32()
         body = block(lines, f"return {val};")
         self.plan.functions[name] = (
             f"// {op_id} = {op.kind}: recomputed where it is read ({op.source.short() if op.source else ''})\n"
-            f"__device__ __forceinline__ {cops.c_type(op.out.dtype)} {name}(TKX_POINTERS, long long i) {{\n"
-            f"{indent(body)}\n}}")
+            f"__device__ __forceinline__ {cops.c_type(op.out.dtype)} {name}(TKX_POINTERS, "
+            + ("int i) { __builtin_assume(i >= 0);  // an element index: all fit 32 bits\n" if narrow
+               else "long long i) {\n")
+            + f"{indent(body)}\n}}")
         return name
 
     def element(self, x: Any, lin: str, lines: list[str] | None, memo: dict | None,
@@ -233,15 +253,54 @@ class _Emitter:
                                               f"{cops.literal(op.attr('step', 1))} * (float){coord})")
         elif op.kind in SPECIAL_POINTWISE:
             text = SPECIAL_POINTWISE[op.kind](self, op, lin, lines, memo, registers, group_inlined, var)
+        elif (shift := self.power_of_two_divisor(op)) is not None:
+            a = self.element(op.inputs[0], lin, lines, memo, registers, group_inlined) \
+                if isinstance(op.inputs[0], TensorSpec) else cops.int_literal(op.inputs[0])
+            if isinstance(shift, int):
+                s_text = str(shift)
+            elif (table := intfacts.shift_table(op.inputs[1], self.ops, self._index_only)) is not None:
+                b = op.inputs[1]  # an index-only divisor (16**j): its shifts from a constant, by its index
+                r = _mixed_index(lin, b.shape, b.strides, b.offset)
+                s_text = f"(int)((0x{table:x}ULL >> ({intfacts.TABLE_BITS} * {r})) & 63ULL)"
+            else:
+                b = self.element(op.inputs[1], lin, lines, memo, registers, group_inlined)
+                s_text = f"(__ffsll((long long)({b})) - 1)"
+            a = f"(long long)({a})"
+            if op.kind == "floor_divide":  # arithmetic shift: floor(a / 2**s) for any sign of a
+                text = round_to(op.out.dtype, f"({a} >> {s_text})")
+            else:  # floor-mod by 2**s > 0: the low s bits (two's complement), the divisor's sign
+                text = round_to(op.out.dtype, f"({a} & ((1LL << {s_text}) - 1LL))")
         else:
             args = [self.element(x, lin, lines, memo, registers, group_inlined) if isinstance(x, TensorSpec)
                     else x for x in op.inputs]  # scalars are formatted in the op's compute type
-            text = cops.value(op, args, exact=self.exact)
+            exact_cast = (intfacts.CHEAP_DEQUANT and op.kind == "cast" and op.inputs
+                          and intfacts.exact_in_half(op.inputs[0], self.ops, self._ranges))
+            text = cops.value(op, args, exact=self.exact, exact_cast=bool(exact_cast))
         if memo is not None:
             memo[key] = var
         if text is not None:
             lines.append(f"const {ctype} {var} = {text};  // {op.id}: {op.kind}")
         return var
+
+    def power_of_two_divisor(self, op: Op) -> int | str | None:
+        """For an integer ``floor_divide``/``remainder`` whose divisor only takes positive powers of two
+        (:func:`tkx.codegen.intfacts.power_of_two_shifts`): the shift (an ``int`` when it is one value,
+        ``"tensor"`` when it varies per element); else ``None`` (also with ``CHEAP_DEQUANT`` off)."""
+        if not intfacts.CHEAP_DEQUANT or op.kind not in ("floor_divide", "remainder") or len(op.inputs) != 2:
+            return None
+        if optable.compute_type(op) != "int":
+            return None
+        a, b = op.inputs
+        if isinstance(a, TensorSpec) and a.dtype not in INT_DTYPES:
+            return None
+        if isinstance(b, TensorSpec) and b.dtype not in INT_DTYPES:
+            return None
+        if not isinstance(a, TensorSpec) and not (isinstance(a, int) and not isinstance(a, bool)):
+            return None
+        shifts = intfacts.power_of_two_shifts(b, self.ops, self._index_only)
+        if not shifts:
+            return None
+        return next(iter(shifts)) if len(shifts) == 1 else "tensor"
 
     # -- index ops: operands read at computed coordinates -------------------------------------
     def op_number(self, op: Op) -> int:
@@ -773,8 +832,22 @@ class _Emitter:
         else:
             final = epilogue
         if variant == "gemv_stream":
+            small_m = prob.m <= prob.n
+            long_view = b if small_m else a
+            k_dim = long_view.ndim - (2 if small_m else 1)
+            others = [st for d, st in enumerate(long_view.strides) if d != k_dim]
+            long8 = None
+            if (intfacts.CHEAP_DEQUANT and long_view.buffer in self.s.inlined and long_view.strides[k_dim] == 1
+                    and all(st % 8 == 0 for st in others) and long_view.offset % 8 == 0):
+                fn = self.function(long_view.buffer)
+
+                def long8(bat: str, k0: str, col: str, t: str) -> str:
+                    # k0 a multiple of 8, every other stride and the offset too: index(k0) + t == index(k0) | t,
+                    # which shows the compiler the low 3 bits (one byte, one scale serve the 8 elements)
+                    idx = coords(bat, k0, col, long_view) if small_m else coords(bat, col, k0, long_view)
+                    return f"{fn}(TKX_ARGS, ({idx} | {t}))"
             code = gemv_stream(prob, operand(a), operand(b), final, threads=self.threads, blocks=self.s.blocks,
-                               **self.gemv_stream_loads(a, b, prob, pointer_to))
+                               long8=long8, **self.gemv_stream_loads(a, b, prob, pointer_to))
         else:
             code = emit_gemm(variant, prob, operand(a), operand(b), final, tile_m=params["tile_m"],
                              tile_n=params["tile_n"], tile_k=params["tile_k"], threads=self.threads,
@@ -817,13 +890,24 @@ class _Emitter:
             return out
         if prob.batch != 1:
             return {}
+        out = {}
+        short = a if small_m else b
+        at_s = pointer_to(short, 1 - fast) if intfacts.CHEAP_DEQUANT and short.dtype == "bfloat16" else None
+        if at_s is not None:  # the activations in 16-byte loads on the 8-elements-per-lane chain path
+            sptr, _ = self.pointer(short.buffer)
+
+            def ptr_short_chain(bat: str, k: str, row: str) -> str:
+                elem = at_s(bat, row, k) if small_m else at_s(bat, k, row)
+                return f"reinterpret_cast<const unsigned short*>({elem})"
+            out.update(ptr_short=ptr_short_chain, aligned_short=f"((((unsigned long long){sptr}) & 15ULL) == 0)")
         spans = column_spans(view, self.ops, set(self.s.inlined), 0 if small_m else 1)
         fetch = []
         for sp in spans:
             ptr, dtype = self.pointer(sp.buffer)
             size = DTYPE_BYTES[dtype]
             fetch.append(Prefetch(ptr, sp.row_stride * size, sp.start * size, sp.span * size))
-        return {"prefetch": tuple(fetch)}
+        out["prefetch"] = tuple(fetch)
+        return out
 
     def reduction_code(self, g: Group) -> tuple[str, int, int]:
         op = self.ops[g.anchor]
@@ -1089,7 +1173,7 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
                    "#define TKX_ARGS " + ", ".join(p.name for p in pointers))
     declarations = "\n".join(
         f"__device__ __forceinline__ {cops.c_type(em.ops[name[len('tkx_v_'):]].out.dtype)} {name}"
-        f"(TKX_POINTERS, long long i);" for name in em.plan.functions)
+        f"(TKX_POINTERS, {'int' if em.index32() else 'long long'} i);" for name in em.plan.functions)
     functions = "\n\n".join([declarations] + [f for f in em.plan.functions.values() if f]) \
         if em.plan.functions else ""
     if sync == "counters":

@@ -30,7 +30,11 @@ from collections.abc import Sequence
 from .. import ops as table
 from ..dtypes import INT_DTYPES, f32, int_literal, literal, round_scalar  # noqa: F401 (re-exported)
 from ..ir import Op, TensorSpec
+from . import intfacts
 from .cuda_prelude import round_to
+
+#: Integer dtypes whose ``long long`` registers always hold a 32-bit value (round_to wraps them).
+_NARROW_INTS = ("int32", "int16", "int8", "uint8")
 
 #: Kinds whose result is a 0/1 float whatever their operands.
 BOOLEAN_RESULT = table.BOOLEAN_RESULT
@@ -67,6 +71,9 @@ def expr(op: Op, operands: Sequence[str | float | int | bool], *, exact: bool = 
         if isinstance(x, str):
             src = "int" if isinstance(spec, TensorSpec) and spec.dtype in INT_DTYPES else (
                 "int" if integer and not isinstance(spec, TensorSpec) else "float")
+            if (intfacts.CHEAP_DEQUANT and src == "int" and ct == "float" and i not in keep
+                    and isinstance(spec, TensorSpec) and spec.dtype in _NARROW_INTS):
+                x = f"(int)({x})"  # a 32-bit value: the cheaper int-to-float conversion, the same float
             args.append(x if i in keep else _convert(x, src, ct))
             continue
         if op.kind == "pow" and i == 1 and isinstance(op.inputs[0], TensorSpec):
@@ -77,9 +84,13 @@ def expr(op: Op, operands: Sequence[str | float | int | bool], *, exact: bool = 
     return r.c(*args, table.Emit(op, integer=integer, exact=exact, scalars=scalars))
 
 
-def value(op: Op, operands: Sequence[str | float | int | bool], *, exact: bool = False) -> str:
-    """:func:`expr` rounded to ``op.out.dtype`` (the value eager PyTorch would store)."""
+def value(op: Op, operands: Sequence[str | float | int | bool], *, exact: bool = False,
+          exact_cast: bool = False) -> str:
+    """:func:`expr` rounded to ``op.out.dtype`` (the value eager PyTorch would store). ``exact_cast``: a
+    ``cast`` of an integer the caller proved within ``[-256, 256]`` to bf16/f16 (exact there) is not rounded."""
     text = expr(op, operands, exact=exact)
+    if exact_cast and op.kind == "cast" and op.out.dtype in ("bfloat16", "float16"):
+        return text  # the caller proved the integer exact in the 2-byte float (|x| <= 256): no rounding
     if op.out.dtype in INT_DTYPES and table.compute_type(op) != "int":
         text = f"(long long)({text})"
     return round_to(op.out.dtype, text)
