@@ -37,6 +37,12 @@ def _gemv(quant: str, n: int = 512, k: int = 512, group: int = 128):
     return step, [x, qw, s]
 
 
+@pytest.fixture(autouse=True)
+def cheap_dequant_on(monkeypatch):
+    """The cheap forms (off by default until verified on a GPU); a test may switch them off again."""
+    monkeypatch.setattr(intfacts, "CHEAP_DEQUANT", True)
+
+
 def _exact(step, inputs, exp):
     """Both interpreters give eager's bf16 result bit for bit."""
     want = step(*inputs)
