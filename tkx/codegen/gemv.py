@@ -118,8 +118,8 @@ def gemv_stream(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue
     time); ``ptr_short`` / ``aligned_short``: the same for the short operand's element ``(batch, k, s)`` (its
     8 K elements per step in one load on the vector path); ``long8``: ``(batch, k0, l, t) -> C float`` the long
     operand's element ``(k0 + t, l)`` for ``k0`` a multiple of 8 and ``0 <= t < 8`` (used on the chain path with
-    8 elements per lane, else ``load_a``/``load_b`` at ``k0 + t``); ``prefetch``: raw buffers of the element-load path to
-    prefetch per column. Raises
+    8 elements per lane, else ``load_a``/``load_b`` at ``k0 + t``); ``prefetch``: raw buffers of the
+    element-load path to prefetch per column. Raises
     :class:`ValueError` if neither side is skinny (``min(M, N) > SKINNY_MAX``), if the long operand is not
     contiguous along K, or if ``threads`` is not a multiple of 32.
     """
@@ -213,8 +213,8 @@ def gemv_stream(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue
             short8 = ["#pragma unroll", f"for (int t = 0; t < 8; ++t) a[t] = {short_of('(k0 + t)')};"]
         loop = block(
             f"#pragma unroll {unroll}",
-            f"for (int k8 = kslice * {slice_steps * 32} + lane; k8 < min({p.k // 8}, (kslice + 1) * {slice_steps * 32}); "
-            "k8 += 32) {",
+            f"for (int k8 = kslice * {slice_steps * 32} + lane; "
+            f"k8 < min({p.k // 8}, (kslice + 1) * {slice_steps * 32}); k8 += 32) {{",
             indent(block(
                 "const int k0 = k8 * 8;  // 8 consecutive K elements; the low 3 bits of k0 + t are t",
                 f"float elem[{cpw}][8];  // the chain's loads first (all in flight), then the FMAs",

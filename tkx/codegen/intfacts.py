@@ -28,8 +28,8 @@ import torch
 from .. import ops as optable
 from ..ir import Op, TensorSpec, contiguous_strides
 
-__all__ = ["CHEAP_DEQUANT", "index_fits_32", "power_of_two_shifts", "shift_table", "int_range", "exact_in_half", "INT32_LIMIT", "MAX_EVALUATED",
-           "TABLE_BITS"]
+__all__ = ["CHEAP_DEQUANT", "index_fits_32", "power_of_two_shifts", "shift_table", "int_range", "exact_in_half",
+           "INT32_LIMIT", "MAX_EVALUATED", "TABLE_BITS"]
 
 #: Cheap integer arithmetic in the generated CUDA (32-bit device-function indices where the sizes allow,
 #: shifts/masks for integer ``//`` and ``%`` by powers of two, unrounded casts of small integers to bf16/f16,

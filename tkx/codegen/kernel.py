@@ -29,9 +29,8 @@ from ..errors import TkxError
 from ..ir import Op, TensorSpec, contiguous_strides
 from ..schedule.model import FusedSchedule, Group, Home
 from ..target import EPILOGUE_BATCH, GPU, register_budget, register_note
-from . import abi
+from . import abi, intfacts
 from . import gemm as gemm_module
-from . import intfacts
 from . import ops as cops
 from .cuda_prelude import C_TYPES, barrier, barrier_setup, load, prelude, round_to, shared_workspace, store
 from .gemm import GemmProblem, SplitFinal, _batched_epilogue, emit_gemm
