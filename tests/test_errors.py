@@ -120,3 +120,81 @@ def test_example_inputs_of_the_wrong_shape_get_one_bad_input_error_at_the_users_
     assert e.source is not None and "the line the error names" in e.source.code
     assert "failed while attempting to run meta" not in capfd.readouterr().err
     assert tkx.explore(step, ({"w": torch.randn(16, 32)}, torch.randn(8, 16))).captured is not None  # next call works
+
+
+def test_a_float_index_tensor_is_refused_as_eager_refuses_it():
+    """torch raises for a float index; tkx must not truncate 2.7 to row 2 (found by a fresh-user trial)."""
+    def select(x, pos):
+        return torch.index_select(x, 0, pos).sum()  # index_select of a float index
+
+    def write(cache, v, pos):
+        cache[:, pos] = v  # an in-place cache write at a float position
+        return cache.sum()
+
+    for step, args in ((select, (torch.randn(8, 4), torch.tensor([2.7]))),
+                       (write, (torch.zeros(2, 8), torch.ones(2, 1), torch.tensor([2.7])))):
+        with pytest.raises(tkx.UnsupportedError) as info:
+            tkx.capture(step, args)
+        e = info.value
+        assert e.kind == "bad-input" and "float32 index tensor" in str(e) and "idx.long()" in str(e)
+        assert e.source is not None and "float" in e.source.code
+    ok = tkx.capture(select, (torch.randn(8, 4), torch.tensor([2]))).lower()
+    x = torch.randn(8, 4)
+    assert torch.equal(tkx.reference.run(ok, [x, torch.tensor([2])]).outputs[0], x[2].sum())
+
+
+@pytest.mark.parametrize("which", ["layer_norm", "einsum"])
+def test_shape_errors_of_torch_ops_are_bad_input(which):
+    import torch.nn.functional as F
+
+    def ln(x, w, b):
+        return F.layer_norm(x, (24,), w, b).sum()  # the failing line
+
+    def es(a, b):
+        return torch.einsum("ij,jk->ik", a, b).sum()  # the failing line
+
+    step, args = {"layer_norm": (ln, (torch.randn(4, 25), torch.ones(24), torch.zeros(24))),
+                  "einsum": (es, (torch.randn(3, 4), torch.randn(5, 6)))}[which]
+    with pytest.raises(tkx.UnsupportedError) as info:
+        tkx.capture(step, args)
+    assert info.value.kind == "bad-input" and "the failing line" in info.value.source.code
+
+
+def test_a_branch_on_a_tensor_value_says_to_use_torch_where():
+    def step(x):
+        y = x * 2
+        if y.sum() > 0:  # a Python branch on a tensor
+            return y.sum()
+        return (-y).sum()
+
+    with pytest.raises(tkx.UnsupportedError) as info:
+        tkx.capture(step, (torch.randn(3),))
+    text = str(info.value)
+    assert info.value.kind == "data-dependent-control-flow" and "torch.where" in text
+    assert "GuardOnDataDependent" not in text and "a Python branch" in info.value.source.code
+
+
+def test_a_step_that_only_updates_in_place_may_return_nothing():
+    def step(w, x):
+        g, _ = grad_and_value(lambda w: (x @ w).square().mean())(w)
+        w.sub_(0.1 * g)  # no return statement
+
+    w, x = torch.randn(4, 3), torch.randn(5, 4)
+    program = tkx.capture(step, (w, x)).lower()
+    assert program.outputs == () and len(program.updates) == 1
+    want = w.clone()
+    step(want, x)
+    got = w.clone()
+    tkx.reference.run(program, [got, x], update_inputs=True)
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("arch, words", [("sm_70", "8.0 or newer"), ("bogus", "not a GPU architecture")])
+def test_an_architecture_nvrtc_or_tkx_cannot_target_is_named(arch, words):
+    from tkx.codegen import nvrtc as nv
+    if not nv.nvrtc_available()[0]:
+        pytest.skip("NVRTC unavailable")
+    src = tkx.explore(lambda x: (x * 2).sum(), (torch.randn(4),)).cuda
+    with pytest.raises(nv.CudaCompileError, match=words) as info:
+        src.check(arch)
+    assert "headers" not in str(info.value)

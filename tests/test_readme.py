@@ -18,4 +18,6 @@ def test_readme_python_sample_runs(capsys):
     eager_loss, eager_params = namespace["step"](*namespace["inputs"])
     assert torch.allclose(ref_loss, eager_loss, rtol=1e-5)
     assert all(torch.allclose(new_params[k], eager_params[k], rtol=1e-5, atol=1e-7) for k in eager_params)
+    fused = namespace["fused"]  # the fused schedule and arena, run on the CPU
+    assert torch.allclose(fused.output_tree()[0], eager_loss, rtol=1e-5)
     assert "program" in capsys.readouterr().out

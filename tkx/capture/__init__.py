@@ -230,8 +230,11 @@ def _tracing_error(e: BaseException, step_fn: Callable, example_inputs: Sequence
                                      "sizes must be Python ints")
     if "data-dependent" in str(e).lower() or "GuardOnDataDependent" in type(e).__name__:
         return UnsupportedError("data-dependent-control-flow",
-                                f"tracing failed: {type(e).__name__}: {str(e).splitlines()[0]}",
-                                source=src, hint="tkx traces static functional steps; see the message above")
+                                "the step branches on a tensor's value (a Python if/while, bool(), float() or a "
+                                "comparison of a tensor used as a Python value): a traced step has one static path",
+                                source=src,
+                                hint="compute both sides and pick with torch.where(cond, a, b) (or multiply by "
+                                     "the condition), or pass the decision in as a Python value")
     if isinstance(e, RuntimeError) and _SHAPE_ERROR.search(str(e)):
         return UnsupportedError("bad-input", f"the example inputs' shapes do not fit the step: {_first_line(e)}",
                                 source=src, hint="check the shapes of example_inputs against what the step expects "
@@ -249,7 +252,8 @@ def _tracing_error(e: BaseException, step_fn: Callable, example_inputs: Sequence
 #: PyTorch's shape-check messages (matmul, broadcasting, views, cat, losses): the example inputs do not fit.
 _SHAPE_ERROR = re.compile(r"must have same reduction dim|shapes cannot be multiplied|size of tensor a .* must match"
                           r"|is invalid for input of size|Sizes of tensors must match|Expected input batch_size"
-                          r"|size mismatch|must match the size of tensor", re.IGNORECASE)
+                          r"|size mismatch|must match the size of tensor|to be of same shape as normalized_shape"
+                          r"|expected input with shape|does not broadcast|do not broadcast", re.IGNORECASE)
 
 
 def _first_line(e: BaseException) -> str:
@@ -421,6 +425,8 @@ def capture(step_fn: Callable[..., Any], example_inputs: Sequence[Any], *, loss:
         args = tree_unflatten(list(leaves), in_tree)
         with SourceTagMode():
             out = step_fn(*args)
+        if out is None:  # a step that only updates its inputs in place: no outputs (the runner returns ())
+            out = ()
         out_flat, out_tree = tree_flatten(out)
         out_tree_box.append(out_tree)
         return out_flat

@@ -109,6 +109,16 @@ def _dense(L: Any, x: TensorSpec, base: str) -> TensorSpec:
     return x if x.is_dense else L.emit("cast", (x,), x.shape, x.dtype, base=base)
 
 
+def _index_tensor(L: Any, idx: TensorSpec, what: str) -> TensorSpec:
+    """``idx`` if it holds integers; a floating-point index is refused, as eager refuses it (tkx would
+    otherwise truncate 2.7 to row 2 where torch raises)."""
+    if idx.dtype not in INT_DTYPES:
+        raise L.fail("bad-input", f"{what} with a {idx.dtype} index tensor: torch expects int64 (or int32) "
+                     "indices and raises here", "make the index an integer tensor: idx.long(), or "
+                     "torch.tensor([...], dtype=torch.long)")
+    return idx
+
+
 def _flat_index(L: Any, idx: TensorSpec, base: str) -> TensorSpec:
     """A 1-D view of index tensor ``idx`` (a dense copy first when its layout needs one)."""
     n = idx.numel
@@ -145,7 +155,7 @@ def _index_along(L: Any, x: TensorSpec, pos: int, flat: TensorSpec, *, wrap: boo
 
 @builtin(aten.gather.default)
 def gather(L: Any, node: torch.fx.Node) -> TensorSpec:
-    src, dim, index = L.tensor(node.args[0]), node.args[1], L.tensor(node.args[2])
+    src, dim, index = L.tensor(node.args[0]), node.args[1], _index_tensor(L, L.tensor(node.args[2]), "gather")
     d = _dim(dim, src.ndim)
     shape = L.meta_shape(node)
     return L.emit("gather", (src, index), shape, src.dtype, {"dim": d, "wrap": False, "what": "gather"})
@@ -153,7 +163,7 @@ def gather(L: Any, node: torch.fx.Node) -> TensorSpec:
 
 @builtin(aten.index_select.default)
 def index_select(L: Any, node: torch.fx.Node) -> TensorSpec:
-    x, dim, index = L.tensor(node.args[0]), node.args[1], L.tensor(node.args[2])
+    x, dim, index = L.tensor(node.args[0]), node.args[1], _index_tensor(L, L.tensor(node.args[2]), "index_select")
     d = _dim(dim, x.ndim)
     flat = index if index.ndim == 1 else TensorSpec((1,), index.dtype, (1,), index.buffer, index.offset)
     return _index_along(L, x, d, flat, wrap=False, what="index_select")
@@ -161,7 +171,7 @@ def index_select(L: Any, node: torch.fx.Node) -> TensorSpec:
 
 @builtin(aten.embedding.default)
 def embedding(L: Any, node: torch.fx.Node) -> TensorSpec:
-    weight, indices = L.tensor(node.args[0]), L.tensor(node.args[1])
+    weight, indices = L.tensor(node.args[0]), _index_tensor(L, L.tensor(node.args[1]), "embedding")
     flat = _flat_index(L, indices, f"{node.name}_idx")
     out = _index_along(L, weight, 0, flat, wrap=False, what="embedding")
     shape = indices.shape + weight.shape[1:]
@@ -182,6 +192,7 @@ def _tensor_indices(L: Any, node: torch.fx.Node) -> tuple[int, list[TensorSpec]]
         if t.dtype == "bool":
             raise L.fail("dynamic-shape", "indexing with a boolean mask has a data-dependent output shape",
                          "use torch.where(mask, x, 0) (or multiply by the mask) so shapes stay static")
+        _index_tensor(L, t, "x[idx] indexing")
     return positions[0], tensors
 
 
@@ -287,7 +298,8 @@ def index_put(L: Any, node: torch.fx.Node) -> TensorSpec:
 @builtin(aten.index_copy.default)
 def index_copy(L: Any, node: torch.fx.Node) -> TensorSpec:
     """``x.index_copy_(dim, index, source)``: ``x[..., index[j], ...] = source[..., j, ...]`` along ``dim``."""
-    x, dim, index, src = L.tensor(node.args[0]), node.args[1], L.tensor(node.args[2]), L.tensor(node.args[3])
+    x, dim, src = L.tensor(node.args[0]), node.args[1], L.tensor(node.args[3])
+    index = _index_tensor(L, L.tensor(node.args[2]), "index_copy")
     d = _dim(dim, x.ndim)
     what = "index_copy"
     flat = index if index.ndim == 1 else TensorSpec((1,), index.dtype, (1,), index.buffer, index.offset)
@@ -304,7 +316,7 @@ def index_copy(L: Any, node: torch.fx.Node) -> TensorSpec:
 
 
 def _scatter_common(L: Any, node: torch.fx.Node) -> tuple[TensorSpec, int, TensorSpec, TensorSpec]:
-    x, dim, index = L.tensor(node.args[0]), node.args[1], L.tensor(node.args[2])
+    x, dim, index = L.tensor(node.args[0]), node.args[1], _index_tensor(L, L.tensor(node.args[2]), "scatter")
     d = _dim(dim, x.ndim)
     for k in range(x.ndim):
         if k != d and index.shape[k] != x.shape[k]:

@@ -526,6 +526,41 @@ def quote_errors(log: str, source: str, *, context: int = 1, limit: int = 8, nam
     return "\n".join(out)
 
 
+#: The oldest architecture tkx's kernels are written for (cp.async, bf16 arithmetic).
+OLDEST_ARCH = 80
+_ARCH = re.compile(r"^sm_(\d{2,3})([af]?)$")
+
+
+def supported_archs() -> tuple[int, ...]:
+    """The compute capabilities this NVRTC compiles for (``nvrtcGetSupportedArchs``: 75, 80, ... ); empty
+    when the bindings cannot say."""
+    try:
+        from cuda.bindings import nvrtc
+
+        err, archs = nvrtc.nvrtcGetSupportedArchs()
+        return tuple(int(a) for a in archs) if int(err) == 0 else ()
+    except Exception:
+        return ()
+
+
+def check_arch(arch: str) -> None:
+    """Raise :class:`CudaCompileError` when ``arch`` is not ``sm_NN`` (``a``/``f`` suffix allowed) for a
+    GPU of compute capability 8.0 or newer that this NVRTC supports."""
+    m = _ARCH.match(arch) if isinstance(arch, str) else None
+    supported = supported_archs()
+    listing = ", ".join(f"sm_{a}" for a in supported if a >= OLDEST_ARCH) or "sm_80, sm_90, sm_90a, ..."
+    if m is None:
+        raise CudaCompileError(f"{arch!r} is not a GPU architecture: write it as sm_NN (e.g. sm_80, sm_90, "
+                               f"sm_90a for Hopper's wgmma); this NVRTC compiles for {listing}", arch=str(arch))
+    number = int(m.group(1))
+    if number < OLDEST_ARCH:
+        raise CudaCompileError(f"{arch}: tkx's kernels need compute capability 8.0 or newer (cp.async, bf16); "
+                               f"pick one of {listing}", arch=arch)
+    if supported and number not in supported:
+        raise CudaCompileError(f"{arch}: this NVRTC ({'.'.join(map(str, nvrtc_version()))}) does not compile for "
+                               f"it; it compiles for {listing}", arch=arch)
+
+
 def compile_cuda(source: str, arch: str = "sm_90", *, exact: bool = False, name: str = SOURCE_NAME,
                  max_registers: int | None = None, lineinfo: bool = False,
                  backend: str = "auto") -> CompileReport:
@@ -533,9 +568,11 @@ def compile_cuda(source: str, arch: str = "sm_90", *, exact: bool = False, name:
 
     ``exact`` passes ``--fmad=false`` (no multiply-add contraction). The CUDA header folders
     from :func:`include_dirs` are always on the include path. Raises
-    :class:`CudaCompileError` with the log and the offending source lines quoted on failure,
+    :class:`CudaCompileError` for an ``arch`` tkx or this NVRTC cannot target (:func:`check_arch`), and
+    with the log and the offending source lines quoted on failure,
     :class:`NvrtcUnavailableError` when NVRTC cannot be loaded.
     """
+    check_arch(arch)
     chosen = _backend(backend)
     includes = include_dirs()
     run = _compile_core if chosen == "core" else _compile_bindings
