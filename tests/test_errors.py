@@ -198,3 +198,13 @@ def test_an_architecture_nvrtc_or_tkx_cannot_target_is_named(arch, words):
     with pytest.raises(nv.CudaCompileError, match=words) as info:
         src.check(arch)
     assert "headers" not in str(info.value)
+
+
+def test_inputs_of_another_structure_name_the_missing_leaf():
+    def step(p, x):
+        return (x @ p["w"] + p["g"]).sum()
+
+    program = tkx.capture(step, ({"w": torch.randn(3, 2), "g": torch.randn(2)}, torch.randn(4, 3))).lower()
+    with pytest.raises(tkx.TkxError) as info:
+        tkx.reference.run(program, ({"w": torch.randn(3, 2)}, torch.randn(4, 3)))
+    assert str(info.value) == "inputs do not match the captured signature: missing args[0]['g']"

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils._pytree import keystr, tree_flatten, tree_flatten_with_path, tree_unflatten
 
 from . import ops
 from .dtypes import TORCH
@@ -42,6 +42,20 @@ class Execution:
         return tree_unflatten(list(self.outputs), self.program.out_tree)
 
 
+def _tree_difference(expected: Any, got: Any) -> str:
+    """The leaves one pytree structure has and the other lacks, by path (``[0]['w2']``), in a line."""
+    def paths(spec: Any) -> list[str]:
+        skeleton = tree_unflatten([0] * spec.num_leaves, spec)
+        return [keystr(p) for p, _ in tree_flatten_with_path(skeleton)[0]]
+    want, have = paths(expected), paths(got)
+    missing = [p for p in want if p not in have]
+    extra = [p for p in have if p not in want]
+    parts = ([f"missing {', '.join('args' + p for p in missing[:8])}"] if missing else []) + \
+            ([f"unexpected {', '.join('args' + p for p in extra[:8])}"] if extra else [])
+    return "; ".join(parts) or ("the containers differ (a tuple where a list was captured, or dict keys in "
+                                "another order)")
+
+
 def flatten_inputs(program: Program, inputs: Sequence[Any]) -> list[torch.Tensor]:
     """Accept the flat input list or the step's own positional-argument pytrees."""
     inputs = list(inputs)
@@ -50,7 +64,7 @@ def flatten_inputs(program: Program, inputs: Sequence[Any]) -> list[torch.Tensor
     else:
         flat, tree = tree_flatten(tuple(inputs))
         if program.in_tree is not None and tree != program.in_tree:
-            raise TkxError(f"inputs do not match the captured signature: expected {program.in_tree}, got {tree}")
+            raise TkxError("inputs do not match the captured signature: " + _tree_difference(program.in_tree, tree))
     if len(flat) != len(program.inputs):
         raise TkxError(f"expected {len(program.inputs)} input tensors, got {len(flat)}")
     for spec, t in zip(program.inputs, flat):
