@@ -208,3 +208,11 @@ def test_inputs_of_another_structure_name_the_missing_leaf():
     with pytest.raises(tkx.TkxError) as info:
         tkx.reference.run(program, ({"w": torch.randn(3, 2)}, torch.randn(4, 3)))
     assert str(info.value) == "inputs do not match the captured signature: missing args[0]['g']"
+
+
+def test_scatter_with_a_float_index_is_refused_too():
+    def step(x, idx, src):
+        return x.scatter(0, idx, src).sum()  # scatter of a float index
+
+    with pytest.raises(tkx.UnsupportedError, match="float32 index tensor"):
+        tkx.capture(step, (torch.zeros(4, 2), torch.tensor([[1.0, 2.0]]), torch.ones(1, 2)))

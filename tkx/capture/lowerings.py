@@ -315,7 +315,9 @@ def index_copy(L: Any, node: torch.fx.Node) -> TensorSpec:
     return _scatter_op(L, x, _strided(checked, vshape, istrides), src, d, what)
 
 
-def _scatter_common(L: Any, node: torch.fx.Node) -> tuple[TensorSpec, int, TensorSpec, TensorSpec]:
+def _scatter_index(L: Any, node: torch.fx.Node) -> tuple[TensorSpec, int, TensorSpec, TensorSpec]:
+    """(x, dim, index, the range-checked index) of ``x.scatter*(dim, index, ...)``; the index must
+    cover every dim of ``x`` but ``dim``."""
     x, dim, index = L.tensor(node.args[0]), node.args[1], _index_tensor(L, L.tensor(node.args[2]), "scatter")
     d = _dim(dim, x.ndim)
     for k in range(x.ndim):
@@ -325,6 +327,11 @@ def _scatter_common(L: Any, node: torch.fx.Node) -> tuple[TensorSpec, int, Tenso
                          "expand the index to the output's shape in the other dims")
     checked = L.emit("index_check", (index,), index.shape, index.dtype,
                      {"lo": 0, "hi": x.shape[d], "ignore": None, "what": "scatter"}, base=f"{node.name}_check")
+    return x, d, index, checked
+
+
+def _scatter_common(L: Any, node: torch.fx.Node) -> tuple[TensorSpec, int, TensorSpec, TensorSpec]:
+    x, d, index, checked = _scatter_index(L, node)
     big = x.shape + (index.shape[d],)
     strides = list(checked.strides)
     strides[d] = 0
@@ -356,15 +363,7 @@ def scatter_add(L: Any, node: torch.fx.Node) -> TensorSpec:
 def scatter(L: Any, node: torch.fx.Node) -> TensorSpec:
     if node.kwargs.get("reduce") is not None:
         raise L.fail("unsupported-op", "scatter with reduce=", "use scatter_add (reduce='add') or index_put")
-    x, dim, index = L.tensor(node.args[0]), node.args[1], L.tensor(node.args[2])
-    d = _dim(dim, x.ndim)
-    for k in range(x.ndim):
-        if k != d and index.shape[k] != x.shape[k]:
-            raise L.fail("unsupported-op", f"scatter with an index of shape {list(index.shape)} into "
-                         f"{list(x.shape)}: tkx needs the index to cover every dim but {d}",
-                         "expand the index to the output's shape in the other dims")
-    checked = L.emit("index_check", (index,), index.shape, index.dtype,
-                     {"lo": 0, "hi": x.shape[d], "ignore": None, "what": "scatter"}, base=f"{node.name}_check")
+    x, d, index, checked = _scatter_index(L, node)
     src = node.args[3]
     if isinstance(src, torch.fx.Node):
         s = L.tensor(src)
