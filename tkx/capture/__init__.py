@@ -235,6 +235,10 @@ def _tracing_error(e: BaseException, step_fn: Callable, example_inputs: Sequence
                                 source=src,
                                 hint="compute both sides and pick with torch.where(cond, a, b) (or multiply by "
                                      "the condition), or pass the decision in as a Python value")
+    if isinstance(e, (RuntimeError, IndexError)) and _INDEX_DTYPE_ERROR.search(str(e)):
+        return UnsupportedError("bad-input", f"an index tensor that does not hold integers: {_first_line(e)}",
+                                source=src, hint="make the index an integer tensor: idx.long(), or "
+                                                 "torch.tensor([...], dtype=torch.long)")
     if isinstance(e, RuntimeError) and _SHAPE_ERROR.search(str(e)):
         return UnsupportedError("bad-input", f"the example inputs' shapes do not fit the step: {_first_line(e)}",
                                 source=src, hint="check the shapes of example_inputs against what the step expects "
@@ -254,6 +258,11 @@ _SHAPE_ERROR = re.compile(r"must have same reduction dim|shapes cannot be multip
                           r"|is invalid for input of size|Sizes of tensors must match|Expected input batch_size"
                           r"|size mismatch|must match the size of tensor|to be of same shape as normalized_shape"
                           r"|expected input with shape|does not broadcast|do not broadcast", re.IGNORECASE)
+
+
+#: PyTorch's messages for an index tensor of a float (or other non-integer) dtype.
+_INDEX_DTYPE_ERROR = re.compile(r"Expected dtype int(32|64)(/int(32|64))? for index|tensors used as indices must be",
+                                re.IGNORECASE)
 
 
 def _first_line(e: BaseException) -> str:
