@@ -3,25 +3,22 @@ and the JSON it writes is what tkx.costs reads for the mode and sync choices."""
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import json
-from pathlib import Path
+import os
+import sys
 
 import pytest
 
 from tkx import costs
 from tkx.codegen.nvrtc import nvrtc_available
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "calibrate"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from script_module import load_script  # noqa: E402
 
 
 def _script():
-    loader = importlib.machinery.SourceFileLoader("tkx_calibrate_script", str(SCRIPT))
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    mod = importlib.util.module_from_spec(spec)
-    loader.exec_module(mod)
-    return mod
+    return load_script("calibrate", "tkx_calibrate_script")
 
 
 def test_micro_kernels_cover_every_measured_constant():

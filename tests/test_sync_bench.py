@@ -3,21 +3,18 @@ ratios the issue asks for (auto over the best forced choice, best tkx over the b
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
-from pathlib import Path
+import os
+import sys
 
 import tkx
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "sync-bench"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from script_module import load_script  # noqa: E402
 
 
 def _script():
-    loader = importlib.machinery.SourceFileLoader("tkx_sync_bench_script", str(SCRIPT))
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    mod = importlib.util.module_from_spec(spec)
-    loader.exec_module(mod)
-    return mod
+    return load_script("sync-bench", "tkx_sync_bench_script")
 
 
 def test_variants_are_valid_options():

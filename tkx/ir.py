@@ -246,6 +246,20 @@ class Program:
         return display.diff(self, other)
 
 
+def ancestors(producers: Mapping[str, Op], seeds: Any) -> set[str]:
+    """The buffers ``seeds`` (root buffer names) and every buffer they are computed from, through
+    ``producers`` (:attr:`Program.producers`); inputs and other unproduced names are left out."""
+    out: set[str] = set()
+    stack = list(seeds)
+    while stack:
+        b = stack.pop()
+        if b in out or b not in producers:
+            continue
+        out.add(b)
+        stack.extend(x.buffer for x in producers[b].tensor_inputs)
+    return out
+
+
 class IRValidationError(TkxError):
     """A Program breaks an IR invariant (a compiler bug or a broken user pass)."""
 

@@ -1247,6 +1247,18 @@ _DECL = re.compile(r"^\s*(?:const\s+)?(?:float|double|int|unsigned|bool|long lon
 _STORE = re.compile(r"^\s*tkx_st_\w+\(.*\);")
 
 
+def _batch_coords(batch: int, threads: int, tn: int, acc: Callable[[str], str]) -> list[str]:
+    """Per element ``u`` of a thread's batch (names prefixed ``tkxE{u}_``, see :func:`_batched_epilogue`):
+    its position ``e`` in the C tile, its row and column, then ``acc(prefix)``: the statement(s) leaving
+    its accumulator in ``{prefix}acc``."""
+    lines = []
+    for u in range(batch):
+        x = f"tkxE{u}_"
+        lines += [f"const int {x}e = e + {u * threads};",
+                  f"const int {x}row = row0 + {x}e / {tn}, {x}col = col0 + {x}e % {tn};", acc(x)]
+    return lines
+
+
 def _batched_epilogue(epilogue: Epilogue, batch: int, *,
                       batch_index: bool = False) -> tuple[list[str], list[str]] | None:
     """The epilogue of ``batch`` elements as (computations, stores): element ``u``'s statements
@@ -1351,12 +1363,8 @@ def _split_final_code(sf: SplitFinal | None, p: GemmProblem, split: int, tm: int
     batched = None if (m_guard or n_guard) else _batched_epilogue(sf.final, fb)
     if batched is not None:
         comp, stores = batched
-        coords = []
-        for u in range(fb):
-            x = f"tkxE{u}_"
-            coords += [f"const int {x}e = e + {u * threads};",
-                       f"const int {x}row = row0 + {x}e / {tn}, {x}col = col0 + {x}e % {tn};",
-                       summed(x, f"{x}row", f"{x}col", f"Cs[({x}e / {tn}) * {ldc} + {x}e % {tn}]")]
+        coords = _batch_coords(fb, threads, tn, lambda x: summed(x, f"{x}row", f"{x}col",
+                                                                 f"Cs[({x}e / {tn}) * {ldc} + {x}e % {tn}]"))
         loop = [f"#pragma unroll 1  // {fb} elements per thread and pass, {split} slice loads each",
                 f"for (int e = threadIdx.x; e < {tm * tn}; e += {threads * fb}) {{",
                 indent(block(*coords, *comp, *stores)), "}"]
@@ -1414,12 +1422,8 @@ def _wgmma_store_c(base: str, acc_regs: int, wn: int, ldc: int, tm: int, tn: int
     batched = None if (m_guard or n_guard or (tm * tn) % (threads * ub)) else _batched_epilogue(epilogue, ub)
     if batched is not None:
         comp, stores = batched
-        coords = []
-        for u in range(ub):
-            x = f"tkxE{u}_"
-            coords += [f"const int {x}e = e + {u * threads};",
-                       f"const int {x}row = row0 + {x}e / {tn}, {x}col = col0 + {x}e % {tn};",
-                       f"const float {x}acc = Cs[({x}e / {tn}) * {ldc} + {x}e % {tn}];"]
+        coords = _batch_coords(ub, threads, tn,
+                               lambda x: f"const float {x}acc = Cs[({x}e / {tn}) * {ldc} + {x}e % {tn}];")
         loop = [
             f"#pragma unroll 1  // {ub} elements per thread and pass: their loads in flight together, then the stores",
             f"for (int e = threadIdx.x; e < {tm * tn}; e += {threads * ub}) {{",

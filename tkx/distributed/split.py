@@ -38,7 +38,7 @@ from torch.utils._pytree import TreeSpec
 
 from ..dtypes import DTYPE_BYTES, DTYPE_SHORT, FLOAT_DTYPES
 from ..errors import SourceLine, UnsupportedError
-from ..ir import InputSpec, Op, OutputSpec, Program, TensorSpec, validate
+from ..ir import InputSpec, Op, OutputSpec, Program, TensorSpec, ancestors, validate
 
 __all__ = ["CutValue", "GradientSplit", "DistributedError", "split_at_gradients", "LOCAL_VALUES"]
 
@@ -148,19 +148,6 @@ def _arg_leaves(in_tree: TreeSpec | None, n_inputs: int) -> list[range]:
     return out
 
 
-def _ancestors(program: Program, seeds: set[str]) -> set[str]:
-    producers = program.producers
-    closed: set[str] = set()
-    stack = list(seeds)
-    while stack:
-        b = stack.pop()
-        if b in closed or b not in producers:
-            continue
-        closed.add(b)
-        stack.extend(x.buffer for x in producers[b].tensor_inputs)
-    return closed
-
-
 def _depends_on(program: Program, ops: Sequence[Op], sources: set[str]) -> set[str]:
     """Op ids (among ``ops``, in order) that read any of the ``sources`` buffers, transitively."""
     reached = set(sources)
@@ -253,10 +240,10 @@ def split_at_gradients(program: Program, *, loss_index: int | None = None, batch
                            "there is nothing to average over the ranks",
             hint="take the gradients with torch.func.grad_and_value(loss_fn)(params, ...) inside the step and "
                  "update the parameters from them")
-    in_a = _ancestors(program, {op.id for op in ops if op.region in ("forward", "backward")})
+    in_a = ancestors(program.producers, {op.id for op in ops if op.region in ("forward", "backward")})
     # ops no output or update needs (e.g. the indices of a max whose values alone are used) are dead
     # code: they must not pull forward values across the cut
-    live = _ancestors(program, {v.buffer for v in program.sinks()})
+    live = ancestors(program.producers, {v.buffer for v in program.sinks()})
     a_ops = [op for op in ops if op.id in in_a]
     b_ops = [op for op in ops if op.id not in in_a and op.id in live]
 

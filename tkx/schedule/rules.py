@@ -27,7 +27,7 @@ from typing import Any
 
 from .. import ops
 from ..errors import TkxError
-from ..ir import Op, Program, TensorSpec
+from ..ir import Op, Program, TensorSpec, ancestors
 from ..target import SKINNY_MAX
 from ..watchdog import UserCodeTimeout, user_code
 
@@ -193,15 +193,8 @@ def _matmuls_behind(program_ops: dict[str, Op], bufs: list[str]) -> set[str]:
 
 
 def _ancestors(program_ops: dict[str, Op], op_id: str) -> set[str]:
-    out: set[str] = set()
-    stack = [x.buffer for x in program_ops[op_id].tensor_inputs]
-    while stack:
-        b = stack.pop()
-        if b in out or b not in program_ops:
-            continue
-        out.add(b)
-        stack.extend(x.buffer for x in program_ops[b].tensor_inputs)
-    return out
+    """The buffers ``op_id`` is computed from (itself excluded)."""
+    return ancestors(program_ops, (x.buffer for x in program_ops[op_id].tensor_inputs))
 
 
 def sibling_gemm(program: Program, producer: Op, consumer: Op) -> tuple[str, str] | None:
@@ -221,9 +214,10 @@ def sibling_gemm(program: Program, producer: Op, consumer: Op) -> tuple[str, str
         return None
     mine = _matmuls_behind(prog, [producer.id])
     others = _matmuls_behind(prog, [x.buffer for x in consumer.tensor_inputs if x.buffer != producer.id]) - mine
+    behind_mine = {m: _ancestors(prog, m) for m in mine}
     for other in sorted(others):
         behind = _ancestors(prog, other)
-        if all(m not in behind and other not in _ancestors(prog, m) for m in mine):
+        if all(m not in behind and other not in behind_mine[m] for m in mine):
             return other, readers[0].id
     return None
 
