@@ -357,6 +357,22 @@ def test_choose_strategy():
     assert R.choose_strategy(2, 100_000)[0] == "partial"
 
 
+def test_final_phase_folds_few_partials_in_one_thread_per_row():
+    """<= THREAD_FINAL_CHUNKS partials per row: one thread per row, chunk order, ``threads`` rows per work item
+    (medium's bias gradient: 4096 rows of 3 partials in 16 items instead of 512); more: a warp per row."""
+    from tkx.target import THREAD_FINAL_CHUNKS, reduction_emitter
+    from tkx.target import ReductionPlan
+    fin = lambda r, v: f"out[{r}] = {v};"  # noqa: E731
+    few = R.final_reduce("sum", 4096, 256, 3, fin, scratch="s", threads=256)
+    assert few.work_items == 16 and "one thread per row" in few.code and "tkx_warp_sum" not in few.code
+    assert "for (int chunk = 0; chunk < 3; ++chunk)" in few.code
+    many = R.final_reduce("sum", 4096, 256, THREAD_FINAL_CHUNKS + 1, fin, scratch="s", threads=256)
+    assert many.work_items == 512 and "chunk += 32" in many.code
+    cost = reduction_emitter("partial").cost
+    assert cost(ReductionPlan("partial", "", 4096, 256, True, 3), 256).items == few.work_items
+    assert cost(ReductionPlan("partial", "", 4096, 256, True, THREAD_FINAL_CHUNKS + 1), 256).items == many.work_items
+
+
 def test_mean_divides_by_size():
     code = R.warp_per_row("mean", 4, 10, lambda r, i: f"x[{r} * 10 + {i}]", lambda r, v: f"out[{r}] = {v};")
     assert "const float value = acc / 10.0f;" in code.code

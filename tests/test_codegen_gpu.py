@@ -207,17 +207,20 @@ REDUCTIONS = [
 
 
 @pytest.mark.parametrize("kind", R.KINDS)
-@pytest.mark.parametrize(("strategy", "rows", "size", "rows_contiguous"), REDUCTIONS)
-def test_reduction_matches_torch(kind, strategy, rows, size, rows_contiguous):
+@pytest.mark.parametrize(("strategy", "rows", "size", "rows_contiguous", "chunks"),
+                         [(*c, 16) for c in REDUCTIONS] + [("partial", 100, 4096, True, 3), ("partial", 300, 900, False, 5)])
+def test_reduction_matches_torch(kind, strategy, rows, size, rows_contiguous, chunks):
+    """Every strategy against torch; partial with 16 chunks folds them with a warp per row, with 3 or 5 with a
+    thread per row (``tkx.target.THREAD_FINAL_CHUNKS``)."""
     g = torch.Generator().manual_seed(1)
     x = torch.randn(rows, size, generator=g)
     x[rows // 2, size // 3] = float("nan")  # amax/amin/sum all propagate NaN
     mem = x.t().contiguous() if rows_contiguous else x.contiguous()
     row_stride, r_stride = (1, rows) if rows_contiguous else (size, 1)
-    k = T.reduce_kernel(strategy, kind, rows, size, row_stride=row_stride, r_stride=r_stride, chunks=16)
+    k = T.reduce_kernel(strategy, kind, rows, size, row_stride=row_stride, r_stride=r_stride, chunks=chunks)
     kern = Kernel(k)
     out = torch.full((rows,), -123.0, device=DEV)
-    scratch = torch.zeros(rows * 16, device=DEV)
+    scratch = torch.zeros(rows * chunks, device=DEV)
     sync = torch.zeros(2, dtype=torch.int32, device=DEV)
     status = torch.zeros(4, dtype=torch.int32, device=DEV)
     grid = min(k.work_items, kern.max_blocks(k.threads))

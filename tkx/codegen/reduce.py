@@ -21,7 +21,8 @@ Strategies (:func:`choose_strategy` picks one and says why):
 ``block``       one block per row, threads take every ``threads``-th r, block reduction.
 ``partial``     phase one of a grid-wide reduction: work item (row, chunk) reduces one
                 chunk of a row into a float scratch slot ``scratch[row * chunks + chunk]``;
-``final``       phase two, after a barrier: one warp per row folds the row's partials.
+``final``       phase two, after a barrier: one warp per row folds the row's partials, or
+                one thread per row when a row has at most :data:`THREAD_FINAL_CHUNKS`.
 =============== =========================================================================
 
 Names the emitted block defines (callbacks must not use them for their own variables):
@@ -38,6 +39,7 @@ from dataclasses import dataclass
 
 from .. import ops as table
 from ..dtypes import literal
+from ..target import THREAD_FINAL_CHUNKS
 from .text import block, indent
 
 Element = Callable[[str, str], str]  # (row, r) -> float C expression
@@ -244,10 +246,29 @@ def partial_reduce(kind: str, rows: int, size: int, chunks: int, element: Elemen
 
 def final_reduce(kind: str, rows: int, size: int, chunks: int, finish: Finish, *, scratch: str,
                  threads: int = 256, item: str = "item") -> ReduceCode:
-    """Phase two (after a barrier): one warp per row folds its ``chunks`` partials in order."""
+    """Phase two (after a barrier): the ``chunks`` partials of each row folded in chunk order, by one
+    thread per row when ``chunks <= THREAD_FINAL_CHUNKS`` (a work item is ``threads`` rows), else by one
+    warp per row (lanes take every 32nd partial, then a shuffle reduction; ``threads / 32`` rows per item)."""
     _check(kind, rows, size, threads)
     warps = threads // 32
     partial_kind = _row(kind).partial_kind
+    if chunks <= THREAD_FINAL_CHUNKS:
+        body = block(
+            f"const int row = {item} * {threads} + threadIdx.x;",
+            f"if (row < {rows}) {{",
+            f"    float acc = {_identity(kind, 'float')};",
+            "    #pragma unroll",
+            f"    for (int chunk = 0; chunk < {chunks}; ++chunk) {{  // in chunk order",
+            f"        const float elem = {scratch}[row * {chunks} + chunk];",
+            f"        {_fold(partial_kind, 'acc', 'elem')}",
+            "    }",
+            indent(_finish_block(kind, "acc", size, finish)),
+            "}",
+        )
+        code = _wrap(f"{kind}, phase 2 of 2: fold the {chunks} partials of each of {rows} rows, one thread per row",
+                     body)
+        return ReduceCode("final", kind, code, _ceil(rows, threads), 0, threads,
+                          {"chunks": chunks, "rows_per_item": threads})
     body = block(
         "const int lane = threadIdx.x % 32;",
         f"const int row = {item} * {warps} + threadIdx.x / 32;",
@@ -264,7 +285,7 @@ def final_reduce(kind: str, rows: int, size: int, chunks: int, finish: Finish, *
         "}",
     )
     code = _wrap(f"{kind}, phase 2 of 2: fold the {chunks} partials of each of {rows} rows", body)
-    return ReduceCode("final", kind, code, _ceil(rows, warps), 0, threads, {"chunks": chunks})
+    return ReduceCode("final", kind, code, _ceil(rows, warps), 0, threads, {"chunks": chunks, "rows_per_item": warps})
 
 
 def choose_strategy(rows: int, size: int, *, rows_contiguous: bool = False, threads: int = 256,
