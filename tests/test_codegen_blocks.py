@@ -335,6 +335,7 @@ REDUCE_CASES = [
     ("thread", 1000, 20, 20, 1), ("thread", 1024, 256, 1, 1024),  # row sums / a column reduction
     ("warp", 300, 500, 500, 1), ("block", 8, 5000, 5000, 1),
     ("partial", 4, 100_000, 100_000, 1), ("partial", 100, 4096, 1, 100),
+    ("columns", 4096, 256, 1, 4096),
 ]
 
 
@@ -355,6 +356,19 @@ def test_choose_strategy():
     assert R.choose_strategy(256, 1000)[0] == "warp"
     assert R.choose_strategy(200, 100_000)[0] == "block"
     assert R.choose_strategy(2, 100_000)[0] == "partial"
+    # rows adjacent in memory, enough of them that 32 per work item fills half the grid: one phase
+    assert R.choose_strategy(4096, 256, rows_contiguous=True)[0] == "columns"
+    assert R.choose_strategy(1024, 256, rows_contiguous=True)[0] == "partial"  # 32 items: two phases
+    from tkx.target import ReductionProblem, choose_reduction
+    assert choose_reduction(ReductionProblem(4096, 256, True, integer=True), 256).strategy == "thread"
+
+
+def test_columns_strategy_one_phase_in_order():
+    code = R.columns_per_item("sum", 4096, 256, lambda r, i: f"x[{i} * 4096 + {r}]", lambda r, v: f"out[{r}] = {v};")
+    assert code.work_items == 128 and code.shared_bytes == 256 * 4 and "scratch" not in code.code
+    assert "for (int w = 0; w < 8; ++w)" in code.code and "out[row] = value;" in code.code
+    with pytest.raises(ValueError, match="integer"):
+        R.columns_per_item("sum", 64, 64, lambda r, i: "0", lambda r, v: "", ctype="long long")
 
 
 def test_final_phase_folds_few_partials_in_one_thread_per_row():
@@ -366,7 +380,7 @@ def test_final_phase_folds_few_partials_in_one_thread_per_row():
     few = R.final_reduce("sum", 4096, 256, 3, fin, scratch="s", threads=256)
     assert few.work_items == 16 and "one thread per row" in few.code and "tkx_warp_sum" not in few.code
     assert "for (int chunk = 0; chunk < 3; ++chunk)" in few.code
-    many = R.final_reduce("sum", 4096, 256, THREAD_FINAL_CHUNKS + 1, fin, scratch="s", threads=256)
+    many = R.final_reduce("sum", 4096, 256, THREAD_FINAL_CHUNKS + 1, fin, scratch="s", threads=256)  # warp per row
     assert many.work_items == 512 and "chunk += 32" in many.code
     cost = reduction_emitter("partial").cost
     assert cost(ReductionPlan("partial", "", 4096, 256, True, 3), 256).items == few.work_items

@@ -203,6 +203,7 @@ def test_gemm_matches_torch(variant, p):
 REDUCTIONS = [
     ("thread", 1000, 20, False), ("thread", 1024, 256, True), ("warp", 300, 500, False),
     ("block", 8, 5000, False), ("partial", 4, 100_000, False), ("partial", 100, 4096, True),
+    ("columns", 4096, 256, True), ("columns", 1000, 77, True),
 ]
 
 

@@ -777,11 +777,12 @@ class CopyPlan(Plan):
     dst: str = ""
 
 
-#: A final phase folds each row's partials in one thread (a serial loop in chunk order) when a row has at
-#: most this many; more chunks take a warp per row. With a warp per row, 8 rows per block: medium's bias
-#: gradient (4096 rows of 3 partials) took 512 work items, 4 waves of ~0.65 µs on 132 SMs (3.9 µs, H200,
-#: session 5 call 1 timeline); a thread per row needs 16 items, one wave.
-THREAD_FINAL_CHUNKS = 8
+#: A final phase folds each row's partials in one thread (a serial loop in chunk order, unrolled: every load
+#: in flight) when a row has at most this many; more chunks take a warp per row (8 rows per 256-thread work
+#: item). Medium's b2 gradient (1024 rows of 9 partials): 128 work items with a warp per row, 4 with a thread
+#: per row; its b1 gradient (4096 rows of 3) took 512 items, 4 waves of ~0.65 µs on 132 SMs (3.9 µs, H200,
+#: session 5 call 1 timeline; it now takes the one-phase ``columns`` strategy).
+THREAD_FINAL_CHUNKS = 16
 
 
 class ReductionEmitter:
@@ -803,6 +804,8 @@ class ReductionEmitter:
             nbytes = rows * (plan.parts or 1) * 4
         elif self.name == "block":
             items = rows
+        elif self.name == "columns":
+            items = _ceil(rows, 32)
         elif self.name == "row":  # one warp per row, every pass over the row in registers
             items = _ceil(rows, threads // 32)
             return Cost(items, rows * size * max(plan.passes, 1), nbytes)
@@ -815,6 +818,8 @@ REDUCTION_EMITTERS: tuple[ReductionEmitter, ...] = (
     ReductionEmitter("thread", "one thread per row, a serial loop"),
     ReductionEmitter("warp", "one warp per row, shuffle reduction"),
     ReductionEmitter("block", "one block per row, block reduction"),
+    ReductionEmitter("columns", "rows adjacent in memory: 32 rows per work item, the warps split the reduced "
+                                "index, folded in order in shared memory; one phase"),
     ReductionEmitter("partial", "two phases: chunks of rows into scratch, then one warp per row folds them"),
     ReductionEmitter("row", "row-persistent: one warp per row, several reductions and the row's pointwise "
                             "outputs in one work item, the row in registers"),
@@ -826,6 +831,9 @@ def _reduction_strategy(rows: int, size: int, rows_contiguous: bool, threads: in
     if rows_contiguous and rows >= 32:
         if rows >= blocks * threads // 8 or size <= 64:
             return "thread", "rows adjacent in memory: one thread per row reads coalesced"
+        if _ceil(rows, 32) >= blocks // 2:
+            return "columns", (f"rows adjacent in memory: 32 rows per work item ({_ceil(rows, 32)} items fill the "
+                               f"grid), the warps split the {size} elements; one phase, no final stage")
         return "partial", "rows adjacent in memory but few: 32 rows x a chunk of each per work item"
     if size <= 32:
         return "thread", f"only {size} elements per row: a serial loop per thread"
@@ -841,6 +849,8 @@ def choose_reduction(p: ReductionProblem, threads: int, blocks: int = SM_COUNT) 
     strategy, why = _reduction_strategy(p.rows, max(p.size, 1), p.rows_contiguous, threads, blocks)
     if strategy == "partial" and p.integer:  # partials are floats: keep integers exact
         strategy, why = ("block", f"{why}; an integer reduction stays in one phase (exact long long accumulators)")
+    if strategy == "columns" and p.integer:  # its fold is in float: keep integers exact
+        strategy, why = ("thread", f"{why}; an integer reduction takes one thread per row (exact long long)")
     parts = None
     if strategy == "partial":
         per = -(-p.rows // 32) if p.rows_contiguous else p.rows

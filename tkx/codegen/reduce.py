@@ -19,6 +19,9 @@ Strategies (:func:`choose_strategy` picks one and says why):
                 e.g. a bias gradient): a warp then reads 32 adjacent elements per step.
 ``warp``        one warp per row, lanes take every 32nd r, shuffle reduction.
 ``block``       one block per row, threads take every ``threads``-th r, block reduction.
+``columns``     rows adjacent in memory (a reduction over a leading dim) and enough of them to
+                fill the grid: 32 rows per work item, lane = row, the warps split r, their
+                results folded in order through shared memory; one phase, no scratch.
 ``partial``     phase one of a grid-wide reduction: work item (row, chunk) reduces one
                 chunk of a row into a float scratch slot ``scratch[row * chunks + chunk]``;
 ``final``       phase two, after a barrier: one warp per row folds the row's partials, or
@@ -46,7 +49,7 @@ Element = Callable[[str, str], str]  # (row, r) -> float C expression
 Finish = Callable[[str, str], str]  # (row, value) -> C statements
 
 KINDS = tuple(sorted(table.REDUCTIONS))
-STRATEGIES = ("thread", "warp", "block", "partial", "final")
+STRATEGIES = ("thread", "warp", "block", "columns", "partial", "final")
 
 
 def _row(kind: str) -> table.Reduction:
@@ -173,6 +176,49 @@ def block_per_row(kind: str, rows: int, size: int, element: Element, finish: Fin
     code = _wrap(f"{kind} over {size} elements of each of {rows} rows: one block per row", body)
     # tkx_block_reduce keeps its 32 partials in its own small static __shared__ array
     return ReduceCode("block", kind, code, rows, 0, threads, {"rows_per_item": 1})
+
+
+def columns_per_item(kind: str, rows: int, size: int, element: Element, finish: Finish, *, threads: int = 256,
+                     item: str = "item", ctype: str = "float", smem: str = "tkx_smem") -> ReduceCode:
+    """Rows adjacent in memory: a work item is 32 consecutive rows (lane = row, so each warp reads 32
+    adjacent elements per step), warp w takes r = w, w + warps, ... of every row, and warp 0 folds the
+    warps' results in warp order (shared memory, ``threads * 4`` bytes) and finishes the rows. One phase:
+    the layout of :func:`partial_reduce`'s ``rows_contiguous`` phase with the whole of r in one chunk, for
+    when ``ceil(rows / 32)`` items fill the grid (medium's bias gradient: 4096 rows of 256 in 128 items,
+    no final stage). Float accumulators only (``ctype`` must be ``float``)."""
+    _check(kind, rows, size, threads)
+    if ctype != "float":
+        raise ValueError(f"columns_per_item folds float partials; an integer reduction ({ctype}) takes 'thread'")
+    warps = threads // 32
+    init = _identity(kind, "float")
+    idx = _index(size + threads)
+    body = block(
+        "const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;",
+        f"const int row = {item} * 32 + lane;  // lanes take adjacent rows: coalesced reads",
+        f"float acc = {init};",
+        f"if (row < {rows}) {{",
+        "    #pragma unroll 8",
+        f"    for ({idx} r = warp; r < {size}; r += {warps}) {{",
+        f"        const float elem = {element('row', 'r')};",
+        f"        {_fold(kind, 'acc', 'elem')}",
+        "    }",
+        "}",
+        f"float* part = reinterpret_cast<float*>({smem});  // part[warp * 32 + lane]",
+        "part[warp * 32 + lane] = acc;",
+        "__syncthreads();",
+        f"if (warp == 0 && row < {rows}) {{  // fold the warps' results in order",
+        f"    acc = {init};",
+        f"    for (int w = 0; w < {warps}; ++w) {{",
+        "        const float elem = part[w * 32 + lane];",
+        f"        {_fold(_row(kind).partial_kind, 'acc', 'elem')}",
+        "    }",
+        indent(_finish_block(kind, "acc", size, finish)),
+        "}",
+        "__syncthreads();  // part[] is read before the next work item reuses the workspace",
+    )
+    code = _wrap(f"{kind} over {size} elements of each of {rows} rows: 32 adjacent rows per work item, "
+                 f"{warps} warps split r", body)
+    return ReduceCode("columns", kind, code, _ceil(rows, 32), threads * 4, threads, {"rows_per_item": 32})
 
 
 def partial_reduce(kind: str, rows: int, size: int, chunks: int, element: Element, *, scratch: str,
@@ -305,8 +351,8 @@ def choose_strategy(rows: int, size: int, *, rows_contiguous: bool = False, thre
 
 def emit_reduction(strategy: str, kind: str, rows: int, size: int, element: Element, finish: Finish, *,
                    threads: int = 256, item: str = "item", ctype: str = "float") -> ReduceCode:
-    """Dispatch to a one-phase strategy (``thread``, ``warp`` or ``block``)."""
-    emitters = {"thread": thread_per_row, "warp": warp_per_row, "block": block_per_row}
+    """Dispatch to a one-phase strategy (``thread``, ``warp``, ``block`` or ``columns``)."""
+    emitters = {"thread": thread_per_row, "warp": warp_per_row, "block": block_per_row, "columns": columns_per_item}
     if strategy not in emitters:
         raise ValueError(f"one-phase strategies are {sorted(emitters)}; use partial_reduce/final_reduce "
                          f"for a two-phase reduction, got {strategy!r}")
