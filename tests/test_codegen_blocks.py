@@ -374,8 +374,7 @@ def test_columns_strategy_one_phase_in_order():
 def test_final_phase_folds_few_partials_in_one_thread_per_row():
     """<= THREAD_FINAL_CHUNKS partials per row: one thread per row, chunk order, ``threads`` rows per work item
     (medium's bias gradient: 4096 rows of 3 partials in 16 items instead of 512); more: a warp per row."""
-    from tkx.target import THREAD_FINAL_CHUNKS, reduction_emitter
-    from tkx.target import ReductionPlan
+    from tkx.target import THREAD_FINAL_CHUNKS, ReductionPlan, reduction_emitter
     fin = lambda r, v: f"out[{r}] = {v};"  # noqa: E731
     few = R.final_reduce("sum", 4096, 256, 3, fin, scratch="s", threads=256)
     assert few.work_items == 16 and "one thread per row" in few.code and "tkx_warp_sum" not in few.code

@@ -124,6 +124,40 @@ def test_examples_verify_with_wgmma(name, split):
     assert v.passed, v.summary()
 
 
+@pytest.mark.parametrize("guarded", [True, False])
+def test_ragged_sgd_step_verifies_with_the_batched_guarded_epilogue(guarded, monkeypatch):
+    """A user-style step whose GEMMs cross the tile edges (batch 50, 96 -> 130 -> 10, bf16 weights, SGD):
+    the epilogue's elements outside C are clamped and not stored (``gemm.WGMMA_GUARDED_BATCH``), or, with
+    the switch off, one element per iteration; both verify against eager, and the inputs are unchanged."""
+    import torch.nn.functional as F
+    monkeypatch.setattr(G, "WGMMA_GUARDED_BATCH", guarded)
+
+    def loss_fn(params, x, y):
+        h = torch.relu(x @ params["w1"] + params["b1"])
+        return F.mse_loss(h @ params["w2"] + params["b2"], y)
+
+    def step(params, x, y):
+        grads, loss = torch.func.grad_and_value(loss_fn)(params, x, y)
+        return loss, {k: p - 0.05 * grads[k] for k, p in params.items()}
+
+    def make_inputs(seed=0, device="cuda"):
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        rnd = lambda *s: (torch.randn(*s, generator=g) / 4).to(torch.bfloat16).to(device)  # noqa: E731
+        return ({"w1": rnd(96, 130), "b1": rnd(130), "w2": rnd(130, 10), "b2": rnd(10)}, rnd(50, 96), rnd(50, 10))
+
+    inputs = make_inputs()
+    before = [t.clone() for t in (inputs[1], inputs[2], *inputs[0].values())]
+    runner = tkx.runtime.build(step, inputs, Options(arch="sm_90a"), name=f"ragged_sgd_{int(guarded)}", loss=0)
+    assert any(g.plan.impl.startswith("wgmma") for g in runner.source.schedule.groups.values() if g.kind == "gemm")
+    text = runner.source.text
+    assert ("tkxE0_in" in text) == guarded
+    v = runner.verify(seeds=(0, 1), make_inputs=make_inputs)
+    assert v.passed, v.summary()
+    runner(*inputs)
+    torch.cuda.synchronize()
+    assert all(torch.equal(a, b) for a, b in zip(before, (inputs[1], inputs[2], *inputs[0].values())))
+
+
 def _same_bits(a, b):
     return a.shape == b.shape and torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())
 

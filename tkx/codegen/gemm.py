@@ -637,6 +637,12 @@ WGMMA_EPILOGUE_BATCH = 16
 #: epilogue's passes wait an L2 hit instead of a DRAM access; the lines arrive while the k-loop runs.
 #: Only for tiles inside the matrix (no bounds guards). The probe's ``+pf=1`` variant turns it on.
 WGMMA_EPILOGUE_PREFETCH = False
+#: A tile that crosses the edge of C (M or N not a multiple of the tile) batches its epilogue too:
+#: the elements outside C get clamped coordinates (their loads read an element inside C) and are not
+#: stored. Off: such tiles keep the rolled loop, one element per iteration, each waiting a memory
+#: latency: mixed_precision's 32-row GEMMs on 64-row tiles with an SGD update (16 serial iterations of
+#: ~0.7 µs per work item; that step was 1.9x slower than torch.compile on the H200, session 4).
+WGMMA_GUARDED_BATCH = True
 #: fp32 words a row of the shared C tile is padded by: the accumulators are written as float2 (two
 #: adjacent columns), and a half-warp's 16 float2 (4 rows x 4 column pairs) then hit 32 distinct banks.
 WGMMA_C_PAD = 8
@@ -1247,20 +1253,32 @@ _DECL = re.compile(r"^\s*(?:const\s+)?(?:float|double|int|unsigned|bool|long lon
 _STORE = re.compile(r"^\s*tkx_st_\w+\(.*\);")
 
 
-def _batch_coords(batch: int, threads: int, tn: int, acc: Callable[[str], str]) -> list[str]:
+def _batch_coords(batch: int, threads: int, tn: int, acc: Callable[[str], str], *, m_guard: bool = False,
+                  n_guard: bool = False) -> list[str]:
     """Per element ``u`` of a thread's batch (names prefixed ``tkxE{u}_``, see :func:`_batched_epilogue`):
     its position ``e`` in the C tile, its row and column, then ``acc(prefix)``: the statement(s) leaving
-    its accumulator in ``{prefix}acc``."""
+    its accumulator in ``{prefix}acc``. With a guard (a tile that may cross the edge of C), ``{prefix}in``
+    says whether the element is inside C and its row/column are clamped to the last one inside: every
+    load of the element's epilogue then reads a valid address (the value of an element inside C), and
+    the caller stores only where ``{prefix}in`` holds (``_batched_epilogue(..., guarded=True)``)."""
     lines = []
     for u in range(batch):
         x = f"tkxE{u}_"
-        lines += [f"const int {x}e = e + {u * threads};",
-                  f"const int {x}row = row0 + {x}e / {tn}, {x}col = col0 + {x}e % {tn};", acc(x)]
+        lines.append(f"const int {x}e = e + {u * threads};")
+        if m_guard or n_guard:
+            r, c = f"row0 + {x}e / {tn}", f"col0 + {x}e % {tn}"
+            conds = " && ".join(t for t, on in ((f"{r} < M", m_guard), (f"{c} < N", n_guard)) if on)
+            lines += [f"const bool {x}in = {conds};  // inside C: stored",
+                      f"const int {x}row = {f'min({r}, M - 1)' if m_guard else r}, "
+                      f"{x}col = {f'min({c}, N - 1)' if n_guard else c};  // clamped: loads stay inside"]
+        else:
+            lines.append(f"const int {x}row = row0 + {x}e / {tn}, {x}col = col0 + {x}e % {tn};")
+        lines.append(acc(x))
     return lines
 
 
-def _batched_epilogue(epilogue: Epilogue, batch: int, *,
-                      batch_index: bool = False) -> tuple[list[str], list[str]] | None:
+def _batched_epilogue(epilogue: Epilogue, batch: int, *, batch_index: bool = False,
+                      guarded: bool = False) -> tuple[list[str], list[str]] | None:
     """The epilogue of ``batch`` elements as (computations, stores): element ``u``'s statements
     with its names prefixed ``tkxE<u>_`` (``row col acc`` and every value it declares), every
     computation (and so every global load) before any store, so one thread has ``batch``
@@ -1271,7 +1289,8 @@ def _batched_epilogue(epilogue: Epilogue, batch: int, *,
     so moving a load of element u' before the store of element u changes nothing the rolled loop
     guarantees. ``None`` when a statement is not a plain declaration or a store (then the caller
     keeps the rolled loop). ``batch_index``: each element has its own ``bat`` too (else the
-    elements share the caller's ``bat``: one tile)."""
+    elements share the caller's ``bat``: one tile). ``guarded``: element u's stores run only where
+    ``tkxE<u>_in`` holds (:func:`_batch_coords` with a guard declares it)."""
     lines = [ln for ln in epilogue("bat", "row", "col", "acc").splitlines() if ln.strip()]
     names = ["row", "col", "acc"] + (["bat"] if batch_index else [])
     comp, stores = [], []
@@ -1297,7 +1316,7 @@ def _batched_epilogue(epilogue: Epilogue, batch: int, *,
             text = pattern.sub(lambda mm: f"tkxE{u}_{mm.group(1)}", line[0])
             return f"{text}  // {line[1]}" if u == 0 and line[1] else text  # element 0 keeps the op's comment
         out_c += [ren(x) for x in comp]
-        out_s += [ren(x) for x in stores]
+        out_s += [f"if (tkxE{u}_in) {ren(x)}" if guarded else ren(x) for x in stores]
     return out_c, out_s
 
 
@@ -1405,7 +1424,9 @@ def _wgmma_store_c(base: str, acc_regs: int, wn: int, ldc: int, tm: int, tn: int
     warp w is row 16 w + l / 4 + 8 ((j / 2) % 2), column 8 (j / 4) + 2 (l % 4) + j % 2) is written
     to an fp32 C tile in shared memory at ``base``, then the block applies the epilogue per element:
     :data:`WGMMA_EPILOGUE_BATCH` elements per thread and pass (halved until the tile holds a whole pass;
-    :func:`_batched_epilogue`) when the tile needs no bounds guards, else one element per iteration."""
+    :func:`_batched_epilogue`); a tile crossing the edge of C clamps the coordinates of the elements
+    outside (their loads stay inside C) and stores only the elements inside
+    (:data:`WGMMA_GUARDED_BATCH`; off: one element per iteration)."""
     head = [
         f"float* Cs = reinterpret_cast<float*>({base});  // the C tile, fp32, rows padded",
         "#pragma unroll",
@@ -1419,11 +1440,14 @@ def _wgmma_store_c(base: str, acc_regs: int, wn: int, ldc: int, tm: int, tn: int
     ub = WGMMA_EPILOGUE_BATCH
     while ub > 1 and (tm * tn) % (threads * ub):  # a small tile: fewer per pass, still batched
         ub //= 2
-    batched = None if (m_guard or n_guard or (tm * tn) % (threads * ub)) else _batched_epilogue(epilogue, ub)
+    guarded = m_guard or n_guard
+    batched = None if (tm * tn) % (threads * ub) or (guarded and not WGMMA_GUARDED_BATCH) else \
+        _batched_epilogue(epilogue, ub, guarded=guarded)
     if batched is not None:
         comp, stores = batched
         coords = _batch_coords(ub, threads, tn,
-                               lambda x: f"const float {x}acc = Cs[({x}e / {tn}) * {ldc} + {x}e % {tn}];")
+                               lambda x: f"const float {x}acc = Cs[({x}e / {tn}) * {ldc} + {x}e % {tn}];",
+                               m_guard=m_guard, n_guard=n_guard)
         loop = [
             f"#pragma unroll 1  // {ub} elements per thread and pass: their loads in flight together, then the stores",
             f"for (int e = threadIdx.x; e < {tm * tn}; e += {threads * ub}) {{",
