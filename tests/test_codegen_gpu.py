@@ -209,9 +209,10 @@ REDUCTIONS = [
 
 @pytest.mark.parametrize("kind", R.KINDS)
 @pytest.mark.parametrize(("strategy", "rows", "size", "rows_contiguous", "chunks"),
-                         [(*c, 16) for c in REDUCTIONS] + [("partial", 100, 4096, True, 3), ("partial", 300, 900, False, 5)])
+                         [(*c, 24) for c in REDUCTIONS]
+                         + [("partial", 100, 4096, True, 3), ("partial", 300, 900, False, 16)])
 def test_reduction_matches_torch(kind, strategy, rows, size, rows_contiguous, chunks):
-    """Every strategy against torch; partial with 16 chunks folds them with a warp per row, with 3 or 5 with a
+    """Every strategy against torch; partial with 24 chunks folds them with a warp per row, with 3 or 16 with a
     thread per row (``tkx.target.THREAD_FINAL_CHUNKS``)."""
     g = torch.Generator().manual_seed(1)
     x = torch.randn(rows, size, generator=g)
