@@ -78,3 +78,18 @@ def test_exact_mode_avoids_contraction(explorations):
     assert "__fmul_rn" in exact.text or "__fadd_rn" in exact.text
     report = exact.check("sm_90")
     assert "--fmad=false" in " ".join(report.options)
+
+
+@pytest.mark.parametrize("name", names())
+def test_hopper_kernel_compiles_for_sm_90a_without_spills(name):
+    """Every example generated for Hopper (``arch="sm_90a"``: wgmma GEMMs, TMA copies, the batched epilogues)
+    compiles with NVRTC for sm_90a without spills; a bf16/fp16 tiled GEMM takes wgmma."""
+    ex = tkx.examples.get(name)
+    exp = tkx.explore(ex.step_fn, ex.example_inputs, name=name, arch="sm_90a")
+    report = exp.cuda.check("sm_90a")
+    assert report.registers > 0
+    assert report.spill_bytes == 0, f"{name}/sm_90a: {report.summary()}"
+    tiled = [g for g in exp.schedule.groups.values() if g.kind in ("gemm", "gemm_partial")
+             and getattr(g.plan, "impl", "").startswith(("wgmma", "wmma"))]
+    if any(g.plan.impl.startswith("wgmma") for g in tiled):
+        assert "wgmma.mma_async" in exp.cuda.text
