@@ -99,9 +99,10 @@ def elements_per_pass(acc: VectorAccesses, per_thread: int, register_budget: int
     return best
 
 
-def aligned_test(acc: VectorAccesses) -> str:
-    """A C expression, true when every pointer of ``acc`` is 16-byte aligned (block-uniform)."""
-    ors = " | ".join(f"(unsigned long long)({p})" for p in acc.pointers)
+def aligned_test(acc: VectorAccesses, extra: tuple[str, ...] = ()) -> str:
+    """A C expression, true when every pointer of ``acc`` (and of ``extra``) is 16-byte aligned
+    (block-uniform)."""
+    ors = " | ".join(f"(unsigned long long)({p})" for p in acc.pointers + extra)
     return f"((({ors}) & 15ULL) == 0ULL)"
 
 
@@ -194,3 +195,37 @@ def vectorize(acc: VectorAccesses, comp: list[str], stores: list[str], runs: int
             out_s.append(f"*reinterpret_cast<{vtype}*>(({scalar}*)({ptr}) + tkxR{j}_e + {h * per}) = "
                          f"{_pack(suffix, part)};" + (f"  {note} (16-byte vector)" if note else ""))
     return out_c, out_s + rest
+
+
+def split_final_pass(acc: VectorAccesses, comp: list[str], stores: list[str], *, runs: int, threads: int,
+                     split: int, scratch: str, total: int, m: int, n: int) -> list[str]:
+    """The vector form of split-K's final phase for one work item (``runs * V`` elements per thread,
+    item ``item`` covering ``threads * runs * V`` consecutive outputs of the ``total``): each run's
+    slices read as float4 (``split`` per 4 elements), added in slice order per element
+    (``((0 + s0) + s1) + ...``, the scalar loop's bits), then ``comp``/``stores`` of
+    :func:`tkx.codegen.gemm._batched_epilogue` with ``batch_index`` through :func:`vectorize`.
+    The caller checks ``n % V == 0`` (a run stays in one row) and the pointers' alignment."""
+    v = acc.width
+    lines = [f"const long long tkx_e0 = (long long)item * {threads * runs * v} + (long long)threadIdx.x * {v};"]
+    for j in range(runs):
+        x = f"tkxR{j}_"
+        lines += [f"const long long {x}e0 = tkx_e0 + {j * threads * v};",
+                  f"const int {x}bat = (int)({x}e0 / {m * n}), {x}row = (int)(({x}e0 / {n}) % {m}), "
+                  f"{x}col = (int)({x}e0 % {n});",
+                  run_index(acc, j, True)]
+        for h in range(v // 4):
+            for sl in range(split):
+                lines.append(f"const float4 tkxS{j}_{h}_{sl} = *reinterpret_cast<const float4*>({scratch} + "
+                             f"{sl * total}LL + {x}e0 + {4 * h});")
+    lines += vector_loads(acc, runs)
+    for j in range(runs):
+        x = f"tkxR{j}_"
+        for i in range(v):
+            u = j * v + i
+            terms = "0.0f"
+            for sl in range(split):
+                terms = f"({terms} + tkxS{j}_{i // 4}_{sl}.{_LANES[i % 4]})"
+            lines += [f"const int tkxE{u}_bat = {x}bat, tkxE{u}_row = {x}row, tkxE{u}_col = {x}col + {i};",
+                      f"const float tkxE{u}_acc = {terms};" + ("  // slices in slice order" if u == 0 else "")]
+    comp, stores = vectorize(acc, comp, stores, runs)
+    return lines + comp + stores

@@ -906,8 +906,7 @@ def _wgmma_pipelined(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epi
     epi = _wgmma_store_c("ws", acc_regs, wn, ldc, tm, tn, threads, epilogue, m_guard, n_guard,
                          _split_final_code(split_final, p, split, tm, tn, ldc, threads, m_guard, n_guard), vec)
     prefetch = _epilogue_prefetch(epilogue_reads if split == 1 else (), p, tm, tn, threads, m_guard or n_guard)
-    if vec is not None:
-        prefetch = [*prefetch, *vec.early_lines()]
+    early = vec.early_lines() if vec is not None else []
     what = {"wgmma_bf16": "bf16", "wgmma_f16": "fp16"}[variant]
     layouts = f"A {'K' if a_kmajor else 'M'}-major, B {'K' if b_kmajor else 'N'}-major"
     copies = "TMA (cp.async.bulk.tensor) + mbarriers" if use_tma else "cp.async"
@@ -931,6 +930,7 @@ def _wgmma_pipelined(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epi
         "#pragma unroll",
         f"for (int j = 0; j < {acc_regs}; ++j) d[j] = 0.0f;",
         *prefetch,
+        *early,
         k_loop,
         "// epilogue: accumulators -> shared C tile -> per element",
         epi,

@@ -30,6 +30,7 @@ from ..ir import Op, TensorSpec, contiguous_strides
 from ..schedule.model import FusedSchedule, Group, Home
 from ..target import EPILOGUE_BATCH, GPU, register_budget, register_note
 from . import abi, intfacts
+from . import epilogue_vector as ev
 from . import gemm as gemm_module
 from . import ops as cops
 from .cuda_prelude import C_TYPES, barrier, barrier_setup, load, prelude, round_to, shared_workspace, store
@@ -787,6 +788,8 @@ class _Emitter:
             scratch, _ = self.pointer(params["partials"])
             total, t = prob.batch * m * n, self.threads
             ub = EPILOGUE_BATCH
+            acc = ev.vector_accesses(epilogue("bat", "row", "col", "acc")) if gemm_module.WGMMA_EPILOGUE_VECTOR \
+                else None
             batched = _batched_epilogue(epilogue, ub, batch_index=True) if total % (t * ub) == 0 else None
             if batched is not None:
                 # EPILOGUE_BATCH elements per thread: every slice load and epilogue load in flight
@@ -803,8 +806,17 @@ class _Emitter:
                               f"for (int s = 0; s < {split}; ++s) {x}acc += {scratch}[s * {total}LL + {x}e];"
                               "  // slice order"]
                 body = block(*lines, *comp, *stores)
-                self.plan.notes[g.id] = {"variant": f"{variant} split-K final", "split_k": split,
-                                         "elements_per_thread": ub}
+                notes = {"variant": f"{variant} split-K final", "split_k": split, "elements_per_thread": ub}
+                if acc is not None and n % acc.width == 0 and ub % acc.width == 0:
+                    # the same items, each thread's elements in runs of V columns: float4 slice reads,
+                    # 16-byte point reads and stores (tkx.codegen.epilogue_vector), when the pointers are aligned
+                    vec = ev.split_final_pass(acc, comp, stores, runs=ub // acc.width, threads=t, split=split,
+                                              scratch=scratch, total=total, m=m, n=n)
+                    body = block(f"if ({ev.aligned_test(acc, (scratch,))}) {{  // 16-byte aligned pointers "
+                                 "(block-uniform): vector epilogue, else the scalar one",
+                                 indent(block(*vec)), "} else {", indent(body), "}")
+                    notes.update(epilogue_vector=acc.width, epilogue_per_pass=ub)
+                self.plan.notes[g.id] = notes
                 return (f"{{  // {g.id}: add the {split} split-K slices of {op.id}, then its epilogue, "
                         f"{ub} elements per thread\n" + indent(body) + "\n}"), total // (t * ub), 0
             body = block(
