@@ -167,12 +167,13 @@ def vectorize(acc: VectorAccesses, comp: list[str], stores: list[str], runs: int
         return _lane(suffix, read_k[ptr], u // v, u % v)
 
     out_c = [load_re.sub(feed, ln) for ln in comp]
-    store_re = re.compile(r"^\s*tkx_st_(\w+)\(" + _PTR + r", tkxE(\d+)_tkx_e, (.*)\);(\s*//.*)?$")
+    store_re = re.compile(r"^\s*tkx_st_(\w+)\(" + _PTR + r", tkxE(\d+)_tkx_e, (.*)\);\s*$")
     packed: dict[tuple[str, str, int], list[str | None]] = {}
     notes: dict[tuple[str, str], str] = {}
     rest = []
     for ln in stores:
-        mm = store_re.match(ln)
+        code, _, comment = ln.partition("  //")
+        mm = store_re.match(code)
         if mm is None or mm.group(1) not in _VECTOR_TYPES or mm.group(2).strip() not in dict(acc.stores):
             rest.append(ln)
             continue
@@ -181,8 +182,8 @@ def vectorize(acc: VectorAccesses, comp: list[str], stores: list[str], runs: int
         if slot[u % v] is not None:  # the same output twice for one element: keep the scalar order
             return comp, stores
         slot[u % v] = value
-        if mm.group(5):
-            notes.setdefault((ptr, suffix), mm.group(5).strip())
+        if comment:
+            notes.setdefault((ptr, suffix), "// " + comment.strip())
     out_s = []
     for (ptr, suffix, j), values in packed.items():
         if any(x is None for x in values):

@@ -1498,6 +1498,12 @@ class _VectorTile:
         return lines
 
     def early_lines(self) -> list[str]:
+        """With ``early``: the alignment test, the run coordinates and the point-read vectors, placed before
+        the k-loop. Sound because a point-read buffer is either written by no group of this stage (the
+        schedule's hazard rules, :func:`tkx.schedule.check.check_hazards`: its writer ran in an earlier
+        stage (RAW), an input overwritten in place is overwritten in a later stage than every other reader
+        (WAR), and no arena slot sharing its bytes is live in this stage) or it is this group's own output
+        updated in place, whose elements of this tile only this thread writes, after the read."""
         if not self.early:
             return []
         return ["// the epilogue's point reads of this tile, issued before the k-loop (gemm.WGMMA_EPILOGUE_EARLY_REGS):",
