@@ -36,8 +36,8 @@ gemv       M <= 4 or N <= 4: no tiles, K split across lanes (shuffle reduction) 
 
 Names the emitted block defines (callbacks must not use them for their own variables):
 ``M N K TM TN TK bat tile row0 col0 row col k kk k0 r c e l s w elem acc sums c_frag a b a_next b_next
-fetch stash As Bs Cw warp lane wr wc sum part``.
-"""
+fetch stash As Bs Cw warp lane wr wc sum part``, and the vector epilogue's ``tkx_vec`` and names prefixed
+``tkxE<u>_ tkxR<j>_ tkxL tkxC tkxS`` (:mod:`tkx.codegen.epilogue_vector`)."""
 
 from __future__ import annotations
 
@@ -630,7 +630,8 @@ WGMMA_MMA_IN_FLIGHT = 1
 #: threads, each waiting one memory latency (on the H200 its items ran 15 µs in medium's step against
 #: about 7 µs with a store-only epilogue); 16 halves the passes. Registers (sm_90a, NVRTC, no spills):
 #: small 116 -> 134, medium 155 -> 154, mixed_precision 154 -> 178 (32: 168 / 189 / 246). Set it back to
-#: 8 to undo; the probe's ``+epi=N`` variants measure it.
+#: 8 to undo; the probe's ``+epi=N`` variants measure it. With :data:`WGMMA_EPILOGUE_VECTOR` this is the
+#: scalar path: the fallback for misaligned pointers and epilogues without a point access.
 WGMMA_EPILOGUE_BATCH = 16
 #: Switch (default off, unmeasured): at the start of a wgmma work item without split-K, the block asks L2
 #: to prefetch (``prefetch.global.L2``, one request per 128-byte line, no registers) the rows of this tile
@@ -651,10 +652,14 @@ WGMMA_C_PAD = 8
 #: per thread (V = 8 with a 2-byte point access, 4 with 4-byte ones only): the C tile read as float4, every
 #: buffer read at the output's own index (an SGD update's weight, a ReLU mask) loaded as one 16-byte vector
 #: per run and the outputs stored at it as 16-byte vectors (:mod:`tkx.codegen.epilogue_vector`), behind a
-#: block-uniform 16-byte alignment test of the pointers whose false branch is the scalar code. On the H200
-#: (session 5, before): medium's SGD-update tiles (128x256, 128 elements per thread) took 8 passes of 16
-#: scalar 2-byte loads, 10.7 and 12.8 µs per item against ~6.5 µs with a store-only epilogue. False: the
-#: scalar epilogue, the generated text byte-identical to before.
+#: block-uniform 16-byte alignment test of the pointers whose false branch is the scalar code; the same
+#: per-element arithmetic (the GPU tests compare the bits with the scalar epilogue's). Measured on the H200
+#: (one run, docs/results/epi-s5/summary.txt; item medians): medium's SGD-update tiles (128x256, 128
+#: elements per thread, 8 passes of 16 scalar 2-byte loads before, 2 passes of 64 after) g4 10.69 -> 8.83
+#: µs and g7 12.67 -> 10.62 µs (a store-only epilogue: ~6.5 µs), its 64x128 ReLU-mask tiles g5 7.04 ->
+#: 6.18 µs, the step 67.8 -> 60.6 µs; small 24.7 -> 24.5 µs (g4 2.78 -> 2.18, g7 2.88 -> 2.21 µs).
+#: Registers (sm_90a, NVRTC, no spills): small 112 -> 157, medium 154 -> 183. False: the scalar epilogue,
+#: the generated text byte-identical to before.
 WGMMA_EPILOGUE_VECTOR = True
 #: Register estimate of one vectorized pass (:meth:`~tkx.codegen.epilogue_vector.VectorAccesses.registers_per_element`
 #: x elements): an SGD update (2 per element) takes 64 elements per pass, a 64x128 tile on 256 threads its
@@ -662,7 +667,9 @@ WGMMA_EPILOGUE_VECTOR = True
 WGMMA_EPILOGUE_VECTOR_REGS = 128
 #: A vectorized tile epilogue of one pass whose point-read vectors take at most this many registers per
 #: thread (64x128 tile, one bf16 read: 16) issues those loads at the start of the work item, before the
-#: k-loop, so their latency hides behind the operand copies (not with split-K). 0: never.
+#: k-loop, so their latency hides behind the operand copies (not with split-K). 0: never. On the H200
+#: (same run): small's g4 2.30 -> 2.18 µs and g5 1.60 -> 1.47 µs, medium's g5 6.37 -> 6.18 µs against the
+#: vector epilogue without them (``scripts/epilogue-ab.py 1 0``).
 WGMMA_EPILOGUE_EARLY_REGS = 16
 
 
@@ -962,7 +969,8 @@ def wgmma_gemm(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue,
     or 32 tf32). Two shared stages: the next K tile's global loads and its store into the other
     stage overlap the asynchronous MMAs of this one. After the K loop every warpgroup writes its
     accumulators to a padded fp32 tile in shared memory (reusing the operand bytes) and the whole
-    block runs the epilogue per element, consecutive threads on consecutive columns.
+    block runs the epilogue per element, consecutive threads on consecutive columns (with
+    :data:`WGMMA_EPILOGUE_VECTOR`: runs of 8 or 4 columns per thread, 16-byte point reads and stores).
     """
     if variant not in _WGMMA:
         raise ValueError(f"unknown wgmma variant {variant!r}; one of {sorted(_WGMMA)}")
