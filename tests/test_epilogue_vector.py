@@ -50,7 +50,8 @@ def test_sgd_update_takes_vector_loads_and_stores(medium):
     assert g4["tile"] == (128, 256, 64) and g4["epilogue_vector"] == 8
     assert g4["epilogue_per_pass"] == 64 and g4["epilogue_passes"] == 2 and not g4["early_loads"]
     assert "const bool tkx_vec = ((((unsigned long long)(in2) | (unsigned long long)(out3)) & 15ULL) == 0ULL);" in text
-    assert "const uint4 tkxL0_0_0 = *reinterpret_cast<const uint4*>((const unsigned short*)(in2) + tkxR0_e + 0);" in text
+    load = "const uint4 tkxL0_0_0 = *reinterpret_cast<const uint4*>((const unsigned short*)(in2) + tkxR0_e + 0);"
+    assert load in text
     assert "*reinterpret_cast<uint4*>((unsigned short*)(out3) + tkxR7_e + 0) = make_uint4(" in text
     # the weight's value comes out of the vector, the same arithmetic as the scalar code
     assert ("tkxE1_v_sub_4 = tkx_round_bf16(tkx_bf16_to_float((unsigned short)(tkxL0_0_0.x >> 16)) - tkxE1_v_mul_4);"

@@ -1514,7 +1514,7 @@ class _VectorTile:
         updated in place, whose elements of this tile only this thread writes, after the read."""
         if not self.early:
             return []
-        return ["// the epilogue's point reads of this tile, issued before the k-loop (gemm.WGMMA_EPILOGUE_EARLY_REGS):",
+        return ["// the epilogue's point reads of this tile, before the k-loop (gemm.WGMMA_EPILOGUE_EARLY_REGS):",
                 "// the same elements this thread updates after it; no group of the stage writes them",
                 f"const bool tkx_vec = {ev.aligned_test(self.acc)};  // 16-byte aligned: vector epilogue",
                 *self.run_coords("threadIdx.x"), *ev.vector_loads(self.acc, self.runs, "tkx_vec")]
