@@ -124,3 +124,24 @@ def test_accesses_and_elements_per_pass():
     assert ev.elements_per_pass(acc, 128, 128) == 32 and ev.elements_per_pass(acc, 16, 128) == 16
     assert ev.elements_per_pass(acc, 12, 128) == 0  # not a whole run per thread
     assert ev.vector_accesses("const long long tkx_e = row;\nout[tkx_e] = acc;") is None
+
+
+@pytest.mark.parametrize("tn", [64, 128, 256])
+def test_c_tile_swizzle_is_a_permutation_without_bank_conflicts(tn):
+    """The generated C-tile index (a C expression that is also Python) maps each row onto itself; the
+    vector reads (8 threads, one 8-column run each, the two float4 halves) and the accumulator float2
+    writes (a half-warp: 4 rows x 4 column pairs) each touch 32 distinct banks."""
+    ldc = tn + G.WGMMA_C_PAD
+    at = G._cs_at("r", "c", ldc, G._cs_swizzle(tn))
+
+    def index(r, c):
+        return eval(at, {}, {"r": r, "c": c})
+    for r in range(3):
+        assert sorted(index(r, c) for c in range(tn)) == list(range(r * ldc, r * ldc + tn))
+    for first in range(0, tn // 8, 8):  # a quarter-warp's runs of 8 columns in one row, each half
+        for h in (0, 4):
+            banks = [(index(1, 8 * (first + t) + h) + k) % 32 for t in range(8) for k in range(4)]
+            assert len(set(banks)) == 32, (first, h)
+    for group in range(0, tn, 8):  # float2 writes: lanes 0-15, rows lane / 4, columns group + 2 (lane % 4)
+        banks = [(index(lane // 4, group + 2 * (lane % 4)) + k) % 32 for lane in range(16) for k in range(2)]
+        assert len(set(banks)) == 32, group
