@@ -15,4 +15,6 @@ timeout 100 python scripts/gemm-bench.py --out "$out/gemm-bench.json" > "$out/ge
 echo "gemm-bench rc=$?" >> "$out/gemm-bench.txt"; cat "$out/gemm-bench.txt" | tail -n 25
 timeout 100 python scripts/gemm-profile.py --examples small,medium,mixed_precision,tiny_online --out "$out/profile" > "$out/profile.txt" 2>&1
 echo "profile rc=$?" >> "$out/profile.txt"; grep -v "^      g" "$out/profile.txt" | head -60
+timeout 60 python scripts/epilogue-ab.py 1 16 --vector-regs=256 --examples medium --out "$out/epi256" > "$out/epi256.txt" 2>&1
+echo "epi256 rc=$?" >> "$out/epi256.txt"; grep -E "step|rc=" "$out/epi256.txt" | head
 tar czf "$top/all.tgz" -C "$out" . && ls -la "$top"
