@@ -748,7 +748,7 @@ def _plan_cluster(plan: GemmPlan, p: GemmProblem, options: Any, e: GemmEmitter) 
     the GEMM qualifies (TMA copies, pairs, K deep enough); else ``plan`` unchanged."""
     if not GEMM_CLUSTER or getattr(options, "gemm_copy", "auto") == "cp.async" or not e._direct(p):
         return plan
-    if p.batch != 1 or plan.threads % 128:
+    if p.batch != 1 or plan.threads % 128 or getattr(options, "mode", "auto") == "block":
         return plan
     steps = _ceil(_ceil(plan.k, plan.tile_k), plan.split_k)
     if steps < CLUSTER_MIN_K_STEPS:
