@@ -6,7 +6,7 @@ export PYTHONPATH=$PWD
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu,driver_version --format=csv \
   > $OUT/cluster-s5-run1-gpu.txt 2>&1
 # 1. the launch facts: cooperative + cluster, co-resident clusters, grid barrier, remote mbarrier arrival
-timeout 45 python3 scripts/cluster-probe.py --shared-kib 0,100,194,227 --out $OUT/cluster-s5-run1-probe.json \
+timeout 35 python3 scripts/cluster-probe.py --shared-kib 0,100,194,227 --out $OUT/cluster-s5-run1-probe.json \
   > $OUT/cluster-s5-run1-probe.txt 2>&1
 echo "probe rc $?" >> $OUT/cluster-s5-run1-probe.txt
 MODE=$(python3 - <<'PY'
@@ -22,14 +22,14 @@ PY
 )
 echo "launch mode for the GEMMs: $MODE" | tee -a $OUT/cluster-s5-run1-probe.txt
 # 2. the GPU tests with the switch on (verification, 200 graph replays)
-timeout 100 python3 -c "
+timeout 70 python3 -c "
 import sys, pytest, tkx.runtime.kernel as k
 k.CLUSTER_LAUNCH = '$MODE'
 sys.exit(pytest.main(['-q', '-x', '-m', 'gpu', '-p', 'no:cacheprovider', 'tests/test_cluster_gpu.py']))
 " > $OUT/cluster-s5-run1-pytest.txt 2>&1
 echo "pytest rc $?" >> $OUT/cluster-s5-run1-pytest.txt
 # 3. medium's GEMMs and step with the switch off and on in one process
-timeout 80 python3 -c "
+timeout 40 python3 -c "
 import sys, runpy, tkx.runtime.kernel as k
 k.CLUSTER_LAUNCH = '$MODE'
 sys.argv = ['gemm-bench.py', '--examples', 'medium', '--cluster', 'both', '--out', '$OUT/cluster-s5-run1-bench.json']
