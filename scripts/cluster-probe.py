@@ -33,7 +33,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) probe(unsigned* sync, unsig
     asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(nrank));
     const unsigned b = (unsigned)__cvta_generic_to_shared(&bar);
     if (threadIdx.x == 0) {
-        dyn[0] = 1;
+        if (spin_limit == 0) dyn[0] = 1;  // (never: keeps the dynamic shared array in the kernel)
         asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(b) : "memory");
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -75,7 +75,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) probe(unsigned* sync, unsig
     }
     if (threadIdx.x == 0) {
         unsigned* o = out + blockIdx.x * 8;
-        o[0] = rank; o[1] = cid; o[2] = smid; o[3] = nrank; o[4] = remote_ok; o[5] = bad; o[6] = timeout;
+        o[0] = rank; o[1] = cid; o[2] = smid; o[3] = nrank | (gridDim.x << 8); o[4] = remote_ok; o[5] = bad; o[6] = timeout;
         o[7] = 0xC0FFEEu;
     }
 }
@@ -121,7 +121,9 @@ def main() -> int:
         out = torch.zeros(grid_blocks * 10 + 16, dtype=torch.int32, device=dev)
         case = {"blocks": grid_blocks, "shared": shmem, "cluster": cluster, "cooperative": cooperative}
         try:
-            grid = grid_blocks // cluster if cluster else grid_blocks
+            from tkx.runtime.kernel import _cluster_grid_arg  # the runtime's LaunchConfig.grid for clusters
+
+            grid = _cluster_grid_arg(core, grid_blocks, cluster) if cluster else grid_blocks
             cfg = (LaunchConfig(grid=grid, cluster=cluster, block=256, shmem_size=shmem, is_cooperative=cooperative)
                    if cluster else LaunchConfig(grid=grid, block=256, shmem_size=shmem, is_cooperative=cooperative))
             import ctypes
@@ -139,6 +141,8 @@ def main() -> int:
             return case
         o = out[: grid_blocks * 8].view(grid_blocks, 8).cpu().tolist()
         case["all_ran"] = all(r[7] == 0xC0FFEE for r in o)
+        case["gridDim_x"] = sorted({r[3] >> 8 for r in o})  # what the kernel saw: blocks, not clusters
+        case["cluster_size_seen"] = sorted({r[3] & 255 for r in o})
         case["remote_arrive_ok"] = all(r[4] == 1 for r in o) if cluster else None
         case["barrier_timeouts"] = sum(r[6] for r in o)
         case["barrier_bad"] = sum(r[5] for r in o)
@@ -167,6 +171,7 @@ def main() -> int:
         most = info.get("max_active_clusters")
         most = most if isinstance(most, int) else occ * sms // 2
         tries = [(2 * most, 2, True), (2 * most, 2, False), (occ * sms, None, True)]
+        tries.append((2 * most + 2, 2, True))  # one cluster more than co-resident, cooperative: expected refusal
         if 2 * most < occ * sms:
             tries.append((occ * sms, 2, True))   # more than co-resident: expected refusal
             tries.append((occ * sms, 2, False))  # non-cooperative, grid larger than co-resident: may hang -> spin cap

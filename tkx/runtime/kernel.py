@@ -316,6 +316,17 @@ def cooperative_limit_error(grid: int, occupancy: int, sms: int, registers: int,
         f"or below, or use fewer registers / less shared memory per block (smaller threads_per_block or tiles)")
 
 
+def _cluster_grid_arg(core: Any, blocks: int, cluster: int) -> int:
+    """``LaunchConfig.grid`` for ``blocks`` blocks in clusters of ``cluster``: cuda-core 0.4.0 and later
+    count clusters there (earlier releases counted blocks)."""
+    version = str(getattr(core, "__version__", "0.4.0"))
+    try:
+        major, minor = (int(x) for x in version.split(".")[:2])
+    except ValueError:
+        major, minor = 0, 4
+    return blocks // cluster if (major, minor) >= (0, 4) else blocks
+
+
 def _attr(obj: Any, name: str, default: int = 0) -> int:
     value = getattr(obj, name, None)
     if value is None:
@@ -417,8 +428,8 @@ class CompiledKernel:
                 f"static + {dyn} B dynamic shared memory per block); turn tkx.target.GEMM_CLUSTER off")
         self.grid = max(c, min(self.grid - self.grid % c, self.max_clusters * c))
         self.cooperative = coop
-        return core.LaunchConfig(grid=self.grid // c, cluster=c, block=threads, shmem_size=dyn,
-                                 is_cooperative=coop)
+        return core.LaunchConfig(grid=_cluster_grid_arg(core, self.grid, c), cluster=c, block=threads,
+                                 shmem_size=dyn, is_cooperative=coop)
 
     def _max_active_clusters(self, threads: int, dyn: int, cooperative: bool) -> int:
         core = self._core
