@@ -17,6 +17,10 @@ echo "pytest rc $?" >> $OUT/cluster-s5-run2-pytest.txt
 timeout 90 python3 scripts/gemm-bench.py --examples small,medium --cluster both --out $OUT/cluster-s5-run2-bench.json \
   > $OUT/cluster-s5-run2-bench.txt 2>&1
 echo "bench rc $?" >> $OUT/cluster-s5-run2-bench.txt
+# 3b. ablations: cluster launch alone, release-to-refill slack 0/1/2
+timeout 60 python3 scripts/cluster-variants.py --out $OUT/cluster-s5-run2-variants.json \
+  > $OUT/cluster-s5-run2-variants.txt 2>&1
+echo "variants rc $?" >> $OUT/cluster-s5-run2-variants.txt
 # 4. medium's per-stage timeline, switch off and on
 for on in off on; do
   timeout 30 python3 -c "
@@ -31,4 +35,5 @@ done
 grep -E "occupancy|launch|rc" $OUT/cluster-s5-run2-probe.txt | cut -c1-330
 tail -4 $OUT/cluster-s5-run2-pytest.txt
 cut -c1-200 $OUT/cluster-s5-run2-bench.txt | grep -v "^ *$" | tail -26
+cat $OUT/cluster-s5-run2-variants.txt
 grep -E "makespan|stage|g0 |g1k|g5 " $OUT/cluster-s5-run2-profile-*.txt | cut -c1-160 | head -40

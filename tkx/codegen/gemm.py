@@ -661,6 +661,11 @@ WGMMA_EPILOGUE_PREFETCH = False
 #: latency: mixed_precision's 32-row GEMMs on 64-row tiles with an SGD update (16 serial iterations of
 #: ~0.7 µs per work item; that step was 1.9x slower than torch.compile on the H200, session 4).
 WGMMA_GUARDED_BATCH = True
+#: 2-CTA clusters (:data:`tkx.target.GEMM_CLUSTER`): k-tiles between a CTA's release of a stage (its
+#: warpgroups are done with it) and the refill that waits for both CTAs' releases; each costs one k-tile
+#: in flight. 0 puts a cross-SM round trip into every k-tile (measured on the H200: medium's
+#: 256x4096x1024 GEMM 8.7 -> 15.2 µs).
+WGMMA_CLUSTER_SLACK = 1
 #: fp32 words a row of the shared C tile is padded by: the accumulators are written as float2 (two
 #: adjacent columns), and a half-warp's 16 float2 (4 rows x 4 column pairs) then hit 32 distinct banks.
 WGMMA_C_PAD = 8
@@ -754,7 +759,7 @@ def _cluster_pipeline(*, tm: int, tn: int, stages: int, stage_bytes: int, a_byte
     # releases) the stage released one k-tile earlier, so the partner has a whole k-tile to release it too and
     # the wait is off the critical path (measured on the H200: releasing and refilling the same stage put a
     # cross-SM round trip into every k-tile, 8.7 -> 15.2 µs for medium's 256x4096x1024 GEMM)
-    go = max(1, ahead - 1)  # k-tiles in flight ahead of the one consumed
+    go = max(1, ahead - WGMMA_CLUSTER_SLACK)  # k-tiles in flight ahead of the one consumed
     refill = (
         "    if (threadIdx.x == 0) {",
         f"        const int u = kt - {lag + 1};  // k-tile {freed}: this CTA's warpgroups are done with it",

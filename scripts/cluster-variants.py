@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""cluster-variants.py [--out FILE.json]
+
+Ablations of the 2-CTA cluster GEMM (``tkx.target.GEMM_CLUSTER``) on medium's 256-row GEMMs, each a
+one-GEMM step replayed from a CUDA graph (µs per call, median of 9), in one process: the unpaired
+kernel; the same unpaired kernel launched in clusters of 2 (what the cluster launch alone costs);
+paired with ``gemm.WGMMA_CLUSTER_SLACK`` = 0, 1, 2 (k-tiles between a stage's release and its refill);
+and torch.mm. Needs a Hopper GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+
+import torch
+
+import tkx
+import tkx.runtime
+import tkx.target as T
+from tkx.bench.timing import capture, time_steps
+from tkx.codegen import gemm as G
+from tkx.options import Options
+from tkx.runtime.runner import CompiledRunner
+
+SHAPES = {"g0": (256, 4096, 1024, False, False), "g1": (256, 1024, 4096, False, False),
+          "g5": (256, 4096, 1024, False, True)}
+
+
+def median_us(fn, dev) -> float:
+    samples, _ = time_steps([fn], dev, repeats=9, warmup=3, target_us=2000.0, queue_ahead=True)
+    return statistics.median(samples)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    result = {}
+    for gid, (m, n, k, a_t, b_t) in SHAPES.items():
+        g = torch.Generator(device=dev).manual_seed(0)
+        a = torch.randn((k, m) if a_t else (m, k), device=dev, generator=g).to(torch.bfloat16)
+        b = torch.randn((n, k) if b_t else (k, n), device=dev, generator=g).to(torch.bfloat16)
+
+        def step(x, y):
+            return (x.t() if a_t else x) @ (y.t() if b_t else y)
+        want = step(a.double(), b.double())
+        row = {}
+
+        def measure(label, runner):
+            out = runner(a, b)
+            err = ((out.double() - want).abs().max() / want.abs().max()).item()
+            gr = runner.capture_graph(a, b, warmup=3)
+            t = median_us(gr.graph.replay, dev)
+            row[label] = {"us": t, "err": err, "grid": runner.resources.grid, "cluster": runner.resources.cluster}
+            print(f"{gid} {m}x{n}x{k} {label:<22} {t:7.2f} us  err {err:.1e}  grid {runner.resources.grid} "
+                  f"cluster {runner.resources.cluster}", flush=True)
+
+        T.GEMM_CLUSTER = False
+        off = tkx.runtime.build(step, (a, b), Options(), name=f"mm_{gid}")
+        measure("off", off)
+        src = off.source
+        launch = dataclasses.replace(src.launch, config=dataclasses.replace(src.launch.config, cluster=2))
+        measure("off, cluster launch", CompiledRunner(dataclasses.replace(src, launch=launch), step_fn=step))
+        T.GEMM_CLUSTER = True
+        for slack in (0, 1, 2):
+            G.WGMMA_CLUSTER_SLACK = slack
+            measure(f"paired, slack {slack}", tkx.runtime.build(step, (a, b), Options(), name=f"mm_{gid}_{slack}"))
+        G.WGMMA_CLUSTER_SLACK = 1
+        T.GEMM_CLUSTER = False
+        graph, _ = capture(lambda: step(a, b), dev)
+        row["torch.mm"] = {"us": median_us(graph.replay, dev)}
+        print(f"{gid} {m}x{n}x{k} {'torch.mm':<22} {row['torch.mm']['us']:7.2f} us", flush=True)
+        result[gid] = row
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
