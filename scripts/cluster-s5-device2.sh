@@ -6,24 +6,24 @@ export PYTHONPATH=$PWD
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu,driver_version --format=csv \
   > $OUT/cluster-s5-run2-gpu.txt 2>&1
 # 1. the launch facts (cooperative + cluster, co-resident clusters, grid barrier, remote arrival, gridDim seen)
-timeout 40 python3 scripts/cluster-probe.py --shared-kib 0,100,194,227 --out $OUT/cluster-s5-run2-probe.json \
+timeout 30 python3 scripts/cluster-probe.py --shared-kib 0,100,194,227 --out $OUT/cluster-s5-run2-probe.json \
   > $OUT/cluster-s5-run2-probe.txt 2>&1
 echo "probe rc $?" >> $OUT/cluster-s5-run2-probe.txt
 # 2. GPU tests: clusters on (verification, 200 replays) and the TMA path with the switch off
-timeout 80 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cluster_gpu.py tests/test_tma_gpu.py \
+timeout 60 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cluster_gpu.py tests/test_tma_gpu.py \
   > $OUT/cluster-s5-run2-pytest.txt 2>&1
 echo "pytest rc $?" >> $OUT/cluster-s5-run2-pytest.txt
 # 3. per GEMM of small and medium and the steps, switch off and on in one process, against cuBLAS
-timeout 90 python3 scripts/gemm-bench.py --examples small,medium --cluster both --out $OUT/cluster-s5-run2-bench.json \
+timeout 60 python3 scripts/gemm-bench.py --examples small,medium --cluster both --out $OUT/cluster-s5-run2-bench.json \
   > $OUT/cluster-s5-run2-bench.txt 2>&1
 echo "bench rc $?" >> $OUT/cluster-s5-run2-bench.txt
 # 3b. ablations: cluster launch alone, release-to-refill slack 0/1/2
-timeout 60 python3 scripts/cluster-variants.py --out $OUT/cluster-s5-run2-variants.json \
+timeout 40 python3 scripts/cluster-variants.py --out $OUT/cluster-s5-run2-variants.json \
   > $OUT/cluster-s5-run2-variants.txt 2>&1
 echo "variants rc $?" >> $OUT/cluster-s5-run2-variants.txt
 # 4. medium's per-stage timeline, switch off and on
 for on in off on; do
-  timeout 30 python3 -c "
+  timeout 25 python3 -c "
 import sys, runpy, tkx.target as T
 T.GEMM_CLUSTER = '$on' == 'on'
 sys.argv = ['gemm-profile.py', '--examples', 'medium', '--out', '/tmp/prof-$on']
