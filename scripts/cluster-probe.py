@@ -40,7 +40,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) probe(unsigned* sync, unsig
     __syncthreads();
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
     unsigned remote_ok = 0;
-    if (threadIdx.x == 0) {  // arrive on the partner's mbarrier, then wait for the partner's arrival on ours
+    if (threadIdx.x == 0 && nrank == 2) {  // arrive on the partner's mbarrier, then wait for its arrival on ours
         unsigned rb;
         asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rb) : "r"(b), "r"(rank ^ 1u));
         asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" :: "r"(rb) : "memory");

@@ -4,8 +4,10 @@
 Ablations of the 2-CTA cluster GEMM (``tkx.target.GEMM_CLUSTER``) on medium's 256-row GEMMs, each a
 one-GEMM step replayed from a CUDA graph (µs per call, median of 9), in one process: the unpaired
 kernel; the same unpaired kernel launched in clusters of 2 (what the cluster launch alone costs);
-paired with ``gemm.WGMMA_CLUSTER_SLACK`` = 0, 1, 2 (k-tiles between a stage's release and its refill);
-and torch.mm. Needs a Hopper GPU.
+paired with the stage handshake's cluster-scope semantics (``gemm.WGMMA_CLUSTER_SCOPE="cluster"``, as
+measured in session 5) and with the default ``"cta"``; with ``"cta"`` and ``WGMMA_CLUSTER_SLACK`` 0 and 2
+(k-tiles between a stage's release and its refill); with ``"cta"`` and no multicast (each CTA copies the
+whole B tile: the pairing's synchronisation alone); and torch.mm. Needs a Hopper GPU.
 """
 
 from __future__ import annotations
@@ -67,10 +69,14 @@ def main() -> int:
         launch = dataclasses.replace(src.launch, config=dataclasses.replace(src.launch.config, cluster=2))
         measure("off, cluster launch", CompiledRunner(dataclasses.replace(src, launch=launch), step_fn=step))
         T.GEMM_CLUSTER = True
-        for slack in (0, 1, 2):
-            G.WGMMA_CLUSTER_SLACK = slack
-            measure(f"paired, slack {slack}", tkx.runtime.build(step, (a, b), Options(), name=f"mm_{gid}_{slack}"))
-        G.WGMMA_CLUSTER_SLACK = 1
+        for label, scope, slack, mc in (("paired, scope cluster", "cluster", 1, True),
+                                        ("paired, scope cta", "cta", 1, True),
+                                        ("paired, cta, slack 0", "cta", 0, True),
+                                        ("paired, cta, slack 2", "cta", 2, True),
+                                        ("paired, cta, no mcast", "cta", 1, False)):
+            G.WGMMA_CLUSTER_SCOPE, G.WGMMA_CLUSTER_SLACK, G.WGMMA_CLUSTER_MULTICAST = scope, slack, mc
+            measure(label, tkx.runtime.build(step, (a, b), Options(), name=f"mm_{gid}_{scope}_{slack}_{int(mc)}"))
+        G.WGMMA_CLUSTER_SCOPE, G.WGMMA_CLUSTER_SLACK, G.WGMMA_CLUSTER_MULTICAST = "cta", 1, True
         T.GEMM_CLUSTER = False
         graph, _ = capture(lambda: step(a, b), dev)
         row["torch.mm"] = {"us": median_us(graph.replay, dev)}

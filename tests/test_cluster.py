@@ -19,7 +19,7 @@ from tkx.options import Options
 from tkx.target import GemmProblem, cluster_pairs
 
 CLUSTER_TEXT = ("multicast::cluster", "mapa.shared::cluster", "barrier.cluster.arrive", "cluster_ctarank",
-                "mbarrier.arrive.release.cluster.shared::cluster")
+                "mbarrier.arrive.shared::cluster.b64")
 
 
 def _cuda(name: str, monkeypatch=None, *, on: bool = False, min_k: int | None = None, **opts):
@@ -88,6 +88,23 @@ def test_cluster_pipeline_text(medium_on):
     assert "if (tkx_cta != (unsigned)tkx_rank) __trap();" in text
     # the K-major B half is its own tensor map box (TK x TN / 2)
     assert any(m.box == (64, 64) for m in medium_on.launch.tensor_maps)
+
+
+def test_handshake_scope_and_the_no_multicast_ablation(monkeypatch):
+    from tkx.codegen import gemm as G
+
+    src = _cuda("medium", monkeypatch, on=True)
+    assert "mbarrier.arrive.release.cluster" not in src.text and "try_wait.parity.acquire.cluster" not in src.text
+    monkeypatch.setattr(G, "WGMMA_CLUSTER_SCOPE", "cluster")
+    src = _cuda("medium", monkeypatch, on=True)
+    assert src.text.count("mbarrier.arrive.release.cluster.shared::cluster.b64") == 3
+    assert src.text.count("mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64") == 3
+    monkeypatch.setattr(G, "WGMMA_CLUSTER_SCOPE", "cta")
+    monkeypatch.setattr(G, "WGMMA_CLUSTER_MULTICAST", False)
+    src = _cuda("medium", monkeypatch, on=True)
+    assert "tma_mc(stage" not in src.text and _paired(src) == ["g0", "g1k", "g5"]
+    assert "tkx_tma2d(stage + 16384, tma_b, col0 + 64, k0, bar);" in src.text  # g0: both N-major B boxes itself
+    assert "tkx_tma2d(stage + 16384, tma_b, k0, col0 + 64, bar);" in src.text  # g5: both K-major halves
 
 
 def test_paired_groups_start_their_stage_loop_on_an_even_item(monkeypatch):

@@ -37,7 +37,8 @@ gemv       M <= 4 or N <= 4: no tiles, K split across lanes (shuffle reduction) 
 Names the emitted block defines (callbacks must not use them for their own variables):
 ``M N K TM TN TK bat tile row0 col0 row col k kk k0 r c e l s w elem acc sums c_frag a b a_next b_next
 fetch stash As Bs Cw warp lane wr wc sum part``, and the vector epilogue's ``tkx_vec`` and names prefixed
-``tkxE<u>_ tkxR<j>_ tkxL tkxC tkxS`` (:mod:`tkx.codegen.epilogue_vector`)."""
+``tkxE<u>_ tkxR<j>_ tkxL tkxC tkxS`` (:mod:`tkx.codegen.epilogue_vector`); in 2-CTA clusters also ``tkx_pair
+tkx_rank tkx_cta ebar0 tma_mc release wait_empty``."""
 
 from __future__ import annotations
 
@@ -666,6 +667,15 @@ WGMMA_GUARDED_BATCH = True
 #: in flight. 0 puts a cross-SM round trip into every k-tile (measured on the H200: medium's
 #: 256x4096x1024 GEMM 8.7 -> 15.2 µs).
 WGMMA_CLUSTER_SLACK = 1
+#: 2-CTA clusters: memory semantics of the stage handshake (each CTA's release of a stage, local and remote
+#: ``mbarrier.arrive``, and the wait for both): ``"cta"`` (the instructions' defaults, ``.release.cta`` /
+#: ``.acquire.cta``, as CUTLASS's cluster pipelines use) or ``"cluster"`` (cluster-scope release/acquire:
+#: what was measured on the H200 in session 5, +0.3 µs per k-tile, suspected to be the fences; ``"cta"``
+#: is unmeasured, see ``docs/results/cluster-s5-notes.txt``).
+WGMMA_CLUSTER_SCOPE = "cta"
+#: 2-CTA clusters, ablation: ``False`` makes each CTA copy the whole B tile itself (no multicast), keeping
+#: the pairing and the handshake, to separate the multicast's cost from the synchronisation's.
+WGMMA_CLUSTER_MULTICAST = True
 #: fp32 words a row of the shared C tile is padded by: the accumulators are written as float2 (two
 #: adjacent columns), and a half-warp's 16 float2 (4 rows x 4 column pairs) then hit 32 distinct banks.
 WGMMA_C_PAD = 8
@@ -720,10 +730,21 @@ def _cluster_pipeline(*, tm: int, tn: int, stages: int, stage_bytes: int, a_byte
     if b_kmajor:  # rows [rank * TN / 2, (rank + 1) * TN / 2) of the K-major B tile
         b_boxes = [f"tma_mc(stage + {a_bytes} + tkx_rank * {half * SWIZZLE_ROW}, tma_b, k0, col0 + tkx_rank * {half}, "
                    "bar);"]
+        whole = [f"tkx_tma2d(stage + {a_bytes + h * half * SWIZZLE_ROW}, tma_b, k0, col0 + {h * half}, bar);"
+                 for h in range(2)]
     else:  # 64-column boxes [rank * n / 2, (rank + 1) * n / 2)
         nb = tn // 64 // 2
         b_boxes = [f"tma_mc(stage + {a_bytes} + (tkx_rank * {nb} + {j}) * {atom_stride}, tma_b, "
                    f"col0 + (tkx_rank * {nb} + {j}) * 64, k0, bar);" for j in range(nb)]
+        whole = [f"tkx_tma2d(stage + {a_bytes + j * atom_stride}, tma_b, col0 + {j * 64}, k0, bar);"
+                 for j in range(2 * nb)]
+    if not WGMMA_CLUSTER_MULTICAST:  # ablation: each CTA copies the whole B tile itself (the pairing kept)
+        b_boxes = whole
+    # the stage handshake's memory semantics: "cta" (mbarrier.arrive's default .release.cta, try_wait's default
+    # .acquire.cta: the hazard is the partner's MMA reads, complete at its wgmma.wait_group, before this CTA's
+    # copy engine overwrites them) or "cluster" (.release.cluster / .acquire.cluster, cluster-scope fences)
+    arrive_sem = ".release.cluster" if WGMMA_CLUSTER_SCOPE == "cluster" else ""
+    wait_sem = ".acquire.cluster" if WGMMA_CLUSTER_SCOPE == "cluster" else ""
     issue_fn = [
         "auto tma_mc = [](unsigned dst, unsigned long long map, int x, int y, unsigned bar) {  // into both CTAs",
         '    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes'
@@ -742,13 +763,13 @@ def _cluster_pipeline(*, tm: int, tn: int, stages: int, stage_bytes: int, a_byte
         "    const unsigned e = ebar0 + 8 * s;",
         "    unsigned r;",
         '    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\\n" : "=r"(r) : "r"(e), "r"(tkx_rank ^ 1));',
-        '    asm volatile("mbarrier.arrive.release.cluster.shared::cta.b64 _, [%0];\\n" :: "r"(e) : "memory");',
-        '    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\\n" :: "r"(r) : "memory");',
+        f'    asm volatile("mbarrier.arrive{arrive_sem}.shared::cta.b64 _, [%0];\\n" :: "r"(e) : "memory");',
+        f'    asm volatile("mbarrier.arrive{arrive_sem}.shared::cluster.b64 _, [%0];\\n" :: "r"(r) : "memory");',
         "};",
         "auto wait_empty = [&](int s, unsigned parity) {  // both CTAs are done with stage s",
         "    unsigned done = 0;",
         "    do {",
-        '        asm volatile("{\\n.reg .pred p;\\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, '
+        f'        asm volatile("{{\\n.reg .pred p;\\nmbarrier.try_wait.parity{wait_sem}.shared::cta.b64 p, '
         '[%1], %2;\\n"',
         '                     "selp.u32 %0, 1, 0, p;\\n}\\n" : "=r"(done) : "r"(ebar0 + 8 * s), "r"(parity) : '
         '"memory");',
