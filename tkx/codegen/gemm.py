@@ -664,8 +664,9 @@ WGMMA_EPILOGUE_PREFETCH = False
 WGMMA_GUARDED_BATCH = True
 #: 2-CTA clusters (:data:`tkx.target.GEMM_CLUSTER`): k-tiles between a CTA's release of a stage (its
 #: warpgroups are done with it) and the refill that waits for both CTAs' releases; each costs one k-tile
-#: in flight. 0 puts a cross-SM round trip into every k-tile (measured on the H200: medium's
-#: 256x4096x1024 GEMM 8.7 -> 15.2 µs).
+#: in flight. 0 puts the wait for the partner right after this CTA's own release. Measured on the H200
+#: (session 5, cluster-scope handshake): medium's 256x4096x1024 GEMM 15.2 / 14.4 / 14.3 µs with slack
+#: 0 / 1 / 2 (unpaired 8.7): the wait is not what makes the paired kernel slow.
 WGMMA_CLUSTER_SLACK = 1
 #: 2-CTA clusters: memory semantics of the stage handshake (each CTA's release of a stage, local and remote
 #: ``mbarrier.arrive``, and the wait for both): ``"cta"`` (the instructions' defaults, ``.release.cta`` /
@@ -777,9 +778,8 @@ def _cluster_pipeline(*, tm: int, tn: int, stages: int, stage_bytes: int, a_byte
         "};",
     ]
     # k-tile kt - 1 - lag is done (the barrier above): release its stage now, but refill (wait for both CTAs'
-    # releases) the stage released one k-tile earlier, so the partner has a whole k-tile to release it too and
-    # the wait is off the critical path (measured on the H200: releasing and refilling the same stage put a
-    # cross-SM round trip into every k-tile, 8.7 -> 15.2 µs for medium's 256x4096x1024 GEMM)
+    # releases) the stage released WGMMA_CLUSTER_SLACK k-tiles earlier, so the partner has that long to
+    # release it too and the wait is off the critical path
     go = max(1, ahead - WGMMA_CLUSTER_SLACK)  # k-tiles in flight ahead of the one consumed
     refill = (
         "    if (threadIdx.x == 0) {",
