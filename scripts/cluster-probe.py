@@ -75,8 +75,8 @@ extern "C" __global__ void __launch_bounds__(256, 1) probe(unsigned* sync, unsig
     }
     if (threadIdx.x == 0) {
         unsigned* o = out + blockIdx.x * 8;
-        o[0] = rank; o[1] = cid; o[2] = smid; o[3] = nrank | (gridDim.x << 8); o[4] = remote_ok; o[5] = bad; o[6] = timeout;
-        o[7] = 0xC0FFEEu;
+        o[0] = rank; o[1] = cid; o[2] = smid; o[3] = nrank | (gridDim.x << 8);
+        o[4] = remote_ok; o[5] = bad; o[6] = timeout; o[7] = 0xC0FFEEu;
     }
 }
 """
@@ -87,9 +87,9 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--shared-kib", default="0,100,200,227")
     args = ap.parse_args()
-    from cuda.core import LaunchConfig, launch  # noqa: F401
     import cuda.core as core
     from cuda.bindings import driver
+    from cuda.core import LaunchConfig
 
     from tkx.codegen import nvrtc
     from tkx.runtime.device import make_current

@@ -37,51 +37,54 @@ def median_us(fn, dev) -> float:
     return statistics.median(samples)
 
 
+def run_shape(gid: str, m: int, n: int, k: int, a_t: bool, b_t: bool, dev: torch.device) -> dict:
+    """Every variant of one GEMM shape: ``{label: {"us", "err", "grid", "cluster"}}``."""
+    g = torch.Generator(device=dev).manual_seed(0)
+    a = torch.randn((k, m) if a_t else (m, k), device=dev, generator=g).to(torch.bfloat16)
+    b = torch.randn((n, k) if b_t else (k, n), device=dev, generator=g).to(torch.bfloat16)
+
+    def step(x, y):
+        return (x.t() if a_t else x) @ (y.t() if b_t else y)
+    want = step(a.double(), b.double())
+    row: dict = {}
+
+    def measure(label, runner):
+        out = runner(a, b)
+        err = ((out.double() - want).abs().max() / want.abs().max()).item()
+        gr = runner.capture_graph(a, b, warmup=3)
+        t = median_us(gr.graph.replay, dev)
+        row[label] = {"us": t, "err": err, "grid": runner.resources.grid, "cluster": runner.resources.cluster}
+        print(f"{gid} {m}x{n}x{k} {label:<22} {t:7.2f} us  err {err:.1e}  grid {runner.resources.grid} "
+              f"cluster {runner.resources.cluster}", flush=True)
+
+    T.GEMM_CLUSTER = False
+    off = tkx.runtime.build(step, (a, b), Options(), name=f"mm_{gid}")
+    measure("off", off)
+    src = off.source
+    launch = dataclasses.replace(src.launch, config=dataclasses.replace(src.launch.config, cluster=2))
+    measure("off, cluster launch", CompiledRunner(dataclasses.replace(src, launch=launch), step_fn=step))
+    T.GEMM_CLUSTER = True
+    for label, scope, slack, mc in (("paired, scope cluster", "cluster", 1, True),
+                                    ("paired, scope cta", "cta", 1, True),
+                                    ("paired, cta, slack 0", "cta", 0, True),
+                                    ("paired, cta, slack 2", "cta", 2, True),
+                                    ("paired, cta, no mcast", "cta", 1, False)):
+        G.WGMMA_CLUSTER_SCOPE, G.WGMMA_CLUSTER_SLACK, G.WGMMA_CLUSTER_MULTICAST = scope, slack, mc
+        measure(label, tkx.runtime.build(step, (a, b), Options(), name=f"mm_{gid}_{scope}_{slack}_{int(mc)}"))
+    G.WGMMA_CLUSTER_SCOPE, G.WGMMA_CLUSTER_SLACK, G.WGMMA_CLUSTER_MULTICAST = "cta", 1, True
+    T.GEMM_CLUSTER = False
+    graph, _ = capture(lambda: step(a, b), dev)
+    row["torch.mm"] = {"us": median_us(graph.replay, dev)}
+    print(f"{gid} {m}x{n}x{k} {'torch.mm':<22} {row['torch.mm']['us']:7.2f} us", flush=True)
+    return row
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     dev = torch.device("cuda")
-    result = {}
-    for gid, (m, n, k, a_t, b_t) in SHAPES.items():
-        g = torch.Generator(device=dev).manual_seed(0)
-        a = torch.randn((k, m) if a_t else (m, k), device=dev, generator=g).to(torch.bfloat16)
-        b = torch.randn((n, k) if b_t else (k, n), device=dev, generator=g).to(torch.bfloat16)
-
-        def step(x, y):
-            return (x.t() if a_t else x) @ (y.t() if b_t else y)
-        want = step(a.double(), b.double())
-        row = {}
-
-        def measure(label, runner):
-            out = runner(a, b)
-            err = ((out.double() - want).abs().max() / want.abs().max()).item()
-            gr = runner.capture_graph(a, b, warmup=3)
-            t = median_us(gr.graph.replay, dev)
-            row[label] = {"us": t, "err": err, "grid": runner.resources.grid, "cluster": runner.resources.cluster}
-            print(f"{gid} {m}x{n}x{k} {label:<22} {t:7.2f} us  err {err:.1e}  grid {runner.resources.grid} "
-                  f"cluster {runner.resources.cluster}", flush=True)
-
-        T.GEMM_CLUSTER = False
-        off = tkx.runtime.build(step, (a, b), Options(), name=f"mm_{gid}")
-        measure("off", off)
-        src = off.source
-        launch = dataclasses.replace(src.launch, config=dataclasses.replace(src.launch.config, cluster=2))
-        measure("off, cluster launch", CompiledRunner(dataclasses.replace(src, launch=launch), step_fn=step))
-        T.GEMM_CLUSTER = True
-        for label, scope, slack, mc in (("paired, scope cluster", "cluster", 1, True),
-                                        ("paired, scope cta", "cta", 1, True),
-                                        ("paired, cta, slack 0", "cta", 0, True),
-                                        ("paired, cta, slack 2", "cta", 2, True),
-                                        ("paired, cta, no mcast", "cta", 1, False)):
-            G.WGMMA_CLUSTER_SCOPE, G.WGMMA_CLUSTER_SLACK, G.WGMMA_CLUSTER_MULTICAST = scope, slack, mc
-            measure(label, tkx.runtime.build(step, (a, b), Options(), name=f"mm_{gid}_{scope}_{slack}_{int(mc)}"))
-        G.WGMMA_CLUSTER_SCOPE, G.WGMMA_CLUSTER_SLACK, G.WGMMA_CLUSTER_MULTICAST = "cta", 1, True
-        T.GEMM_CLUSTER = False
-        graph, _ = capture(lambda: step(a, b), dev)
-        row["torch.mm"] = {"us": median_us(graph.replay, dev)}
-        print(f"{gid} {m}x{n}x{k} {'torch.mm':<22} {row['torch.mm']['us']:7.2f} us", flush=True)
-        result[gid] = row
+    result = {gid: run_shape(gid, *shape, dev) for gid, shape in SHAPES.items()}
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
