@@ -64,6 +64,7 @@ def run_shape(gid: str, m: int, n: int, k: int, a_t: bool, b_t: bool, dev: torch
     launch = dataclasses.replace(src.launch, config=dataclasses.replace(src.launch.config, cluster=2))
     measure("off, cluster launch", CompiledRunner(dataclasses.replace(src, launch=launch), step_fn=step))
     T.GEMM_CLUSTER = True
+    saved = G.WGMMA_CLUSTER_SCOPE, G.WGMMA_CLUSTER_SLACK, G.WGMMA_CLUSTER_MULTICAST
     for label, scope, slack, mc in (("paired, scope cluster", "cluster", 1, True),
                                     ("paired, scope cta", "cta", 1, True),
                                     ("paired, cta, slack 0", "cta", 0, True),
@@ -71,7 +72,7 @@ def run_shape(gid: str, m: int, n: int, k: int, a_t: bool, b_t: bool, dev: torch
                                     ("paired, cta, no mcast", "cta", 1, False)):
         G.WGMMA_CLUSTER_SCOPE, G.WGMMA_CLUSTER_SLACK, G.WGMMA_CLUSTER_MULTICAST = scope, slack, mc
         measure(label, tkx.runtime.build(step, (a, b), Options(), name=f"mm_{gid}_{scope}_{slack}_{int(mc)}"))
-    G.WGMMA_CLUSTER_SCOPE, G.WGMMA_CLUSTER_SLACK, G.WGMMA_CLUSTER_MULTICAST = "cta", 1, True
+    G.WGMMA_CLUSTER_SCOPE, G.WGMMA_CLUSTER_SLACK, G.WGMMA_CLUSTER_MULTICAST = saved
     T.GEMM_CLUSTER = False
     graph, _ = capture(lambda: step(a, b), dev)
     row["torch.mm"] = {"us": median_us(graph.replay, dev)}

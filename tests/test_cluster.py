@@ -19,7 +19,7 @@ from tkx.options import Options
 from tkx.target import GemmProblem, cluster_pairs
 
 CLUSTER_TEXT = ("multicast::cluster", "mapa.shared::cluster", "barrier.cluster.arrive", "cluster_ctarank",
-                "mbarrier.arrive.shared::cluster.b64")
+                "shared::cluster.b64 _, [%0];")
 
 
 def _cuda(name: str, monkeypatch=None, *, on: bool = False, min_k: int | None = None, **opts):
@@ -93,13 +93,14 @@ def test_cluster_pipeline_text(medium_on):
 def test_handshake_scope_and_the_no_multicast_ablation(monkeypatch):
     from tkx.codegen import gemm as G
 
-    src = _cuda("medium", monkeypatch, on=True)
-    assert "mbarrier.arrive.release.cluster" not in src.text and "try_wait.parity.acquire.cluster" not in src.text
-    monkeypatch.setattr(G, "WGMMA_CLUSTER_SCOPE", "cluster")
+    assert G.WGMMA_CLUSTER_SCOPE == "cluster"  # the handshake verified on the H200 (session 5)
     src = _cuda("medium", monkeypatch, on=True)
     assert src.text.count("mbarrier.arrive.release.cluster.shared::cluster.b64") == 3
     assert src.text.count("mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64") == 3
     monkeypatch.setattr(G, "WGMMA_CLUSTER_SCOPE", "cta")
+    src = _cuda("medium", monkeypatch, on=True)
+    assert "mbarrier.arrive.release.cluster" not in src.text and "try_wait.parity.acquire.cluster" not in src.text
+    assert src.text.count('"mbarrier.arrive.shared::cluster.b64 _, [%0];') == 3
     monkeypatch.setattr(G, "WGMMA_CLUSTER_MULTICAST", False)
     src = _cuda("medium", monkeypatch, on=True)
     assert "tma_mc(stage" not in src.text and _paired(src) == ["g0", "g1k", "g5"]

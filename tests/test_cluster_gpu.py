@@ -18,6 +18,7 @@ from torch.utils._pytree import tree_flatten, tree_map  # noqa: E402
 import tkx  # noqa: E402
 import tkx.runtime  # noqa: E402
 import tkx.target as T  # noqa: E402
+from tkx.codegen import gemm as G  # noqa: E402
 from tkx.examples import get  # noqa: E402
 from tkx.options import Options  # noqa: E402
 
@@ -26,20 +27,22 @@ DEV = torch.device("cuda")
 #: (example, CLUSTER_MIN_K_STEPS): the default pairs medium's 256-row GEMMs; 1 pairs every GEMM whose
 #: items pair up (small's and medium's K = 64 / 256 weight gradients too: one k-tile, no refill).
 CASES = [("medium", T.CLUSTER_MIN_K_STEPS), ("medium", 1), ("small", 1)]
+#: The stage handshake's memory semantics (:data:`tkx.codegen.gemm.WGMMA_CLUSTER_SCOPE`): both are verified.
+SCOPES = ("cluster", "cta")
 _RUNNERS: dict = {}
 
 
-def _runner(name: str, min_k: int):
-    key = (name, min_k)
+def _runner(name: str, min_k: int, scope: str):
+    key = (name, min_k, scope)
     if key not in _RUNNERS:
         ex = get(name)
-        saved = T.GEMM_CLUSTER, T.CLUSTER_MIN_K_STEPS
-        T.GEMM_CLUSTER, T.CLUSTER_MIN_K_STEPS = True, min_k
+        saved = T.GEMM_CLUSTER, T.CLUSTER_MIN_K_STEPS, G.WGMMA_CLUSTER_SCOPE
+        T.GEMM_CLUSTER, T.CLUSTER_MIN_K_STEPS, G.WGMMA_CLUSTER_SCOPE = True, min_k, scope
         try:
             _RUNNERS[key] = tkx.runtime.build(ex.step_fn, ex.make_inputs(0, DEV), Options(), name=name,
                                               loss=ex.loss_output)
         finally:
-            T.GEMM_CLUSTER, T.CLUSTER_MIN_K_STEPS = saved
+            T.GEMM_CLUSTER, T.CLUSTER_MIN_K_STEPS, G.WGMMA_CLUSTER_SCOPE = saved
     return _RUNNERS[key]
 
 
@@ -56,9 +59,10 @@ def _assert_close(got, want, what, program):
     assert err <= tol, f"{what}: relative error {err:.3g} > {tol:.1e}"
 
 
+@pytest.mark.parametrize("scope", SCOPES)
 @pytest.mark.parametrize("name,min_k", CASES)
-def test_cluster_launch_verifies(name, min_k):
-    runner = _runner(name, min_k)
+def test_cluster_launch_verifies(name, min_k, scope):
+    runner = _runner(name, min_k, scope)
     paired = _paired(runner)
     assert paired, f"{name}: no GEMM paired its items"
     res = runner.resources
@@ -70,10 +74,11 @@ def test_cluster_launch_verifies(name, min_k):
     assert v.passed, v.summary()
 
 
+@pytest.mark.parametrize("scope", SCOPES)
 @pytest.mark.parametrize("name,min_k", CASES)
-def test_cluster_graph_replays(name, min_k):
+def test_cluster_graph_replays(name, min_k, scope):
     """200 replays of the captured step, then one more checked against an eager step from the same state."""
-    runner = _runner(name, min_k)
+    runner = _runner(name, min_k, scope)
     ex = get(name)
     args = ex.make_inputs(2, DEV)
     graph = runner.capture_graph(*args, warmup=3)

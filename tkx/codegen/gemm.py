@@ -669,11 +669,12 @@ WGMMA_GUARDED_BATCH = True
 #: 0 / 1 / 2 (unpaired 8.7): the wait is not what makes the paired kernel slow.
 WGMMA_CLUSTER_SLACK = 1
 #: 2-CTA clusters: memory semantics of the stage handshake (each CTA's release of a stage, local and remote
-#: ``mbarrier.arrive``, and the wait for both): ``"cta"`` (the instructions' defaults, ``.release.cta`` /
-#: ``.acquire.cta``, as CUTLASS's cluster pipelines use) or ``"cluster"`` (cluster-scope release/acquire:
-#: what was measured on the H200 in session 5, +0.3 µs per k-tile, suspected to be the fences; ``"cta"``
-#: is unmeasured, see ``docs/results/cluster-s5-notes.txt``).
-WGMMA_CLUSTER_SCOPE = "cta"
+#: ``mbarrier.arrive``, and the wait for both): ``"cluster"`` (``.release.cluster`` / ``.acquire.cluster``:
+#: verified on the H200 in session 5, but +0.3 µs per k-tile, suspected to be the cluster-scope fences on
+#: the issuing warp) or ``"cta"`` (the instructions' defaults, ``.release.cta`` / ``.acquire.cta``, as CUTLASS's
+#: cluster pipelines use: the hazard is write-after-read, the partner's MMA reads being complete at its
+#: ``wgmma.wait_group`` before it arrives; not yet run on a GPU). ``docs/results/cluster-s5-notes.txt``.
+WGMMA_CLUSTER_SCOPE = "cluster"
 #: 2-CTA clusters, ablation: ``False`` makes each CTA copy the whole B tile itself (no multicast), keeping
 #: the pairing and the handshake, to separate the multicast's cost from the synchronisation's.
 WGMMA_CLUSTER_MULTICAST = True
