@@ -162,3 +162,15 @@ def test_cluster_kernels_compile_for_sm90a_without_spills(monkeypatch, name, min
     assert _paired(src)
     report = compile_cubin(src, "sm_90a").report
     assert report.spill_bytes == 0 and report.registers <= 255, report
+
+
+@pytest.mark.skipif(not nvrtc_available(), reason="needs NVRTC")
+def test_cta_scope_handshake_compiles_for_sm90a_without_spills(monkeypatch):
+    from tkx.codegen import gemm as G
+    from tkx.runtime import compile_cubin
+
+    monkeypatch.setattr(G, "WGMMA_CLUSTER_SCOPE", "cta")
+    src = _cuda("medium", monkeypatch, on=True)
+    assert "try_wait.parity.acquire.cluster" not in src.text and _paired(src)
+    report = compile_cubin(src, "sm_90a").report
+    assert report.spill_bytes == 0, report
