@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """gemm-bench.py [--out FILE.json] [--examples small,medium] [--arch auto|sm_90|sm_90a] [--gemm-copy auto|cp.async|tma]
+                [--cluster off|on|both]
 
 Per GEMM of each example's training step (shapes, dtypes and operand memory order read from its
 schedule): tkx's GEMM alone (a one-GEMM step built by ``tkx.runtime.build``, replayed from a CUDA
 graph) vs ``torch.mm`` (cuBLAS) in a CUDA graph, in µs per call (median of 9 samples), with TFLOP/s
 and each one's speed-of-light ratio = max(FLOPs / 790 TFLOP/s, bytes / 4.8 TB/s) / time. Then the
-whole step (megakernel) the same way. Needs a CUDA GPU; prints a table and writes JSON.
+whole step (megakernel) the same way. ``--cluster`` sets ``tkx.target.GEMM_CLUSTER`` (2-CTA clusters
+with TMA multicast); ``both`` measures every GEMM and step with it off and on in the same process.
+Needs a CUDA GPU; prints a table and writes JSON.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import torch
 
 import tkx
 import tkx.runtime
+import tkx.target
 from tkx.bench.timing import capture, time_steps
 from tkx.examples import get
 from tkx.options import Options
@@ -71,7 +75,9 @@ def bench_gemm(plan, options, dev) -> dict:
             "tkx_tflops": flops / t_tkx / 1e6, "torch_tflops": flops / t_torch / 1e6,
             "sol_us": sol, "tkx_sol_ratio": sol / t_tkx, "torch_sol_ratio": sol / t_torch,
             "max_rel_error": err, "registers": runner.resources.registers, "copies": copies,
-            "built_tiles": built}
+            "built_tiles": built, "clusters": [gr.id for gr in runner.schedule.groups.values()
+                                               if gr.kind in ("gemm", "gemm_partial") and gr.plan.cluster == 2],
+            "grid": runner.resources.grid}
 
 
 def step_flops_bytes(sched) -> tuple[float, float]:
@@ -90,10 +96,13 @@ def main() -> int:
                     help="Options.gemm_copy: how wgmma GEMMs stage operands (tma: bulk tensor copies)")
     ap.add_argument("--no-steps", action="store_true")
     ap.add_argument("--no-gemms", action="store_true", help="only the whole steps")
+    ap.add_argument("--cluster", default="off", choices=("off", "on", "both"),
+                    help="tkx.target.GEMM_CLUSTER: 2-CTA clusters with TMA multicast of B (both: off, then on)")
     args = ap.parse_args()
+    settings = {"off": (False,), "on": (True,), "both": (False, True)}[args.cluster]
     dev = torch.device("cuda")
     options = Options(arch=args.arch, gemm_copy=args.gemm_copy)
-    result: dict = {"arch": args.arch, "gemm_copy": args.gemm_copy,
+    result: dict = {"arch": args.arch, "gemm_copy": args.gemm_copy, "cluster": args.cluster,
                     "gpu": torch.cuda.get_device_name(dev),
                     "examples": {}}
     for name in args.examples.split(","):
@@ -111,30 +120,43 @@ def main() -> int:
             if key in seen:
                 continue
             seen.add(key)
-            row = bench_gemm(p, options, dev)
-            row["group"] = gr.id
-            entry["gemms"].append(row)
-            print(f"{name:<7} {gr.id:<4} {p.m:>5}x{p.n:<5}x{p.k:<5} {'T' if row['a_t'] else 'N'}"
-                  f"{'T' if row['b_t'] else 'N'} {','.join(row['impl']):<11} tile {p.tile_m}x{p.tile_n}x{p.tile_k} "
-                  f"tkx {row['tkx_us']:7.2f} us ({row['tkx_tflops']:6.1f} TF/s, SOL {row['tkx_sol_ratio']:.2f})  "
-                  f"torch.mm {row['torch_mm_us']:7.2f} us ({row['torch_tflops']:6.1f} TF/s, SOL "
-                  f"{row['torch_sol_ratio']:.2f})  err {row['max_rel_error']:.1e} {','.join(row['copies'])}",
-                  flush=True)
-        entry["gemm_sum_tkx_us"] = sum(r["tkx_us"] for r in entry["gemms"])
-        entry["gemm_sum_torch_us"] = sum(r["torch_mm_us"] for r in entry["gemms"])
-        if not args.no_steps:
+            for on in settings:
+                tkx.target.GEMM_CLUSTER = on
+                row = bench_gemm(p, options, dev)
+                row["group"] = gr.id
+                row["cluster"] = on
+                entry["gemms"].append(row)
+                print(f"{name:<7} {gr.id:<4} {p.m:>5}x{p.n:<5}x{p.k:<5} {'T' if row['a_t'] else 'N'}"
+                      f"{'T' if row['b_t'] else 'N'} {','.join(row['impl']):<11} tile {p.tile_m}x{p.tile_n}x{p.tile_k} "
+                      f"cl={'on ' if on else 'off'} tkx {row['tkx_us']:7.2f} us ({row['tkx_tflops']:6.1f} TF/s, "
+                      f"SOL {row['tkx_sol_ratio']:.2f})  torch.mm {row['torch_mm_us']:7.2f} us "
+                      f"({row['torch_tflops']:6.1f} TF/s, SOL {row['torch_sol_ratio']:.2f})  "
+                      f"err {row['max_rel_error']:.1e} {','.join(row['copies'])} {row['clusters']}", flush=True)
+            tkx.target.GEMM_CLUSTER = settings[0]
+        for on in settings:
+            rows = [r for r in entry["gemms"] if r["cluster"] == on]
+            entry[f"gemm_sum_tkx_us{'_cluster' if on else ''}"] = sum(r["tkx_us"] for r in rows)
+            entry[f"gemm_sum_torch_us{'_cluster' if on else ''}"] = sum(r["torch_mm_us"] for r in rows)
+        for on in settings if not args.no_steps else ():
+            tkx.target.GEMM_CLUSTER = on
+            runner = tkx.runtime.build(ex.step_fn, inputs, options, name=name, loss=ex.loss_output)
             v = runner.verify(seeds=(0,), make_inputs=ex.make_inputs)
             graph = runner.capture_graph(*inputs, warmup=3)
             t_step = median_us([graph.graph.replay], dev)
             flops, nbytes = step_flops_bytes(sched)
             sol = speed_of_light_us(flops, nbytes)
-            entry.update(step_us=t_step, step_sol_us=sol, step_sol_ratio=sol / t_step, verified=v.passed,
-                         registers=runner.resources.registers, grid=runner.resources.grid)
-            print(f"{name:<7} step: {t_step:.1f} us/step, speed-of-light {sol:.1f} us (ratio {sol / t_step:.2f}), "
-                  f"verified {v.passed}, {runner.resources.summary()}", flush=True)
+            suffix = "_cluster" if on else ""
+            entry.update({f"step_us{suffix}": t_step, "step_sol_us": sol, f"step_sol_ratio{suffix}": sol / t_step,
+                          f"verified{suffix}": v.passed, f"registers{suffix}": runner.resources.registers,
+                          f"grid{suffix}": runner.resources.grid})
+            print(f"{name:<7} step cl={'on ' if on else 'off'}: {t_step:.1f} us/step, speed-of-light {sol:.1f} us "
+                  f"(ratio {sol / t_step:.2f}), verified {v.passed}, {runner.resources.summary()}", flush=True)
+        tkx.target.GEMM_CLUSTER = settings[0]
         if entry["gemms"]:
-            print(f"{name:<7} GEMMs: tkx {entry['gemm_sum_tkx_us']:.1f} us vs torch.mm "
-                  f"{entry['gemm_sum_torch_us']:.1f} us", flush=True)
+            for on in settings:
+                sfx = "_cluster" if on else ""
+                print(f"{name:<7} GEMMs cl={'on ' if on else 'off'}: tkx {entry['gemm_sum_tkx_us' + sfx]:.1f} us vs "
+                      f"torch.mm {entry['gemm_sum_torch_us' + sfx]:.1f} us", flush=True)
         result["examples"][name] = entry
     if args.out:
         with open(args.out, "w") as f:

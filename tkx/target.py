@@ -286,6 +286,9 @@ class GemmPlan(Plan):
     adjusted: str = ""
     partials: str | None = None
     split_final: str | None = None
+    #: CTAs per thread-block cluster (2: work items in pairs sharing the B tile by TMA multicast,
+    #: :data:`GEMM_CLUSTER`); ``None``: no cluster (the default).
+    cluster: int | None = None
 
     @property
     def tiles(self) -> int:
@@ -528,6 +531,9 @@ class _Wgmma(GemmEmitter):
                     best = (t, tm, tn, wgm, wgn, tiles)
         return best
 
+    def plan(self, p, options, why):
+        return _plan_cluster(super().plan(p, options, why), p, options, self)
+
     def _direct(self, p):
         """Whether codegen will copy the operands with cp.async / TMA: 2-byte operands, stored and
         aligned (:attr:`GemmProblem.direct`), whole 8-element vectors along K and along an MN-major
@@ -704,6 +710,55 @@ def _plan_split_k(plan: GemmPlan, options: Any, e: GemmEmitter) -> GemmPlan:
     if want <= 1:
         return plan
     return dataclasses.replace(plan, split_k=want, why=plan.why + f"; split-K {want} (split_k={sk} requested)")
+
+
+#: Switch (default off until measured faster on the H200): a wgmma GEMM whose operands are copied with
+#: TMA, whose items pair up (:func:`cluster_pairs`) and whose items are at least
+#: :data:`CLUSTER_MIN_K_STEPS` k-tiles deep runs in 2-CTA thread-block clusters: items ``2p`` and ``2p + 1``
+#: are the row blocks ``2r``, ``2r + 1`` of one column block, each CTA copies one half of the B tile with
+#: ``.multicast::cluster`` into both CTAs' shared memory (``GemmPlan.cluster = 2``, the reason in
+#: ``GemmPlan.why``). The kernel is then launched in clusters of 2 (every block of the grid). Why: medium's
+#: 256-row GEMMs (64x128 tiles, 4 row blocks) are bound by the operand stream through L2 (48 MiB of L2 ->
+#: SM traffic for 8.5 MiB of operands, ``docs/results/gemm-s4-notes.txt``); pairing halves B's share.
+GEMM_CLUSTER = False
+#: Fewest k-tiles per work item for :data:`GEMM_CLUSTER` to pair a GEMM's items (short K: the operand
+#: stream is not what bounds it, and each item pays two cluster barriers).
+CLUSTER_MIN_K_STEPS = 8
+
+
+def cluster_pairs(p: GemmProblem, tm: int, tn: int, split: int, b_kmajor: bool) -> str | None:
+    """``None`` when the TMA wgmma GEMM of ``p`` with ``tm x tn`` tiles can run its items in pairs of
+    2-CTA clusters, else why not: one matrix (no batch), an even number of row blocks (the pair's tiles
+    share a column block), and a B tile that halves into whole copy boxes (K-major: ``tn / 2`` rows, a
+    multiple of 8 so each half starts on a swizzle atom; N-major: an even number of 64-column boxes)."""
+    if p.batch != 1:
+        return f"a batch of {p.batch} matrices"
+    tiles_m = _ceil(p.m, tm)
+    if tiles_m % 2:
+        return f"{tiles_m} row block(s) of {tm}: pairs need an even number"
+    if b_kmajor and (tn // 2) % 8:
+        return f"a K-major B tile of {tn} rows does not halve into swizzle atoms of 8 rows"
+    if not b_kmajor and (tn % 64 or (tn // 64) % 2):
+        return f"an N-major B tile of {tn} columns is not an even number of 64-column boxes"
+    return None
+
+
+def _plan_cluster(plan: GemmPlan, p: GemmProblem, options: Any, e: GemmEmitter) -> GemmPlan:
+    """``plan`` with ``cluster=2`` and the reason appended to ``why`` when :data:`GEMM_CLUSTER` is on and
+    the GEMM qualifies (TMA copies, pairs, K deep enough); else ``plan`` unchanged."""
+    if not GEMM_CLUSTER or getattr(options, "gemm_copy", "auto") == "cp.async" or not e._direct(p):
+        return plan
+    if p.batch != 1 or plan.threads % 128 or getattr(options, "mode", "auto") == "block":
+        return plan
+    steps = _ceil(_ceil(plan.k, plan.tile_k), plan.split_k)
+    if steps < CLUSTER_MIN_K_STEPS:
+        return plan
+    if cluster_pairs(p, plan.tile_m, plan.tile_n, plan.split_k, not p.b_n_contiguous) is not None:
+        return plan
+    tiles_m = _ceil(plan.m, plan.tile_m)
+    why = (f"2-CTA clusters: the {tiles_m} row blocks read each {plan.tile_k * plan.tile_n}-element B k-tile; "
+           f"pairs of row blocks share it by TMA multicast (B through L2 once per pair, {steps} k-tiles per item)")
+    return dataclasses.replace(plan, cluster=2, why=plan.why + "; " + why)
 
 
 # --------------------------------------------------------------------------------------

@@ -149,7 +149,9 @@ class KernelConfig:
     * ``max_registers``: the ``__maxnreg__`` cap per thread;
     * ``spin_limit``: grid-barrier spins before error 1; ``exact``: compiled without FMA
       contraction; ``max_blocks``: cap on the grid (``None``: as many as fit);
-      ``backend``: ``"nvrtc"`` or ``"torch-extension"``.
+      ``backend``: ``"nvrtc"`` or ``"torch-extension"``; ``cluster``: blocks per thread-block cluster
+      (2: the runtime launches the grid in clusters of 2 blocks, a whole number of them, no more than
+      are co-resident; a GEMM pairs its work items in them, :data:`tkx.target.GEMM_CLUSTER`).
     """
 
     threads: int
@@ -161,6 +163,7 @@ class KernelConfig:
     exact: bool = False
     max_blocks: int | None = None
     backend: str = "nvrtc"
+    cluster: int = 1
 
     @property
     def dynamic_shared_bytes(self) -> int:

@@ -37,7 +37,8 @@ gemv       M <= 4 or N <= 4: no tiles, K split across lanes (shuffle reduction) 
 Names the emitted block defines (callbacks must not use them for their own variables):
 ``M N K TM TN TK bat tile row0 col0 row col k kk k0 r c e l s w elem acc sums c_frag a b a_next b_next
 fetch stash As Bs Cw warp lane wr wc sum part``, and the vector epilogue's ``tkx_vec`` and names prefixed
-``tkxE<u>_ tkxR<j>_ tkxL tkxC tkxS`` (:mod:`tkx.codegen.epilogue_vector`)."""
+``tkxE<u>_ tkxR<j>_ tkxL tkxC tkxS`` (:mod:`tkx.codegen.epilogue_vector`); in 2-CTA clusters also ``tkx_pair
+tkx_rank tkx_cta ebar0 tma_mc release wait_empty``."""
 
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..target import SKINNY_MAX, GemmProblem, choose_gemm
+from ..target import SKINNY_MAX, GemmProblem, choose_gemm, cluster_pairs
 from . import epilogue_vector as ev
 from .text import block, indent
 
@@ -83,6 +84,9 @@ class GemmCode:
     #: The code copies operands with the bulk tensor copy engine: the kernel needs the TMA helpers
     #: (:func:`tkx.codegen.cuda_prelude.prelude` with ``tma=True``) and the ``tmaps`` parameter.
     tma: bool = False
+    #: CTAs per thread-block cluster the code needs (2: items 2p, 2p + 1 run in the two CTAs of one
+    #: cluster, :func:`_wgmma_pipelined`); 1: no cluster.
+    cluster: int = 1
 
     def __str__(self) -> str:
         return self.code
@@ -124,9 +128,11 @@ def work_loop(body: str, work_items: int, *, item: str = "item", note: str = "")
 
 
 def _tile_header(p: GemmProblem, tm: int, tn: int, item: str, what: str, split: int = 1,
-                 tk: int = 1, k_range: bool = False) -> list[str]:
+                 tk: int = 1, k_range: bool = False, pairs: bool = False) -> list[str]:
     """Which tile (and, with ``split > 1``, which slice of K) work item ``item`` computes: defines
-    ``bat row0 col0`` and ``ks_split k_beg k_end`` (the item's K range, whole ``tk`` steps)."""
+    ``bat row0 col0`` and ``ks_split k_beg k_end`` (the item's K range, whole ``tk`` steps).
+    ``pairs``: tiles ``2q`` and ``2q + 1`` are the row blocks ``2r``, ``2r + 1`` of one column block
+    (the two CTAs of a cluster, ``tkx_rank`` = the tile's parity = this CTA's rank, checked)."""
     tiles_n = _ceil(p.n, tn)
     per_batch = _ceil(p.m, tm) * tiles_n
     lines = [f"// {what}",
@@ -147,6 +153,17 @@ def _tile_header(p: GemmProblem, tm: int, tn: int, item: str, what: str, split: 
                   f"const int tile = {it} % {per_batch};"]
     else:
         lines += ["const int bat = 0;", f"const int tile = {it};"]
+    if pairs:
+        return lines + [
+            "const int tkx_pair = tile >> 1, tkx_rank = tile & 1;  // 2-CTA cluster: this pair of tiles, "
+            "this CTA's half",
+            "{  // the pair's two items run in the two CTAs of one cluster (rank = item parity)",
+            "    unsigned tkx_cta;",
+            '    asm volatile("mov.u32 %0, %%cluster_ctarank;\\n" : "=r"(tkx_cta));',
+            "    if (tkx_cta != (unsigned)tkx_rank) __trap();",
+            "}",
+            f"const int row0 = ((tkx_pair / {tiles_n}) * 2 + tkx_rank) * {tm};  // this tile's first row of C",
+            f"const int col0 = (tkx_pair % {tiles_n}) * {tn};  // and first column (the pair's)"]
     lines += [f"const int row0 = (tile / {tiles_n}) * {tm};  // this tile's first row of C",
               f"const int col0 = (tile % {tiles_n}) * {tn};  // and first column"]
     return lines
@@ -645,6 +662,22 @@ WGMMA_EPILOGUE_PREFETCH = False
 #: latency: mixed_precision's 32-row GEMMs on 64-row tiles with an SGD update (16 serial iterations of
 #: ~0.7 µs per work item; that step was 1.9x slower than torch.compile on the H200, session 4).
 WGMMA_GUARDED_BATCH = True
+#: 2-CTA clusters (:data:`tkx.target.GEMM_CLUSTER`): k-tiles between a CTA's release of a stage (its
+#: warpgroups are done with it) and the refill that waits for both CTAs' releases; each costs one k-tile
+#: in flight. 0 puts the wait for the partner right after this CTA's own release. Measured on the H200
+#: (session 5, cluster-scope handshake): medium's 256x4096x1024 GEMM 15.2 / 14.4 / 14.3 µs with slack
+#: 0 / 1 / 2 (unpaired 8.7): the wait is not what makes the paired kernel slow.
+WGMMA_CLUSTER_SLACK = 1
+#: 2-CTA clusters: memory semantics of the stage handshake (each CTA's release of a stage, local and remote
+#: ``mbarrier.arrive``, and the wait for both): ``"cluster"`` (``.release.cluster`` / ``.acquire.cluster``:
+#: verified on the H200 in session 5, but +0.3 µs per k-tile, suspected to be the cluster-scope fences on
+#: the issuing warp) or ``"cta"`` (the instructions' defaults, ``.release.cta`` / ``.acquire.cta``, as CUTLASS's
+#: cluster pipelines use: the hazard is write-after-read, the partner's MMA reads being complete at its
+#: ``wgmma.wait_group`` before it arrives; not yet run on a GPU). ``docs/results/cluster-s5-notes.txt``.
+WGMMA_CLUSTER_SCOPE = "cluster"
+#: 2-CTA clusters, ablation: ``False`` makes each CTA copy the whole B tile itself (no multicast), keeping
+#: the pairing and the handshake, to separate the multicast's cost from the synchronisation's.
+WGMMA_CLUSTER_MULTICAST = True
 #: fp32 words a row of the shared C tile is padded by: the accumulators are written as float2 (two
 #: adjacent columns), and a half-warp's 16 float2 (4 rows x 4 column pairs) then hit 32 distinct banks.
 WGMMA_C_PAD = 8
@@ -688,12 +721,124 @@ def wgmma_stages(stage_bytes: int, k_steps: int, shared_budget: int | None, mma_
     return max(2, min(WGMMA_MAX_STAGES, fit, k_steps + 1 + mma_in_flight))
 
 
+def _cluster_pipeline(*, tm: int, tn: int, stages: int, stage_bytes: int, a_bytes: int, ahead: int, freed: str,
+                      lag: int, a_kmajor: bool, b_kmajor: bool, atom_stride: int, bar_offset: int, tmaps: str,
+                      map_a: int, map_b: int, a_boxes: list[str], mma_issue: tuple[str, ...],
+                      mma_step: tuple[str, ...]) -> tuple[list[str], tuple[str, ...], str, list[str]]:
+    """The TMA pipeline of :func:`_wgmma_pipelined` for a pair of items in a 2-CTA cluster:
+    ``(issue_fn, refill, k_loop, copy_setup)``. ``map_b`` is the map of one CTA's half of the B tile
+    (K-major: a box of TK x TN / 2; N-major: the 64-column box map, half the boxes each)."""
+    half = tn // 2
+    if b_kmajor:  # rows [rank * TN / 2, (rank + 1) * TN / 2) of the K-major B tile
+        b_boxes = [f"tma_mc(stage + {a_bytes} + tkx_rank * {half * SWIZZLE_ROW}, tma_b, k0, col0 + tkx_rank * {half}, "
+                   "bar);"]
+        whole = [f"tkx_tma2d(stage + {a_bytes + h * half * SWIZZLE_ROW}, tma_b, k0, col0 + {h * half}, bar);"
+                 for h in range(2)]
+    else:  # 64-column boxes [rank * n / 2, (rank + 1) * n / 2)
+        nb = tn // 64 // 2
+        b_boxes = [f"tma_mc(stage + {a_bytes} + (tkx_rank * {nb} + {j}) * {atom_stride}, tma_b, "
+                   f"col0 + (tkx_rank * {nb} + {j}) * 64, k0, bar);" for j in range(nb)]
+        whole = [f"tkx_tma2d(stage + {a_bytes + j * atom_stride}, tma_b, col0 + {j * 64}, k0, bar);"
+                 for j in range(2 * nb)]
+    if not WGMMA_CLUSTER_MULTICAST:  # ablation: each CTA copies the whole B tile itself (the pairing kept)
+        b_boxes = whole
+    # the stage handshake's memory semantics: "cta" (mbarrier.arrive's default .release.cta, try_wait's default
+    # .acquire.cta: the hazard is the partner's MMA reads, complete at its wgmma.wait_group, before this CTA's
+    # copy engine overwrites them) or "cluster" (.release.cluster / .acquire.cluster, cluster-scope fences)
+    arrive_sem = ".release.cluster" if WGMMA_CLUSTER_SCOPE == "cluster" else ""
+    wait_sem = ".acquire.cluster" if WGMMA_CLUSTER_SCOPE == "cluster" else ""
+    issue_fn = [
+        "auto tma_mc = [](unsigned dst, unsigned long long map, int x, int y, unsigned bar) {  // into both CTAs",
+        '    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes'
+        '.multicast::cluster "',
+        '                 "[%0], [%1, {%2, %3}], [%4], %5;\\n" :: "r"(dst), "l"(map), "r"(x), "r"(y), "r"(bar), '
+        '"h"((unsigned short)3) : "memory");',
+        "};",
+        "auto issue = [&](int s, int k0) {  // thread 0: A of the k-tile at k0 -> stage s, and this CTA's half of B",
+        f"    const unsigned stage = stage0 + s * {stage_bytes}, bar = bar0 + 8 * s;  // -> stage s of both CTAs",
+        '    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\\n" :: "r"(bar), '
+        f'"r"({stage_bytes}) : "memory");  // A + both halves of B',
+        *("    " + x for x in a_boxes),
+        *("    " + x for x in b_boxes),
+        "};",
+        "auto release = [&](int s) {  // thread 0: this CTA is done with stage s: arrive here and at the partner",
+        "    const unsigned e = ebar0 + 8 * s;",
+        "    unsigned r;",
+        '    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\\n" : "=r"(r) : "r"(e), "r"(tkx_rank ^ 1));',
+        f'    asm volatile("mbarrier.arrive{arrive_sem}.shared::cta.b64 _, [%0];\\n" :: "r"(e) : "memory");',
+        f'    asm volatile("mbarrier.arrive{arrive_sem}.shared::cluster.b64 _, [%0];\\n" :: "r"(r) : "memory");',
+        "};",
+        "auto wait_empty = [&](int s, unsigned parity) {  // both CTAs are done with stage s",
+        "    unsigned done = 0;",
+        "    do {",
+        f'        asm volatile("{{\\n.reg .pred p;\\nmbarrier.try_wait.parity{wait_sem}.shared::cta.b64 p, '
+        '[%1], %2;\\n"',
+        '                     "selp.u32 %0, 1, 0, p;\\n}\\n" : "=r"(done) : "r"(ebar0 + 8 * s), "r"(parity) : '
+        '"memory");',
+        "    } while (!done);",
+        "};",
+    ]
+    # k-tile kt - 1 - lag is done (the barrier above): release its stage now, but refill (wait for both CTAs'
+    # releases) the stage released WGMMA_CLUSTER_SLACK k-tiles earlier, so the partner has that long to
+    # release it too and the wait is off the critical path
+    go = max(1, ahead - WGMMA_CLUSTER_SLACK)  # k-tiles in flight ahead of the one consumed
+    refill = (
+        "    if (threadIdx.x == 0) {",
+        f"        const int u = kt - {lag + 1};  // k-tile {freed}: this CTA's warpgroups are done with it",
+        f"        if (u >= 0 && k_beg + (u + {stages}) * TK < k_end) release(u % {stages});  // its stage is refilled",
+        f"        if (k0 + {go} * TK < k_end) {{  // refill stage (kt + {go}) % {stages}",
+        f"            const int t = kt + {go}, s = t % {stages};",
+        f"            if (t >= {stages}) wait_empty(s, ((t / {stages}) - 1) & 1);  // both CTAs released k-tile "
+        f"t - {stages}",
+        f"            issue(s, k0 + {go} * TK);",
+        "        }",
+        "    }",
+    )
+    k_loop = block(
+        "if (threadIdx.x == 0) {  // this item's mbarriers (every fill and remote arrival of the last item was "
+        "waited for)",
+        '    asm volatile("prefetch.tensormap [%0];\\n" :: "l"(tma_a) : "memory");  // the maps into the '
+        "descriptor cache",
+        '    asm volatile("prefetch.tensormap [%0];\\n" :: "l"(tma_b) : "memory");',
+        "    #pragma unroll 1",
+        f"    for (int s = 0; s < {stages}; ++s) {{",
+        '        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\\n" :: "r"(bar0 + 8 * s) : "memory");  // full',
+        '        asm volatile("mbarrier.init.shared::cta.b64 [%0], 2;\\n" :: "r"(ebar0 + 8 * s) : "memory");  '
+        "// empty: both CTAs",
+        "    }",
+        '    asm volatile("fence.mbarrier_init.release.cluster;\\n" ::: "memory");',
+        "}",
+        'asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");  // generic use before -> copy engine',
+        "// both CTAs: mbarriers initialised and the previous item (its C tile) done before any copy lands",
+        'asm volatile("barrier.cluster.arrive.release.aligned;\\nbarrier.cluster.wait.acquire.aligned;\\n" ::: '
+        '"memory");',
+        "if (threadIdx.x == 0) {",
+        "    #pragma unroll 1",
+        f"    for (int s = 0; s < {go}; ++s)  // prologue: the first {go} k-tiles in flight",
+        "        if (k_beg + s * TK < k_end) issue(s, k_beg + s * TK);",
+        "}",
+        "#pragma unroll 1",
+        "for (int kt = 0, k0 = k_beg; k0 < k_end; ++kt, k0 += TK) {",
+        f"    tkx_mbar_wait(bar0 + 8 * (kt % {stages}), (kt / {stages}) & 1);  // k-tile kt has landed (A + B)",
+        f"    __syncthreads();  // every warpgroup is done with k-tile {freed}: this CTA may release its stage",
+        *((*refill, *mma_step) if lag == 0 else (*mma_issue, *refill, *mma_step)),
+        "__syncthreads();  // every warpgroup's MMAs are done before the C tile reuses the stages",
+    )
+    copy_setup = [
+        f"const unsigned bar0 = stage0 + {bar_offset};  // {stages} full mbarriers of 8 bytes, past the stages and C",
+        f"const unsigned ebar0 = bar0 + {8 * stages};  // then {stages} empty mbarriers (arrivals of both CTAs)",
+        f"const unsigned long long tma_a = (unsigned long long)({tmaps} + {map_a * 128}), "
+        f"tma_b = (unsigned long long)({tmaps} + {map_b * 128});  // tensor maps {map_a}, {map_b} (B: one half)",
+    ]
+    return issue_fn, refill, k_loop, copy_setup
+
+
 def _wgmma_pipelined(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue, *, variant: str,
                      tm: int, tn: int, tk: int, threads: int, item: str, smem: str, ptr_a: PtrA | None,
                      ptr_b: PtrB | None, split: int = 1, shared_budget: int | None = None,
                      tma_a: TmaMap | None = None, tma_b: TmaMap | None = None,
                      tmaps: str = "tmaps", split_final: SplitFinal | None = None,
-                     epilogue_reads: tuple[tuple[str, int], ...] = ()) -> GemmCode | None:
+                     epilogue_reads: tuple[tuple[str, int], ...] = (), cluster: int = 1) -> GemmCode | None:
     """The wgmma GEMM with operands copied global -> shared by ``cp.async`` (16 bytes at a time, no
     registers), :func:`wgmma_stages` stages deep; ``None`` when it does not apply (see :func:`wgmma_gemm`).
     Each warpgroup leaves :data:`WGMMA_MMA_IN_FLIGHT` k-tiles' MMAs in flight (``wgmma.wait_group``)
@@ -731,15 +876,21 @@ def _wgmma_pipelined(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epi
     stage_bytes = a_bytes + b_bytes
     a_kmajor_, b_kmajor_ = p.a_k_contiguous, not p.b_n_contiguous
     map_a = map_b = None
-    if tma_a is not None and tma_b is not None and p.batch == 1:
+    if cluster not in (1, 2):
+        raise ValueError(f"cluster={cluster}: the wgmma GEMM pairs items in clusters of 2 CTAs or none (1)")
+    tma_ok = tma_a is not None and tma_b is not None and p.batch == 1
+    unpaired = None if cluster == 1 else (cluster_pairs(p, tm, tn, split, b_kmajor_) if tma_ok else
+                                          "its operands are not copied with TMA")
+    paired = cluster == 2 and unpaired is None
+    if tma_ok:
         # boxes (inner, outer): a K-major tile is one box of TK x rows; an MN-major one a box of 64 x TK
-        # per 64 rows (one swizzle atom column each)
+        # per 64 rows (one swizzle atom column each); in a 2-CTA cluster a K-major B is copied in halves
         map_a = tma_a(tk, tm) if a_kmajor_ else tma_a(64, tk)
-        map_b = tma_b(tk, tn) if b_kmajor_ else tma_b(64, tk)
+        map_b = tma_b(tk, tn // 2 if paired else tn) if b_kmajor_ else tma_b(64, tk)
     use_tma = map_a is not None and map_b is not None
     k_steps = _ceil(_ceil(p.k, tk), split)
     ldc = tn + WGMMA_C_PAD
-    bar_room = 8 * WGMMA_MAX_STAGES if use_tma else 0
+    bar_room = (16 if paired else 8) * WGMMA_MAX_STAGES if use_tma else 0
     stages = wgmma_stages(stage_bytes, k_steps, None if shared_budget is None else shared_budget - bar_room,
                           WGMMA_MMA_IN_FLIGHT)
     lag = max(0, min(WGMMA_MMA_IN_FLIGHT, stages - 2))  # wgmma groups left in flight (each holds a stage)
@@ -900,6 +1051,12 @@ def _wgmma_pipelined(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epi
             f"const unsigned long long tma_a = (unsigned long long)({tmaps} + {map_a * 128}), "
             f"tma_b = (unsigned long long)({tmaps} + {map_b * 128});  // tensor maps {map_a}, {map_b}",
         ]
+        if paired:
+            issue_fn, tma_refill, k_loop, copy_setup = _cluster_pipeline(
+                tm=tm, tn=tn, stages=stages, stage_bytes=stage_bytes, a_bytes=a_bytes, ahead=ahead, freed=freed,
+                lag=lag, a_kmajor=a_kmajor, b_kmajor=b_kmajor, atom_stride=atom_stride, bar_offset=bar_offset,
+                tmaps=tmaps, map_a=map_a, map_b=map_b, a_boxes=tma_boxes("a", tm, a_kmajor, "row0", 0),
+                mma_issue=mma_issue, mma_step=mma_step)
     else:
         issue_fn = [
             "auto issue = [&](int s, int k0) {  // the k-tile at k0 -> stage s",
@@ -920,7 +1077,8 @@ def _wgmma_pipelined(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epi
     body = block(
         _tile_header(p, tm, tn, item, f"tensor-core GEMM ({what} wgmma m64n{wn}k{fk}, fp32 accumulate), one "
                      f"{tm}x{tn} tile of C; {wgm}x{wgn} warpgroups of 64x{wn}; {copies}, {stages} stages, "
-                     f"{layouts}", split, tk, True),
+                     f"{layouts}" + ("; 2-CTA cluster, B multicast" if paired else ""), split, tk, True,
+                     pairs=paired),
         f"constexpr int TM = {tm}, TN = {tn}, TK = {tk};",
         f"unsigned char* ws = {smem} + ((1024u - ((unsigned)__cvta_generic_to_shared({smem}) & 1023u)) & 1023u);"
         "  // swizzle atoms start on 1024 bytes",
@@ -947,8 +1105,10 @@ def _wgmma_pipelined(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epi
               **({"epilogue_prefetch": len(epilogue_reads)} if prefetch else {}),
               "epilogue_batch": WGMMA_EPILOGUE_BATCH, **(vec.params() if vec is not None else {}),
               "swizzle": "128B", "stages": stages, "copies": "tma" if use_tma else "cp.async", "layouts": layouts,
-              "split_k": split, "mma_in_flight": lag, **_split_final_params(split_final, split)}
-    return GemmCode(variant, "{\n" + indent(body) + "\n}", items, shared, threads, True, params, use_tma)
+              "split_k": split, "mma_in_flight": lag, **_split_final_params(split_final, split),
+              **({"cluster": 2 if paired else f"1 ({unpaired})"} if cluster != 1 else {})}
+    return GemmCode(variant, "{\n" + indent(body) + "\n}", items, shared, threads, True, params, use_tma,
+                    cluster=2 if paired else 1)
 
 
 def wgmma_gemm(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue, *, variant: str = "wgmma_bf16",
@@ -956,7 +1116,7 @@ def wgmma_gemm(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue,
                smem: str = "tkx_smem", ptr_a: PtrA | None = None, ptr_b: PtrB | None = None,
                split: int = 1, shared_budget: int | None = None, tma_a: TmaMap | None = None,
                tma_b: TmaMap | None = None, split_final: SplitFinal | None = None,
-               epilogue_reads: tuple[tuple[str, int], ...] = ()) -> GemmCode:
+               epilogue_reads: tuple[tuple[str, int], ...] = (), cluster: int = 1) -> GemmCode:
     """(e) Hopper warpgroup MMA (``wgmma.mma_async``, sm_90a only), fp32 accumulators in registers.
 
     The block's ``threads / 128`` warpgroups are arranged WGM x WGN over the ``tile_m x tile_n``
@@ -993,7 +1153,7 @@ def wgmma_gemm(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue,
     piped = _wgmma_pipelined(p, load_a, load_b, epilogue, variant=variant, tm=tm, tn=tn, tk=tk, threads=threads,
                              item=item, smem=smem, ptr_a=ptr_a, ptr_b=ptr_b, split=split,
                              shared_budget=shared_budget, tma_a=tma_a, tma_b=tma_b, split_final=split_final,
-                             epilogue_reads=epilogue_reads)
+                             epilogue_reads=epilogue_reads, cluster=cluster)
     if piped is not None:
         return piped
     sa = _Stage("a", tm, tk, "col" if p.a_k_contiguous else "row", threads)
@@ -1248,7 +1408,8 @@ def emit_gemm(variant: str, p: GemmProblem, load_a: LoadA, load_b: LoadB, epilog
               item: str = "item", smem: str = "tkx_smem", ptr_a: PtrA | None = None,
               ptr_b: PtrB | None = None, split: int = 1, shared_budget: int | None = None,
               tma_a: TmaMap | None = None, tma_b: TmaMap | None = None,
-              split_final: SplitFinal | None = None, epilogue_reads: tuple[tuple[str, int], ...] = ()) -> GemmCode:
+              split_final: SplitFinal | None = None, epilogue_reads: tuple[tuple[str, int], ...] = (),
+              cluster: int = 1) -> GemmCode:
     """Dispatch to the emitter of ``variant`` (one of :data:`VARIANTS`); ``ptr_a``/``ptr_b``
     (pointers to operand elements in memory, for 16-byte staging) are used by the wgmma variants;
     ``split > 1`` (wgmma only) makes work item ``s * tiles + t`` compute tile ``t`` over the s-th slice
@@ -1258,7 +1419,11 @@ def emit_gemm(variant: str, p: GemmProblem, load_a: LoadA, load_b: LoadB, epilog
     ``split_final`` (with ``split > 1``): the last slice of each tile adds the slices and runs
     ``split_final.final`` (:class:`SplitFinal`), ``epilogue`` being the slice store; ``epilogue_reads``:
     ``(C pointer, element bytes)`` of buffers the epilogue reads at the output's index (element (row, col)
-    at ``pointer + row * N + col``), prefetched into L2 with :data:`WGMMA_EPILOGUE_PREFETCH`."""
+    at ``pointer + row * N + col``), prefetched into L2 with :data:`WGMMA_EPILOGUE_PREFETCH`; ``cluster=2``
+    (wgmma with TMA): items in pairs of a 2-CTA cluster with the B tile multicast (``GemmCode.cluster``
+    says whether it applied, ``params["cluster"]`` why not)."""
+    if cluster != 1 and variant not in _WGMMA:
+        raise ValueError(f"2-CTA clusters are implemented by the wgmma variants, not {variant}")
     if split > 1 and variant not in _WGMMA:
         raise ValueError(f"split-K is implemented by the wgmma variants, not {variant}")
     if split_final is not None and split <= 1:
@@ -1270,7 +1435,7 @@ def emit_gemm(variant: str, p: GemmProblem, load_a: LoadA, load_b: LoadB, epilog
         return wgmma_gemm(p, load_a, load_b, epilogue, variant=variant, tile_m=tile_m, tile_n=tile_n,
                           tile_k=tile_k, threads=threads, item=item, smem=smem, ptr_a=ptr_a, ptr_b=ptr_b,
                           split=split, shared_budget=shared_budget, tma_a=tma_a, tma_b=tma_b,
-                          split_final=split_final, epilogue_reads=epilogue_reads)
+                          split_final=split_final, epilogue_reads=epilogue_reads, cluster=cluster)
     if variant in _WMMA:
         return wmma_gemm(p, load_a, load_b, epilogue, variant=variant, tile_m=tile_m, tile_n=tile_n,
                          tile_k=tile_k, threads=threads, item=item, smem=smem)

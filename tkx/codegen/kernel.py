@@ -120,6 +120,10 @@ class KernelPlan:
     #: ``tkx_tiles[first .. first + tiles)``, ``tkx_tiles`` = ``sync`` + :func:`_tile_counter_base`).
     tile_counters: dict[str, int] = field(default_factory=dict)
     tile_counter_words: int = 0
+    #: CTAs per thread-block cluster the kernel is launched in (2 when a GEMM pairs its items,
+    #: :data:`tkx.target.GEMM_CLUSTER`), and the groups that do.
+    cluster: int = 1
+    cluster_groups: set[str] = field(default_factory=set)
 
 
 class _Emitter:
@@ -868,8 +872,12 @@ class _Emitter:
                              tma_a=tma_map(a, 1 if prob.a_k_contiguous else 0),
                              tma_b=tma_map(b, 1 if prob.b_n_contiguous else 0), split_final=split_final,
                              epilogue_reads=_point_reads(epilogue("bat", "row", "col", "acc"))
-                             if gemm_module.WGMMA_EPILOGUE_PREFETCH and split == 1 and not batched else ())
+                             if gemm_module.WGMMA_EPILOGUE_PREFETCH and split == 1 and not batched else (),
+                             **({"cluster": 2} if params.get("cluster") == 2 and self.s.mode != "block" else {}))
         self.plan.tensor_cores |= code.tensor_cores
+        if code.cluster > 1:
+            self.plan.cluster = max(self.plan.cluster, code.cluster)
+            self.plan.cluster_groups.add(g.id)
         self.plan.notes[g.id] = {"variant": code.variant, **code.params}
         return code.code, code.work_items, code.shared_bytes
 
@@ -987,8 +995,12 @@ def _point_reads(code: str) -> tuple[tuple[str, int], ...]:
 _ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "bool": 1, "int8": 1, "uint8": 1}
 
 
-def _stage_loop(parts: list[tuple[Group, str, int]]) -> str:
-    """One grid-stride loop over the work items of every group of a stage."""
+def _stage_loop(parts: list[tuple[Group, str, int]], paired: frozenset[str] | set[str] = frozenset()) -> str:
+    """One grid-stride loop over the work items of every group of a stage. The groups in ``paired``
+    (items in pairs of a 2-CTA cluster, each an even count) go first, so each pair's items are
+    ``tkx_w`` = 2c and 2c + 1: the two CTAs of one cluster (the grid is a whole number of clusters)."""
+    if paired and any(g.id in paired for g, _, _ in parts):
+        parts = [x for x in parts if x[0].id in paired] + [x for x in parts if x[0].id not in paired]
     total = sum(n for _, _, n in parts)
     if len(parts) == 1:
         g, code, n = parts[0]
@@ -1160,7 +1172,7 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
         body.append(f"// ==== stage {si}: {names} ====")
         if sync == "counters" or timeline:
             parts = [(g, _task_code(g, code, dag, sync == "counters", timeline, spin), n) for g, code, n in parts]
-        body.append(_stage_loop(parts))
+        body.append(_stage_loop(parts, em.plan.cluster_groups))
     if sync == "counters":
         body.append("tkx_counters_exit(sync);  // the last block out advances the epoch")
     # Register budget of the requested occupancy (blocks_per_sm blocks of s.threads threads on
@@ -1232,7 +1244,8 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
     config = abi.KernelConfig(threads=s.threads, mode=mode, blocks=1 if mode == "block" else s.blocks,
                               shared_bytes=shared, max_registers=max_regs, spin_limit=int(s.options.spin_limit),
                               exact=bool(s.options.exact), max_blocks=s.options.max_blocks,
-                              backend=s.options.backend)
+                              backend=s.options.backend, **({"cluster": em.plan.cluster}
+                                                              if em.plan.cluster > 1 else {}))
     launch = abi.LaunchContract(abi.KERNEL_NAME, tuple(params), config, arena.size_bytes,
                                 tensor_maps=tuple(em.plan.tensor_maps))
     return CudaSource(text=text, launch=launch, schedule=s, arena=arena,

@@ -29,6 +29,13 @@ from .device import cuda_core, make_current, sm_count
 #: Dynamic shared memory a kernel may use without opting in (bytes).
 DEFAULT_DYNAMIC_SHARED_LIMIT = 48 * 1024
 
+#: How a kernel whose launch contract asks for thread-block clusters (``KernelConfig.cluster`` > 1) is
+#: launched: ``"cooperative"`` (``cuLaunchKernelEx`` with both the cooperative and the cluster-dimension
+#: attributes: the driver checks that every block is co-resident) or ``"plain"`` (the cluster attribute
+#: only; the grid is still no larger than the clusters the occupancy calculator says are co-resident,
+#: which the grid barriers need). See ``docs/results/cluster-s5-notes.txt`` for what the H200 takes.
+CLUSTER_LAUNCH = "cooperative"
+
 
 class KernelLoadError(TkxError):
     """The compiled kernel cannot be loaded or launched as generated (resources, signature)."""
@@ -229,6 +236,8 @@ class Resources:
     seconds: float
     load_seconds: float
     cache_hit: bool
+    #: Blocks per thread-block cluster (1: no clusters); with clusters ``grid`` counts blocks.
+    cluster: int = 1
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -236,7 +245,8 @@ class Resources:
     def summary(self) -> str:
         """One line: ``grid 132x256 (grid mode), 96 regs, 0 B local, 4096 B smem, 1 block/SM, ...``."""
         hit = "cache hit" if self.cache_hit else "cold"
-        return (f"{self.backend} {self.arch}: grid {self.grid}x{self.block} ({self.mode} mode), "
+        clusters = f", clusters of {self.cluster}" if self.cluster > 1 else ""
+        return (f"{self.backend} {self.arch}: grid {self.grid}x{self.block} ({self.mode} mode{clusters}), "
                 f"{self.registers} regs, "
                 f"{self.local_bytes} B local, {self.shared_bytes + self.dynamic_shared_bytes} B smem, "
                 f"{self.occupancy} block(s)/SM x {self.sm_count} SMs, arena {self.arena_bytes} B, "
@@ -304,6 +314,17 @@ def cooperative_limit_error(grid: int, occupancy: int, sms: int, registers: int,
         f"shared memory per block (blocks/SM by registers {limits['registers']}, by shared memory "
         f"{limits['shared memory']}, by threads {limits['threads']}); lower Options.max_blocks to {most} "
         f"or below, or use fewer registers / less shared memory per block (smaller threads_per_block or tiles)")
+
+
+def _cluster_grid_arg(core: Any, blocks: int, cluster: int) -> int:
+    """``LaunchConfig.grid`` for ``blocks`` blocks in clusters of ``cluster``: cuda-core 0.4.0 and later
+    count clusters there (earlier releases counted blocks)."""
+    version = str(getattr(core, "__version__", "0.4.0"))
+    try:
+        major, minor = (int(x) for x in version.split(".")[:2])
+    except ValueError:
+        major, minor = 0, 4
+    return blocks // cluster if (major, minor) >= (0, 4) else blocks
 
 
 def _attr(obj: Any, name: str, default: int = 0) -> int:
@@ -378,10 +399,52 @@ class CompiledKernel:
         self.grid = choose_grid(mode, blocks, self.occupancy, self.sm_count,
                                 launch_contract(source).config.max_blocks)
         self.cooperative = mode != "block"
-        self._config = core.LaunchConfig(grid=self.grid, block=threads, shmem_size=dyn,
-                                         is_cooperative=self.cooperative)
+        self.cluster = int(getattr(launch_contract(source).config, "cluster", 1) or 1)
+        #: With clusters: how many are co-resident at once (cuOccupancyMaxActiveClusters), else ``None``.
+        self.max_clusters: int | None = None
+        if self.cluster > 1:
+            self._config = self._cluster_config(threads, dyn)
+        else:
+            self._config = core.LaunchConfig(grid=self.grid, block=threads, shmem_size=dyn,
+                                             is_cooperative=self.cooperative)
 
     # -- loading helpers --------------------------------------------------------------------
+    def _cluster_config(self, threads: int, dyn: int) -> Any:
+        """The launch configuration in clusters of ``self.cluster`` blocks: the grid cut to a whole
+        number of clusters, no more than are co-resident (:data:`CLUSTER_LAUNCH`)."""
+        core, c = self._core, self.cluster
+        if self.mode == "block":
+            raise KernelLoadError("a kernel in block mode (one block) cannot run in clusters of "
+                                  f"{c} blocks; turn tkx.target.GEMM_CLUSTER off or use grid mode")
+        if CLUSTER_LAUNCH not in ("cooperative", "plain"):
+            raise KernelLoadError(f"tkx.runtime.kernel.CLUSTER_LAUNCH is {CLUSTER_LAUNCH!r}; one of "
+                                  "'cooperative', 'plain'")
+        coop = CLUSTER_LAUNCH == "cooperative"
+        self.max_clusters = self._max_active_clusters(threads, dyn, coop)
+        if self.max_clusters <= 0:
+            raise KernelLoadError(
+                f"the kernel cannot run in clusters of {c} blocks: the occupancy calculator says none is "
+                f"co-resident ({self.registers} registers/thread x {threads} threads, {self.shared_bytes} B "
+                f"static + {dyn} B dynamic shared memory per block); turn tkx.target.GEMM_CLUSTER off")
+        self.grid = max(c, min(self.grid - self.grid % c, self.max_clusters * c))
+        self.cooperative = coop
+        return core.LaunchConfig(grid=_cluster_grid_arg(core, self.grid, c), cluster=c, block=threads,
+                                 shmem_size=dyn, is_cooperative=coop)
+
+    def _max_active_clusters(self, threads: int, dyn: int, cooperative: bool) -> int:
+        core = self._core
+        occ = getattr(self._kernel, "occupancy", None)
+        probe = core.LaunchConfig(grid=1, cluster=self.cluster, block=threads, shmem_size=dyn,
+                                  is_cooperative=cooperative)
+        if occ is not None and hasattr(occ, "max_active_clusters"):
+            try:
+                stream = core.Device(self.device.index).default_stream
+                return int(occ.max_active_clusters(probe, stream=stream))
+            except TypeError:  # releases taking the stream positionally
+                return int(occ.max_active_clusters(probe))
+        raise KernelLoadError("this cuda-core has no occupancy query for clusters "  # pragma: no cover
+                              "(KernelOccupancy.max_active_clusters); turn tkx.target.GEMM_CLUSTER off")
+
     def _check_signature(self, source: Any) -> None:
         params = launch_contract(source).params
         try:
@@ -431,6 +494,17 @@ class CompiledKernel:
         Each is passed as an explicit 64-bit value (``ctypes.c_uint64``)."""
         make_current(self.device)
         core = self._core
+        if self.cluster > 1:
+            try:
+                core.launch(core.Stream.from_handle(int(stream)), self._config, self._kernel,
+                            *[ctypes.c_uint64(int(a)) for a in args])
+            except Exception as e:
+                raise KernelLoadError(
+                    f"{'cooperative ' if self.cooperative else ''}launch of {self.grid} blocks in clusters of "
+                    f"{self.cluster} ({self.max_clusters} clusters co-resident) refused by the driver: {e}; "
+                    "set tkx.runtime.kernel.CLUSTER_LAUNCH = 'plain' (or 'cooperative'), or turn "
+                    "tkx.target.GEMM_CLUSTER off") from e
+            return
         if self.cooperative:
             err = cooperative_limit_error(self.grid, self.occupancy, self.sm_count, self.registers,
                                           self.shared_bytes, self.dynamic_shared_bytes, self.block,
@@ -469,7 +543,7 @@ class CompiledKernel:
             spill_bytes=int(self.binary.report.spill_bytes), occupancy=self.occupancy, sm_count=self.sm_count,
             grid=self.grid, block=self.block, mode=self.mode, arena_bytes=arena_bytes_of(self.source),
             compile_seconds=self.binary.compile_seconds, seconds=self.binary.seconds,
-            load_seconds=self.load_seconds, cache_hit=self.binary.cache_hit)
+            load_seconds=self.load_seconds, cache_hit=self.binary.cache_hit, cluster=self.cluster)
 
     def __repr__(self) -> str:
         return f"<tkx.CompiledKernel {self.resources.summary()}>"
