@@ -17,4 +17,6 @@ timeout 100 python scripts/gemm-profile.py --examples small,medium,mixed_precisi
 echo "profile rc=$?" >> "$out/profile.txt"; grep -v "^      g" "$out/profile.txt" | head -60
 timeout 60 python scripts/epilogue-ab.py 1 16 --vector-regs=256 --examples medium --out "$out/epi256" > "$out/epi256.txt" 2>&1
 echo "epi256 rc=$?" >> "$out/epi256.txt"; grep -E "step|rc=" "$out/epi256.txt" | head
+timeout 60 python scripts/cluster-variants.py --out "$out/cluster-variants.json" > "$out/cluster-variants.txt" 2>&1
+echo "cluster variants rc=$?" >> "$out/cluster-variants.txt"; tail -n 14 "$out/cluster-variants.txt"
 tar czf "$top/all.tgz" -C "$out" . && ls -la "$top"
