@@ -73,3 +73,37 @@ def test_ops_without_a_primitive_say_so(op, text):
     with pytest.raises(tkx.UnsupportedError, match=text) as info:
         _ = tkx.explore(step, (torch.randn(4, 5), torch.randn(8, 4))).program
     assert "test_user_steps.py" in str(info.value)
+
+
+def test_nn_parameters_updated_in_place_under_no_grad():
+    """Weights passed straight from a model (``nn.Parameter``, requires_grad) and updated with ``sub_`` under
+    ``torch.no_grad()``: capture traces them like any tensor, the reference and the schedule interpreter update
+    the Parameters in place like eager does (a leaf that requires grad refuses an in-place op outside no_grad)."""
+    from torch.func import grad
+
+    from tkx.schedule.interpreter import run as run_schedule
+
+    def step(w, b, x, y):
+        gw, gb = grad(lambda w, b: F.mse_loss(x @ w.t() + b, y), argnums=(0, 1))(w, b)
+        with torch.no_grad():
+            w.sub_(0.1 * gw)
+            b.sub_(0.1 * gb)
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(6, 3)
+    x, y = torch.randn(5, 6), torch.randn(5, 3)
+
+    def params():
+        return torch.nn.Parameter(lin.weight.detach().clone()), torch.nn.Parameter(lin.bias.detach().clone())
+
+    want = params()
+    step(*want, x, y)
+    exp = tkx.explore(step, (*params(), x, y))
+    assert len(exp.program.updates) == 2
+    for run in (lambda a: tkx.reference.run(exp.program, a, update_inputs=True),
+                lambda a: run_schedule(exp.schedule, exp.arena, a, update_inputs=True)):
+        got = params()
+        run((*got, x, y))
+        assert all(isinstance(t, torch.nn.Parameter) and t.requires_grad for t in got)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a.detach(), b.detach(), rtol=1e-5, atol=1e-6)

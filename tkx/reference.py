@@ -141,7 +141,8 @@ def run(program: Program, inputs: Sequence[Any], *, update_inputs: bool = False)
         # Read every new value before writing any input (outputs may alias inputs).
         staged = {i: v.clone() for i, v in updates.items()}
         outputs = [o.clone() for o in outputs]
-        for i, v in staged.items():
-            flat[i].copy_(v)
+        with torch.no_grad():  # an input may be an nn.Parameter (requires_grad)
+            for i, v in staged.items():
+                flat[i].copy_(v)
         updates = {i: flat[i] for i in staged}
     return Execution(program, outputs, updates, env)

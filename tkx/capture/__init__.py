@@ -449,8 +449,10 @@ def capture(step_fn: Callable[..., Any], example_inputs: Sequence[Any], *, loss:
     fake_log.setLevel(logging.CRITICAL)
     try:
         with fx_traceback.preserve_node_meta():
+            # detached: an nn.Parameter (requires_grad) updated in place under torch.no_grad() traces like
+            # any tensor (autograd would refuse the in-place update of a leaf that requires grad)
             gm = make_fx(functionalize(flat_step, remove="mutations"),
-                         decomposition_table=decomposition_table(), tracing_mode="fake")(*flat)
+                         decomposition_table=decomposition_table(), tracing_mode="fake")(*(t.detach() for t in flat))
     except BaseException as e:
         error = _tracing_error(e, step_fn, example_inputs, user_frame(sys._getframe(1)))
         # Frames of the failed trace hold torch's C++ guard objects (functorch layers, excluded

@@ -352,8 +352,9 @@ class GraphRunner:
         self.capture_seconds = time.perf_counter() - start
 
     def _restore(self, snapshot: dict[int, torch.Tensor]) -> None:
-        for i, saved in snapshot.items():
-            self.inputs[i].copy_(saved)
+        with torch.no_grad():  # an input may be an nn.Parameter (requires_grad)
+            for i, saved in snapshot.items():
+                self.inputs[i].copy_(saved)
 
     def replay(self) -> Any:
         """Replay the step on the current stream; returns the outputs in the step's pytree."""

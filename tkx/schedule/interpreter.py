@@ -361,7 +361,8 @@ def run(sched: FusedSchedule, arena: ArenaPlan, inputs: Sequence[Any], *, update
             on_stage(k, m.outputs)
     updates = {u.input_index: m.inputs[u.input_index] for u in sched.program.updates}
     if update_inputs:
-        for i, new in updates.items():
-            originals[i].copy_(new)
+        with torch.no_grad():  # an input may be an nn.Parameter (requires_grad)
+            for i, new in updates.items():
+                originals[i].copy_(new)
         updates = {i: originals[i] for i in updates}
     return Execution(sched.program, m.outputs, updates, {})
