@@ -286,6 +286,46 @@ def test_without_a_process_group_the_error_says_how_to_start_ranks():
         td.init()
 
 
+def _lm_step(p, tok, tgt_flat):
+    def lf(p):
+        return F.cross_entropy((F.embedding(tok, p["E"]) @ p["W"]).reshape(-1, 11), tgt_flat)
+    g, loss = torch.func.grad_and_value(lf)(p)
+    return loss, {k: p[k] - 0.1 * g[k] for k in p}
+
+
+def ambiguous_worker(rank, world, batch):
+    torch.manual_seed(0)
+    p = {"E": torch.randn(11, 8), "W": torch.randn(8, 11)}
+    tok, tgt = torch.randint(0, 11, (2 * 4, 5)), torch.randint(0, 11, (2 * 4 * 5,))
+    my_tok, my_tgt = tok.chunk(world)[rank].contiguous(), tgt.chunk(world)[rank].contiguous()
+    before = my_tok.clone()
+    step = td.data_parallel(_lm_step, (p, my_tok, my_tgt), batch=batch)
+    try:
+        loss, new = step(p, my_tok, my_tgt)
+    except td.DistributedError as e:
+        return e.kind, str(e), torch.equal(before, my_tok), None
+    return None, float(loss), torch.equal(before, my_tok), new["W"]
+
+
+def test_an_argument_the_batch_guess_missed_is_checked_not_overwritten():
+    """Tokens ``[B, T]`` beside targets flattened to ``[B*T]``: the derived batch is the targets, the tokens are
+    taken as replicated; they differ between the ranks, so the first call raises on every rank (kind
+    ``ambiguous-batch``, naming them and ``batch=``) and no rank's tokens are overwritten. With ``batch=(1, 2)``
+    the step equals eager on the concatenated batch."""
+    res = td.spawn(ambiguous_worker, 2, (None,))
+    for kind, msg, unchanged, _ in res:
+        assert kind == "ambiguous-batch" and "tok (4, 5)" in msg and "batch=" in msg and unchanged
+    res = td.spawn(ambiguous_worker, 2, ((1, 2),))
+    torch.manual_seed(0)
+    p = {"E": torch.randn(11, 8), "W": torch.randn(8, 11)}
+    tok, tgt = torch.randint(0, 11, (8, 5)), torch.randint(0, 11, (40,))
+    loss, new = _lm_step(p, tok, tgt)
+    for kind, got_loss, unchanged, w in res:
+        assert kind is None and unchanged
+        assert abs(got_loss - float(loss)) < 1e-5
+        torch.testing.assert_close(w, new["W"], rtol=1e-5, atol=1e-6)
+
+
 def mismatch_worker(rank, world, plan):
     try:
         td.data_parallel(plan)

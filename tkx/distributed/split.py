@@ -53,7 +53,7 @@ class DistributedError(UnsupportedError):
     """A step that cannot be run data parallel as given, or a process group that does not fit.
 
     An :class:`tkx.UnsupportedError` (``kind`` is ``"no-gradient"``, ``"batch-statistic"``,
-    ``"bad-batch"``, ``"integer-gradient"``, ``"no-process-group"`` or ``"bad-input"``) whose message
+    ``"bad-batch"``, ``"ambiguous-batch"``, ``"integer-gradient"``, ``"no-process-group"`` or ``"bad-input"``) whose message
     names the op and the user's source line where one is involved, and what to do instead."""
 
     def __init__(self, kind: str, what: str, **kw: object) -> None:
@@ -106,7 +106,10 @@ class GradientSplit:
     ``cut``: the :class:`CutValue` records in A's output order; ``batch_args``: the positional
     arguments that hold each rank's local batch; ``batch_inputs`` / ``replicated_inputs``: flat input
     indices of the batch leaves and of the leaves every rank must hold equal (parameters, optimizer
-    state), the latter broadcast from rank 0 at the first call.
+    state), the latter broadcast from rank 0 at the first call; ``checked_inputs``: replicated leaves of
+    arguments only the forward/backward reads that have a leading dimension other than the batch's
+    (a target network, or a batch the derivation did not recognise, e.g. tokens ``[B, T]`` beside targets
+    already flattened to ``[B*T]``): never overwritten, but compared across ranks at the first call.
     """
 
     program: Program
@@ -116,6 +119,7 @@ class GradientSplit:
     batch_args: tuple[int, ...]
     batch_inputs: tuple[int, ...]
     replicated_inputs: tuple[int, ...]
+    checked_inputs: tuple[int, ...] = ()
 
     @property
     def gradients(self) -> tuple[CutValue, ...]:
@@ -285,7 +289,11 @@ def split_at_gradients(program: Program, *, loss_index: int | None = None, batch
         counts = [list(leading.values()).count(d) for d in leading.values()]
         common = max(zip(counts, leading.values()))[1] if leading else None
         batch_args = tuple(a for a in only_a if leading.get(a, -1) == common)
+        # only A reads them but their leading dim is not the batch's: state (a frozen network) or a batch the
+        # guess missed; the first call checks they are equal on every rank instead of broadcasting over them
+        checked = tuple(i for a in only_a if a in leading and a not in batch_args for i in args[a])
     else:
+        checked = ()
         batch_args = tuple(int(a) for a in batch)
         for a in batch_args:
             if not 0 <= a < len(args):
@@ -363,4 +371,4 @@ def split_at_gradients(program: Program, *, loss_index: int | None = None, batch
         name=f"{program.name}.update", in_tree=None, out_tree=program.out_tree)
     validate(a)
     validate(b)
-    return GradientSplit(program, a, b, tuple(cut), batch_args, batch_inputs, replicated)
+    return GradientSplit(program, a, b, tuple(cut), batch_args, batch_inputs, replicated, checked)

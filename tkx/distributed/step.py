@@ -116,10 +116,41 @@ class DataParallelStep:
 
     # -- state -----------------------------------------------------------------------------------
     def broadcast(self, *args: Any) -> None:
-        """Copy rank 0's replicated inputs (parameters, optimizer state) into every rank's, in place."""
+        """Copy rank 0's replicated inputs (parameters, optimizer state) into every rank's, in place.
+
+        The leaves of ``plan.split.checked_inputs`` (arguments only the forward/backward reads whose leading
+        dimension is not the derived batch's) are not overwritten: each rank compares its own with rank 0's,
+        and if any rank differs every rank raises :class:`~tkx.distributed.split.DistributedError`
+        (``ambiguous-batch``, naming the argument and the fix) before anything is written."""
         flat = self._flatten(args)
         src = dist.get_global_rank(self.group, 0) if self.group is not None else 0
-        for i in self.plan.split.replicated_inputs:
+        split = self.plan.split
+        differs = []
+        for i in split.checked_inputs:
+            t = flat[i].contiguous()
+            theirs = t.clone()
+            dist.broadcast(theirs, src=src, group=self.group)
+            differs.append(0 if torch.equal(theirs, t) else 1)
+        if split.checked_inputs:
+            flags = torch.tensor(differs, dtype=torch.int32, device=flat[split.checked_inputs[0]].device)
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
+            bad = [split.checked_inputs[k] for k, f in enumerate(flags.tolist()) if f]
+            if bad:
+                prog = split.program
+                names = ", ".join(f"{prog.inputs[i].name} {tuple(prog.inputs[i].value.shape)}" for i in bad)
+                batch = ", ".join(f"{prog.inputs[i].name} {tuple(prog.inputs[i].value.shape)}"
+                                  for i in split.batch_inputs) or "none"
+                raise DistributedError(
+                    "ambiguous-batch",
+                    f"{names} differ between the ranks, but the derived batch is {batch} (the most common leading "
+                    "dimension of the arguments only the forward/backward reads), so they were taken as state every "
+                    "rank holds equal; broadcasting rank 0's copy would overwrite this rank's data",
+                    hint="name the arguments that hold each rank's batch: tkx.distributed.data_parallel(step, inputs, "
+                         "batch=(i, j, ...)) or give the batch arguments one leading (batch) dimension; if they are "
+                         "state (a frozen network), load the same values on every rank")
+        for i in split.replicated_inputs:
+            if i in split.checked_inputs:
+                continue
             t = flat[i]
             if t.is_contiguous():
                 dist.broadcast(t, src=src, group=self.group)
