@@ -54,7 +54,8 @@ class DistributedError(UnsupportedError):
 
     An :class:`tkx.UnsupportedError` (``kind`` is ``"no-gradient"``, ``"batch-statistic"``,
     ``"bad-batch"``, ``"ambiguous-batch"``, ``"integer-gradient"``, ``"no-process-group"`` or
-    ``"bad-input"``) whose message names the op and the user's source line where one is involved, and what to do instead."""
+    ``"bad-input"``) whose message names the op and the user's source line where one is involved, and
+    what to do instead."""
 
     def __init__(self, kind: str, what: str, **kw: object) -> None:
         super().__init__(kind, what, **kw)  # type: ignore[arg-type]
