@@ -37,6 +37,7 @@ CASES = {
                                                       (y > 2).float().unsqueeze(1).expand(8, 5))),
     "kl_div": sgd(lambda w, x, y: F.kl_div(F.log_softmax(x @ w, 1), F.softmax(x @ w.flip(1), 1),
                                            reduction="batchmean")),
+    "max_min_all": sgd(lambda w, x, y: (x @ w).max() - 2 * (x @ w).min()),
     "min_max_dim": sgd(lambda w, x, y: (x @ w).min(1).values.sum() + (x @ w).max(0)[0].sum()),
     "dot_mv": sgd(lambda w, x, y: torch.dot(x[0], w[:, 0]) + torch.mv(w.t(), x[1]).sum()),
     "triu": sgd(lambda w, x, y: torch.triu(x @ w @ w.t()).sum()),
@@ -107,3 +108,21 @@ def test_nn_parameters_updated_in_place_under_no_grad():
         assert all(isinstance(t, torch.nn.Parameter) and t.requires_grad for t in got)
         for a, b in zip(got, want):
             torch.testing.assert_close(a.detach(), b.detach(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_with_class_weights(reduction):
+    """``F.cross_entropy(logits, y, weight=w)`` (an ignored target among them): the mean divides by the total
+    weight of the rows not ignored, as torch does; the gradient follows."""
+    def step(w, x, y, cw):
+        def loss_fn(w):
+            loss = F.cross_entropy(x @ w, y, weight=cw, reduction=reduction)
+            return loss.sum() if reduction == "none" else loss
+        g, loss = grad_and_value(loss_fn)(w)
+        return loss, w - 0.1 * g
+
+    g = torch.Generator().manual_seed(3)
+    y = torch.randint(0, 5, (8,), generator=g)
+    y[2] = -100
+    check_step(step, (torch.randn(4, 5, generator=g), torch.randn(8, 4, generator=g), y,
+                      torch.rand(5, generator=g) + 0.5))

@@ -358,16 +358,20 @@ def _one_hot_mask(target: torch.Tensor, classes: int, ignore_index: int, logp: t
 
 
 def _nll_loss_forward(self, target, weight, reduction, ignore_index):
-    if weight is not None:
-        raise NotImplementedError("nll_loss with class weights")
+    """NLL as a one-hot mask: per row ``-w[t] * self[t]`` (``w`` the class weights, 1 without); the mean
+    divides by the total weight of the rows not ignored (torch's definition), which is also returned."""
     if self.dim() == 1:
         self, target = self.unsqueeze(0), target.unsqueeze(0)
     if self.dim() != 2:
         raise NotImplementedError("nll_loss on inputs of rank > 2")
     target = torch.ops.tkx.check_index(target, 0, self.shape[1], ignore_index, "nll_loss (cross_entropy) target")
     mask = _one_hot_mask(target, self.shape[1], ignore_index, self)
+    if weight is not None:
+        mask = mask * weight
+        count = mask.sum()
+    else:
+        count = (target != ignore_index).to(self.dtype).sum()
     losses = -(self * mask).sum(dim=1)
-    count = (target != ignore_index).to(self.dtype).sum()
     if reduction == _REDUCTION_NONE:
         return losses, count
     if reduction == _REDUCTION_SUM:
@@ -376,14 +380,14 @@ def _nll_loss_forward(self, target, weight, reduction, ignore_index):
 
 
 def _nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight):
-    if weight is not None:
-        raise NotImplementedError("nll_loss with class weights")
     squeeze = self.dim() == 1
     logp = self.unsqueeze(0) if squeeze else self
     tgt = target.unsqueeze(0) if squeeze else target
     # the same check as the forward's, so cse merges the two masks
     tgt = torch.ops.tkx.check_index(tgt, 0, logp.shape[1], ignore_index, "nll_loss (cross_entropy) target")
     mask = _one_hot_mask(tgt, logp.shape[1], ignore_index, logp)
+    if weight is not None:
+        mask = mask * weight
     if reduction == _REDUCTION_NONE:
         scale = grad_output.reshape(-1, 1)
     elif reduction == _REDUCTION_MEAN:
@@ -454,6 +458,15 @@ def _min_dim(x, dim, keepdim=False):
     return _extreme_and_index(x, dim, keepdim, False)
 
 
+def _max_all(x):
+    """``x.max()`` (no dim): the maximum over every element, as ``torch.amax`` (NaN propagates alike)."""
+    return torch.amax(x, list(range(x.dim()))) if x.dim() else x.clone()
+
+
+def _min_all(x):
+    return torch.amin(x, list(range(x.dim()))) if x.dim() else x.clone()
+
+
 def _argmax(x, dim=None, keepdim=False):
     return _extreme_and_index(x, dim, keepdim, True)[1]
 
@@ -520,7 +533,8 @@ def decomposition_table() -> dict[torch._ops.OpOverload, Callable]:
     table[aten.var_mean.correction] = _var_mean
     table[aten.var.correction] = _var
     table[aten.std.correction] = _std
-    for op, fn in ((aten.max.dim, _max_dim), (aten.min.dim, _min_dim), (aten.argmax.default, _argmax),
+    for op, fn in ((aten.max.dim, _max_dim), (aten.min.dim, _min_dim), (aten.max.default, _max_all),
+                   (aten.min.default, _min_all), (aten.argmax.default, _argmax),
                    (aten.argmin.default, _argmin), (aten.any.default, _any), (aten.any.dim, _any),
                    (aten.any.dims, _any), (aten.all.default, _all), (aten.all.dim, _all), (aten.all.dims, _all),
                    (aten._foreach_norm.Scalar, _foreach_norm),

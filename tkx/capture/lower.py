@@ -354,7 +354,9 @@ class Lowering:
         if short in ("bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not"):
             if self.meta_dtype(node) != "bool":
                 raise self.fail("unsupported-op", f"{short} on integers (bit operations)",
-                                "tkx has bitwise ops on booleans only (&, |, ^, ~ of masks)")
+                                "tkx has bitwise ops on booleans only (&, |, ^, ~ of masks); for integer bit fields "
+                                "use // and % by powers of two, e.g. an int4 unpack (p >> 4) & 15 as (p // 16) % 16 "
+                                "(compiled to shifts and masks)")
             return self.pointwise("logical_" + short.split("_")[1], list(args))
         if short == "relu":
             return self.pointwise("maximum", [args[0], 0.0])
