@@ -142,7 +142,10 @@ def _path_name(root: str, path: tuple) -> str:
     return root + keystr(path)
 
 
-def _check_inputs(example_inputs: Sequence[Any], names: list[str]) -> tuple[list[torch.Tensor], list[str], Any]:
+def _check_inputs(example_inputs: Sequence[Any], names: list[str]) -> tuple[list[torch.Tensor], list[str], Any,
+                                                                         list[tuple[int, int]]]:
+    """The flat input leaves, their names, the input tree, and the pairs ``(i, j)`` of leaves that share
+    memory (allowed while neither is updated in place: :func:`_refuse_updated_aliases` checks after tracing)."""
     leaves_with_path, in_tree = tree_flatten_with_path(tuple(example_inputs))
     if not leaves_with_path:
         raise UnsupportedError("bad-input", "the step has no tensor inputs",
@@ -177,16 +180,36 @@ def _check_inputs(example_inputs: Sequence[Any], names: list[str]) -> tuple[list
             f"inputs on different devices: {flat_names[0]} on {first.device}, "
             f"{flat_names[k]} on {flat[k].device}",
             hint="move every input to one device before capturing")
-    seen: dict[tuple, str] = {}
-    for t, name in zip(flat, flat_names):
+    seen: dict[tuple, int] = {}
+    shared: list[tuple[int, int]] = []
+    for k, t in enumerate(flat):
         if t.numel() == 0 or t.device.type == "meta":  # meta tensors have no memory to share
             continue
         key = (t.untyped_storage().data_ptr(), t.device)
         if key in seen:
-            raise UnsupportedError("bad-input", f"inputs {seen[key]} and {name} share memory",
-                                   hint="pass distinct tensors (clone one of them)")
-        seen[key] = name
-    return flat, flat_names, in_tree
+            shared.append((seen[key], k))
+        else:
+            seen[key] = k
+    return flat, flat_names, in_tree, shared
+
+
+def _refuse_updated_aliases(gm: torch.fx.GraphModule, shared: list[tuple[int, int]], names: list[str],
+                            caller: SourceLine | None) -> None:
+    """Inputs may share memory (``x, y = data[:, :8], data[:, 8:]``, parameters that are views of one flat
+    buffer) as long as the step updates neither in place; else ``bad-input``: the kernel would write one
+    while reading the other (the runtime checks the same at every call)."""
+    if not shared:
+        return
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    index = {n: k for k, n in enumerate(placeholders)}
+    updated = {index[n.args[0]] for n in gm.graph.nodes
+               if n.op == "call_function" and n.target is torch.ops.aten.copy_.default and n.args[0] in index}
+    for i, j in shared:
+        if i in updated or j in updated:
+            which = names[i] if i in updated else names[j]
+            raise UnsupportedError("bad-input", f"inputs {names[i]} and {names[j]} share memory and the step "
+                                                f"updates {which} in place",
+                                   source=caller, hint="pass distinct tensors (clone one of them)")
 
 
 def _tracing_error(e: BaseException, step_fn: Callable, example_inputs: Sequence[Any],
@@ -425,7 +448,7 @@ def capture(step_fn: Callable[..., Any], example_inputs: Sequence[Any], *, loss:
     name = name or getattr(step_fn, "__name__", "step")
     arg_names = _arg_names(step_fn, len(example_inputs))
     try:
-        flat, flat_names, in_tree = _check_inputs(example_inputs, arg_names)
+        flat, flat_names, in_tree, shared = _check_inputs(example_inputs, arg_names)
     except UnsupportedError as e:  # point at the user's capture call
         raise UnsupportedError(e.kind, e.what, source=user_frame(sys._getframe(1)), hint=e.hint) from None
     out_tree_box: list[Any] = []
@@ -466,6 +489,7 @@ def capture(step_fn: Callable[..., Any], example_inputs: Sequence[Any], *, loss:
         raise error from (e if error.kind in ("unsupported-op", "step-raised", "bad-input") else None)
     guard.__exit__(None, None, None)
     fake_log.setLevel(fake_level)
+    _refuse_updated_aliases(gm, shared, flat_names, user_frame(sys._getframe(1)))
     out_tree = out_tree_box[-1]
     out_paths = [p for p, _ in tree_flatten_with_path(tree_unflatten([0] * out_tree.num_leaves, out_tree))[0]]
     from torch.utils._pytree import keystr
