@@ -34,7 +34,7 @@ from . import epilogue_vector as ev
 from . import gemm as gemm_module
 from . import ops as cops
 from .cuda_prelude import C_TYPES, barrier, barrier_setup, load, prelude, round_to, shared_workspace, store
-from .gemm import GemmProblem, SplitFinal, _batched_epilogue, emit_gemm
+from .gemm import GemmProblem, SplitFinal, _batched_epilogue, emit_gemm, tensormap_prefetch
 from .gemv import gemv_stream
 from .reduce import emit_reduction, final_reduce, partial_reduce
 from .text import block, indent
@@ -1157,6 +1157,9 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
         barrier_setup(mode) if sync == "barrier" else
         "const unsigned int tkx_epoch = tkx_counters_init(sync);  // launches completed: this launch's base",
     ]
+    prefetch_maps = tensormap_prefetch(len(em.plan.tensor_maps))
+    if prefetch_maps:
+        body.append(prefetch_maps)
     if em.plan.tile_counter_words:
         body.append(f"unsigned int* const tkx_tiles = sync + {_tile_counter_base(sync, dag)};  // split-K tile "
                     f"arrival counters ({em.plan.tile_counter_words} words, left at 0 by every launch)")
