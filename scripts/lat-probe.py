@@ -43,6 +43,11 @@ _spec = importlib.util.spec_from_file_location("gemm_profile", os.path.join(_her
 profile = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(profile)
 
+# the ablations (no MMAs / no copies: wrong values on purpose, timeline only) and its compile hook
+_spec4 = importlib.util.spec_from_file_location("gemm_s4_probe", os.path.join(_here, "gemm-s4-probe.py"))
+s4 = importlib.util.module_from_spec(_spec4)
+_spec4.loader.exec_module(s4)
+
 _PLAN_SPLIT_K = target._plan_split_k
 #: (m, n, k) -> split forced by the current variant (1: none)
 FORCED: dict[tuple[int, int, int], int] = {}
@@ -67,15 +72,20 @@ def gemm_shapes(name: str) -> dict[str, tuple[int, int, int]]:
             if g.kind == "gemm" and g.plan.impl != "gemv"}
 
 
-def set_variant(variant: str, shapes: dict[str, tuple[int, int, int]]) -> None:
+def set_variant(variant: str, shapes: dict[str, tuple[int, int, int]]) -> Options:
+    """Set the variant's module knobs and forced splits; its Options."""
     knobs = dict(kv.split("=") for kv in variant.split(",") if kv != "auto")
     P.GRID_BARRIER = knobs.pop("bar", "counter")
     G.TMA_PREFETCH_AT_ENTRY = knobs.pop("pf", "1") == "1"
+    s4._TRANSFORM[0] = s4.ABLATIONS[knobs.pop("abl")] if "abl" in knobs else None
+    options = Options(**{k[4:]: v for k, v in knobs.items() if k.startswith("opt.")})
+    knobs = {k: v for k, v in knobs.items() if not k.startswith("opt.")}
     FORCED.clear()
     for gid, split in knobs.items():
         if gid not in shapes:
             raise KeyError(f"{variant}: no tiled GEMM group {gid} (have {sorted(shapes)})")
         FORCED[shapes[gid]] = int(split)
+    return options
 
 
 def median_us(fn, dev) -> float:
@@ -108,7 +118,7 @@ def barrier_alone(dev) -> dict:
         status = torch.zeros(4, dtype=torch.int32, device=dev)
         stream = torch.cuda.current_stream(dev).cuda_stream
 
-        def launch(rounds, check=0):
+        def launch(rounds, check=0, fn=fn, slots=slots, errors=errors, sync=sync, status=status, stream=stream):
             vp, i32 = ctypes.c_void_p, ctypes.c_int
             params = ((slots.data_ptr(), errors.data_ptr(), rounds, sms, check, sync.data_ptr(), status.data_ptr(),
                        1 << 30), (vp, vp, i32, i32, i32, vp, vp, ctypes.c_ulonglong))
@@ -134,11 +144,13 @@ def barrier_alone(dev) -> dict:
 
 
 def step(name: str, variant: str, shapes, dev, *, timeline: bool = False) -> dict:
-    set_variant(variant, shapes)
+    options = set_variant(variant, shapes)
+    ablation = "abl=" in variant
     ex = get(name)
     inputs = ex.make_inputs(0, dev)
-    r = tkx.runtime.build(ex.step_fn, inputs, Options(), name=name, loss=ex.loss_output)
-    ver = r.verify(seeds=(0,), make_inputs=ex.make_inputs)
+    r = tkx.runtime.build(ex.step_fn, inputs, options, name=name, loss=ex.loss_output)
+    ver = (type("NotVerified", (), {"passed": None})() if ablation
+           else r.verify(seeds=(0,), make_inputs=ex.make_inputs))
     graph = r.capture_graph(*inputs, warmup=3)
     t = median_us(graph.graph.replay, dev)
     torch.cuda.synchronize(dev)
@@ -154,7 +166,8 @@ def step(name: str, variant: str, shapes, dev, *, timeline: bool = False) -> dic
     print(f"step {name:<7} {variant:<34} {t:7.2f} us verified {ver.passed} stages {len(sched.stages)} "
           f"splits {row['splits']} ({r.resources.registers} regs, {r.resources.spill_bytes} B spill)", flush=True)
     if timeline:
-        timed = tkx.runtime.build(ex.step_fn, inputs, Options(timeline=True), name=name, loss=ex.loss_output)
+        timed = tkx.runtime.build(ex.step_fn, inputs, options.replace(timeline=True), name=name,
+                                  loss=ex.loss_output)
         for _ in range(5):
             timed(*inputs)
         torch.cuda.synchronize(dev)
@@ -175,13 +188,19 @@ def step(name: str, variant: str, shapes, dev, *, timeline: bool = False) -> dic
 
 BEFORE = "bar=generation,pf=0"
 NEW = "bar=counter,pf=1"
-VARIANTS = {
-    "small": [BEFORE, "bar=counter,pf=0", "bar=generation,pf=1", NEW,
-              NEW + ",g0=1", NEW + ",g0=4", NEW + ",g0=8",
-              NEW + ",g1=1", NEW + ",g1=2", NEW + ",g1=8", NEW + ",g1=16",
-              NEW + ",g0=1,g1=1", NEW + ",g0=1,g1=8", NEW + ",g0=4,g1=8", NEW + ",g0=8,g1=16"],
-    "medium": [BEFORE, "bar=counter,pf=0", "bar=generation,pf=1", NEW, NEW + ",g1=2", NEW + ",g1=8"],
-}
+#: (example, variant, timeline) in order of value
+JOBS = [
+    ("small", BEFORE, True), ("small", NEW, True), ("small", "bar=counter,pf=0", False),
+    ("small", "bar=generation,pf=1", False),
+    ("medium", BEFORE, True), ("medium", NEW, True), ("medium", "bar=counter,pf=0", False),
+    ("medium", "bar=generation,pf=1", False),
+    *(("small", NEW + extra, False) for extra in (
+        ",g0=1", ",g0=4", ",g0=8", ",g1=1", ",g1=2", ",g1=8", ",g1=16",
+        ",g0=1,g1=1", ",g0=1,g1=8", ",g0=4,g1=8", ",g0=8,g1=16")),
+    ("small", NEW + ",abl=nocopy", True), ("small", NEW + ",abl=nomma", True),
+    ("medium", NEW + ",g1=2", False), ("medium", NEW + ",g1=8", False),
+    ("small", NEW + ",opt.sync=counters", False),
+]
 
 
 def main() -> int:
@@ -209,41 +228,38 @@ def main() -> int:
         print("ERROR barrier_alone", type(e).__name__, str(e)[:300], flush=True)
     save()
     names = args.examples.split(",")
+    jobs = [j for j in JOBS if j[0] in names]
     if args.variants:
-        plan = {}
-        for item in args.variants.split(";"):
-            ex_name, v = item.split(":", 1)
-            plan.setdefault(ex_name, []).append(v)
-    else:
-        plan = {n: VARIANTS[n] for n in names}
-    for name in names:
-        shapes = gemm_shapes(name)
-        result.setdefault("shapes", {})[name] = {k: list(v) for k, v in shapes.items()}
-        rows = []
-        for v in plan.get(name, []):
-            if time.time() - t0 > args.budget_s:
-                result["skipped"].append([name, v])
-                continue
+        jobs = [(item.split(":", 1)[0], item.split(":", 1)[1], False) for item in args.variants.split(";")]
+    shapes = {}
+    for name in dict.fromkeys(j[0] for j in jobs):
+        shapes[name] = gemm_shapes(name)
+        result.setdefault("shapes", {})[name] = {k: list(v) for k, v in shapes[name].items()}
+    for name, v, timeline in jobs:
+        if time.time() - t0 > args.budget_s:
+            result["skipped"].append([name, v])
+            continue
+        try:
+            result["steps"].append(step(name, v, shapes[name], dev, timeline=timeline and not args.no_timelines))
+        except Exception as e:
+            result["errors"].append([name, v, f"{type(e).__name__}: {e}"[:400]])
+            print("ERROR", name, v, type(e).__name__, str(e)[:300], flush=True)
+        save()
+    for name in shapes:
+        ok = [r for r in result["steps"] if r["example"] == name and r["verified"]]
+        if not ok:
+            continue
+        best = min(ok, key=lambda r: r["step_us"])
+        result.setdefault("best", {})[name] = [best["variant"], best["step_us"]]
+        print(f"best {name}: {best['variant']} {best['step_us']:.2f} us", flush=True)
+        if "timeline" not in best and not args.no_timelines and time.time() - t0 < args.budget_s + 10:
             try:
-                row = step(name, v, shapes, dev, timeline=not args.no_timelines and v in (BEFORE, NEW))
-                rows.append(row)
-                result["steps"].append(row)
+                result["steps"].append(step(name, best["variant"], shapes[name], dev, timeline=True))
             except Exception as e:
-                result["errors"].append([name, v, f"{type(e).__name__}: {e}"[:400]])
-                print("ERROR", name, v, type(e).__name__, str(e)[:300], flush=True)
-            save()
-        ok = [r for r in rows if r["verified"]]
-        if ok and not args.no_timelines and time.time() - t0 < args.budget_s:
-            best = min(ok, key=lambda r: r["step_us"])
-            print(f"best {name}: {best['variant']} {best['step_us']:.2f} us", flush=True)
-            result.setdefault("best", {})[name] = best["variant"]
-            if best["variant"] not in (BEFORE, NEW):
-                try:
-                    result["steps"].append(step(name, best["variant"], shapes, dev, timeline=True))
-                except Exception as e:
-                    result["errors"].append([name, best["variant"], f"{type(e).__name__}: {e}"[:400]])
+                result["errors"].append([name, best["variant"], f"{type(e).__name__}: {e}"[:400]])
         save()
     set_variant(NEW, {})
+    s4._TRANSFORM[0] = None
     save()
     print(f"done in {time.time() - t0:.0f} s; skipped {len(result['skipped'])}; errors {len(result['errors'])}",
           flush=True)

@@ -25,8 +25,8 @@ Contracts a kernel must keep (the code generator's side):
 * buffers written by the kernel are never read through ``__ldg`` or ``const __restrict__``
   (the read-only cache is not coherent across a grid barrier);
 * ``sync`` (2 words, 8-byte aligned) is zeroed once when allocated - the barrier leaves it ready
-  for the next launch of the same grid size - and ``status`` (4 ints: code, stage, block, spare) is zeroed before a launch and
-  read after it. After a barrier error ``sync`` must be zeroed again.
+  for the next launch of the same grid size - and ``status`` (4 ints: code, stage, block, spare)
+  is zeroed before a launch and read after it. After a barrier error ``sync`` must be zeroed again.
 """
 
 from __future__ import annotations
