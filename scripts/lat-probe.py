@@ -6,14 +6,17 @@ The fixed latency of work items and grid barriers (issue 12, session 5), measure
 * the grid barrier alone (``tkx.codegen.testing.barrier_kernel``, 4000 rounds over one block per SM,
   µs per barrier) for each :data:`tkx.codegen.cuda_prelude.GRID_BARRIER` kind;
 * the whole ``small`` and ``medium`` steps (verified on seed 0, then the CUDA-graph replay's median of
-  9 samples, µs) for each variant: the grid barrier kind (``bar=counter|generation``), the tensor-map
-  prefetch at kernel entry (``pf=1|0``, :data:`tkx.codegen.gemm.TMA_PREFETCH_AT_ENTRY`) and split-K
-  forced per GEMM shape (``g0=S``: the GEMM of the step's group ``g0`` split ``S`` ways, 1 = none;
-  ``+auto`` keeps the planner's choice);
+  9 samples, µs) for each variant: the grid barrier kind (``bar=counter|generation|auto``), the tensor-map
+  prefetch at kernel entry (``pf=1|0``, :data:`tkx.codegen.gemm.TMA_PREFETCH_AT_ENTRY`), the auto split
+  rule's fewest steps per slice (``msteps=N``, :data:`tkx.target.SPLIT_K_MIN_STEPS`), split-K forced per
+  GEMM shape (``g0=S``: the GEMM of the step's group ``g0`` split ``S`` ways, 1 = none), an ablation
+  (``abl=nocopy|nomma``, timeline only) and Options fields (``opt.sync=counters``); knobs not named keep
+  the committed defaults;
 * the per-stage timeline (``Options(timeline=True)``, as ``scripts/gemm-profile.py`` prints it) of
   the committed-before setting, of the new defaults and of the fastest verified variant of each example.
 
-A variant is ``bar=K,pf=P[,gN=S...]``. Work stops (writing what it has) when ``--budget-s`` runs out.
+A variant is ``bar=K,pf=P[,msteps=N][,gN=S...]``; ``--variants`` takes ``example:variant[:t];...``.
+Work stops (writing what it has) when ``--budget-s`` runs out.
 Writes ``lat-probe.json`` and prints one line per measurement.
 """
 
@@ -72,11 +75,16 @@ def gemm_shapes(name: str) -> dict[str, tuple[int, int, int]]:
             if g.kind == "gemm" and g.plan.impl != "gemv"}
 
 
+_DEFAULTS = {"bar": P.GRID_BARRIER, "pf": "1" if G.TMA_PREFETCH_AT_ENTRY else "0",
+             "msteps": str(target.SPLIT_K_MIN_STEPS)}
+
+
 def set_variant(variant: str, shapes: dict[str, tuple[int, int, int]]) -> Options:
     """Set the variant's module knobs and forced splits; its Options."""
     knobs = dict(kv.split("=") for kv in variant.split(",") if kv != "auto")
-    P.GRID_BARRIER = knobs.pop("bar", "counter")
-    G.TMA_PREFETCH_AT_ENTRY = knobs.pop("pf", "1") == "1"
+    P.GRID_BARRIER = knobs.pop("bar", _DEFAULTS["bar"])
+    G.TMA_PREFETCH_AT_ENTRY = knobs.pop("pf", _DEFAULTS["pf"]) == "1"
+    target.SPLIT_K_MIN_STEPS = int(knobs.pop("msteps", _DEFAULTS["msteps"]))
     s4._TRANSFORM[0] = s4.ABLATIONS[knobs.pop("abl")] if "abl" in knobs else None
     options = Options(**{k[4:]: v for k, v in knobs.items() if k.startswith("opt.")})
     knobs = {k: v for k, v in knobs.items() if not k.startswith("opt.")}
@@ -93,8 +101,9 @@ def median_us(fn, dev) -> float:
     return statistics.median(samples)
 
 
-def barrier_alone(dev) -> dict:
-    """µs per grid barrier over one block per SM, per kind (4000 rounds, nothing checked)."""
+def barrier_alone(dev, grids=(132,)) -> dict:
+    """µs per grid barrier over each grid size of ``grids`` (blocks of 256 threads), per kind (4000
+    rounds, nothing checked; then 100 checked rounds)."""
     import ctypes
 
     from cuda.bindings import driver
@@ -104,7 +113,6 @@ def barrier_alone(dev) -> dict:
 
     out = {}
     torch.zeros(1, device=dev)  # torch's primary context current for the driver calls
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
     major, minor = torch.cuda.get_device_capability(dev)
     for kind in P.GRID_BARRIERS:
         P.GRID_BARRIER = kind
@@ -112,34 +120,38 @@ def barrier_alone(dev) -> dict:
         rep = nv.compile_cuda(k.source, f"sm_{major}{minor}")
         err, mod = driver.cuModuleLoadData(rep.cubin)
         err, fn = driver.cuModuleGetFunction(mod, k.name.encode())
-        slots = torch.full((2, sms), -1, dtype=torch.int32, device=dev)
-        errors = torch.zeros(1, dtype=torch.int32, device=dev)
-        sync = torch.zeros(2, dtype=torch.int32, device=dev)
-        status = torch.zeros(4, dtype=torch.int32, device=dev)
-        stream = torch.cuda.current_stream(dev).cuda_stream
+        for blocks in grids:
+            slots = torch.full((2, blocks), -1, dtype=torch.int32, device=dev)
+            errors = torch.zeros(1, dtype=torch.int32, device=dev)
+            sync = torch.zeros(2, dtype=torch.int32, device=dev)
+            status = torch.zeros(4, dtype=torch.int32, device=dev)
+            stream = torch.cuda.current_stream(dev).cuda_stream
 
-        def launch(rounds, check=0, fn=fn, slots=slots, errors=errors, sync=sync, status=status, stream=stream):
-            vp, i32 = ctypes.c_void_p, ctypes.c_int
-            params = ((slots.data_ptr(), errors.data_ptr(), rounds, sms, check, sync.data_ptr(), status.data_ptr(),
-                       1 << 30), (vp, vp, i32, i32, i32, vp, vp, ctypes.c_ulonglong))
-            (e,) = driver.cuLaunchCooperativeKernel(fn, sms, 1, 1, 256, 1, 1, 0, driver.CUstream(stream), params)
-            assert int(e) == 0, e
+            def launch(rounds, check=0, fn=fn, slots=slots, errors=errors, sync=sync, status=status, stream=stream,
+                       blocks=blocks):
+                vp, i32 = ctypes.c_void_p, ctypes.c_int
+                params = ((slots.data_ptr(), errors.data_ptr(), rounds, blocks, check, sync.data_ptr(),
+                           status.data_ptr(), 1 << 30), (vp, vp, i32, i32, i32, vp, vp, ctypes.c_ulonglong))
+                (e,) = driver.cuLaunchCooperativeKernel(fn, blocks, 1, 1, 256, 1, 1, 0, driver.CUstream(stream),
+                                                        params)
+                assert int(e) == 0, e
 
-        times = {}
-        for rounds in (0, 4000, 0, 4000, 0, 4000):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            launch(rounds)
-            e.record()
+            times = {}
+            for rounds in (0, 4000, 0, 4000, 0, 4000):
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                launch(rounds)
+                e.record()
+                torch.cuda.synchronize(dev)
+                times.setdefault(rounds, []).append(s.elapsed_time(e) * 1000)
+            launch(100, check=1)
             torch.cuda.synchronize(dev)
-            times.setdefault(rounds, []).append(s.elapsed_time(e) * 1000)
-        launch(100, check=1)
-        torch.cuda.synchronize(dev)
-        per = (min(times[4000]) - min(times[0])) / 4000
-        out[kind] = {"us_per_barrier": per, "status": status.tolist(), "errors": int(errors.item()),
-                     "sync_words": sync.tolist()}
-        print(f"barrier {kind:<10} {per:.3f} us per barrier over {sms} blocks; status {status.tolist()} "
-              f"errors {int(errors.item())} sync {sync.tolist()}", flush=True)
+            per = (min(times[4000]) - min(times[0])) / 4000
+            out[f"{kind}/{blocks}"] = {"kind": kind, "blocks": blocks, "us_per_barrier": per,
+                                       "status": status.tolist(), "errors": int(errors.item()),
+                                       "sync_words": sync.tolist()}
+            print(f"barrier {kind:<10} {per:.3f} us per barrier over {blocks} blocks; status {status.tolist()} "
+                  f"errors {int(errors.item())} sync {sync.tolist()}", flush=True)
     return out
 
 
@@ -208,7 +220,10 @@ def main() -> int:
     ap.add_argument("--out", default=".")
     ap.add_argument("--budget-s", type=float, default=150.0)
     ap.add_argument("--examples", default="small,medium")
-    ap.add_argument("--variants", default=None, help="example:variant;... instead of the built-in list")
+    ap.add_argument("--variants", default=None,
+                    help="example:variant[:t];... instead of the built-in list (:t adds the timeline)")
+    ap.add_argument("--barrier-blocks", default="132",
+                    help="grid sizes (blocks) of the barrier-alone measurement, comma-separated")
     ap.add_argument("--no-timelines", action="store_true")
     args = ap.parse_args()
     dev = torch.device("cuda")
@@ -222,7 +237,7 @@ def main() -> int:
             json.dump(result, f, indent=1)
 
     try:
-        result["barrier_alone"] = barrier_alone(dev)
+        result["barrier_alone"] = barrier_alone(dev, [int(b) for b in args.barrier_blocks.split(",")])
     except Exception as e:  # keep going
         result["errors"].append(["barrier_alone", f"{type(e).__name__}: {e}"[:400]])
         print("ERROR barrier_alone", type(e).__name__, str(e)[:300], flush=True)
@@ -230,22 +245,26 @@ def main() -> int:
     names = args.examples.split(",")
     jobs = [j for j in JOBS if j[0] in names]
     if args.variants:
-        jobs = [(item.split(":", 1)[0], item.split(":", 1)[1], False) for item in args.variants.split(";")]
-    shapes = {}
-    for name in dict.fromkeys(j[0] for j in jobs):
-        shapes[name] = gemm_shapes(name)
-        result.setdefault("shapes", {})[name] = {k: list(v) for k, v in shapes[name].items()}
+        jobs = [(item.split(":")[0], item.split(":")[1], item.endswith(":t")) for item in args.variants.split(";")]
+    class Shapes(dict):  # an example's GEMM shapes, found when a variant forces a split
+        def __missing__(self, name):
+            self[name] = gemm_shapes(name)
+            result.setdefault("shapes", {})[name] = {k: list(v) for k, v in self[name].items()}
+            return self[name]
+    shapes = Shapes()
     for name, v, timeline in jobs:
         if time.time() - t0 > args.budget_s:
             result["skipped"].append([name, v])
             continue
         try:
-            result["steps"].append(step(name, v, shapes[name], dev, timeline=timeline and not args.no_timelines))
+            forces = any(kv.split("=")[0][1:].isdigit() for kv in v.split(",") if kv.startswith("g"))
+            result["steps"].append(step(name, v, shapes[name] if forces else {}, dev,
+                                        timeline=timeline and not args.no_timelines))
         except Exception as e:
             result["errors"].append([name, v, f"{type(e).__name__}: {e}"[:400]])
             print("ERROR", name, v, type(e).__name__, str(e)[:300], flush=True)
         save()
-    for name in shapes:
+    for name in ([] if args.variants else dict.fromkeys(j[0] for j in jobs)):
         ok = [r for r in result["steps"] if r["example"] == name and r["verified"]]
         if not ok:
             continue

@@ -249,6 +249,16 @@ def test_grid_barrier_calls_of_each_kind(monkeypatch):
         P.barrier("grid", 1)
 
 
+def test_auto_grid_barrier_by_grid_size(monkeypatch):
+    monkeypatch.setattr(P, "GRID_BARRIER", "auto")
+    most = P.COUNTER_BARRIER_MAX_BLOCKS
+    assert [P.grid_barrier_kind(b) for b in (None, 1, 132, most, most + 1, 1056)] == \
+        ["counter"] * 4 + ["generation"] * 2
+    assert "tkx_grid_barrier_counter(" in P.barrier("grid", 1, blocks=132)
+    assert "tkx_grid_barrier(sync, tkx_gen++" in P.barrier("grid", 1, blocks=1056)
+    assert "tkx_barrier_init" in P.barrier_setup("grid", 1056) and "tkx_arrivals_base" in P.barrier_setup("grid", 8)
+
+
 def test_counter_barrier_arrives_without_a_returned_value():
     """The counter barrier's arrival is a release reduction (no value back) and its waiters poll
     with acquires; the generation barrier's arrival is an acquire-release atomic."""

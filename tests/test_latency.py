@@ -1,7 +1,8 @@
 """The fixed per-stage and per-item latency switches (issue 12, session 5).
 
 * the grid barrier (:data:`tkx.codegen.cuda_prelude.GRID_BARRIER`): ``"counter"`` (a monotonic 64-bit
-  arrival count, red.release arrivals, acquire polls) and ``"generation"`` (the previous one) in the
+  arrival count, red.release arrivals, acquire polls), ``"generation"`` (the previous one) and
+  ``"auto"`` (counter up to :data:`~tkx.codegen.cuda_prelude.COUNTER_BARRIER_MAX_BLOCKS` blocks) in the
   generated kernels; on a GPU: many launches and CUDA-graph replays of ``small`` leave the arrival
   count at exactly launches x barriers x grid and verify, and a block that never arrives is reported
   as a barrier timeout naming the stage, after which the words are clean again;
@@ -54,6 +55,18 @@ def test_grid_barrier_kind_in_generated_kernel(kind, monkeypatch):
     # each barrier still names the stage it precedes (the error channel)
     for stage in range(1, barriers + 1):
         assert f"status, {stage}, " in body
+
+
+@pytest.mark.parametrize("per_sm, kind", [(1, "counter"), (4, "generation")])
+def test_auto_grid_barrier_follows_the_grid(per_sm, kind, monkeypatch):
+    monkeypatch.setattr(P, "GRID_BARRIER", "auto")
+    text, exp = kernel_text("online", blocks_per_sm=per_sm, mode="grid")
+    assert exp.schedule.num_barriers >= 1
+    assert (exp.schedule.blocks <= P.COUNTER_BARRIER_MAX_BLOCKS) == (kind == "counter")
+    assert f"// Grid barrier: {kind} (cuda_prelude.GRID_BARRIER = 'auto', grid of at most " in text
+    body = kernel_body(text)
+    assert ("tkx_grid_barrier_counter(sync" in body) == (kind == "counter")
+    assert ("tkx_grid_barrier(sync, tkx_gen++" in body) == (kind == "generation")
 
 
 def test_counters_mode_has_no_grid_barrier_of_either_kind():

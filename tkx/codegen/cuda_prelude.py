@@ -11,9 +11,9 @@ in a few hundredths of a second with NVRTC). It holds:
   PyTorch rounds each op's output;
 * **NaN-propagating min/max** (``tkx_max``/``tkx_min``) as ``torch.maximum``/``amax`` behave;
 * **barriers**: two grid barriers with a spin limit that record an error in ``status``
-  instead of hanging (:data:`GRID_BARRIER` picks one: a monotonic arrival count, the default,
-  or a generation counter) - and a block-mode twin with the same signature (``__syncthreads``
-  only);
+  instead of hanging (:data:`GRID_BARRIER` picks one: a monotonic arrival count, the default
+  for grids of up to :data:`COUNTER_BARRIER_MAX_BLOCKS` blocks, or a generation counter) - and
+  a block-mode twin with the same signature (``__syncthreads`` only);
 * **warp and block reductions** (sum/max/min) through warp shuffles and shared memory.
 
 Contracts a kernel must keep (the code generator's side):
@@ -564,38 +564,53 @@ def round_to(dtype: str, expr: str) -> str:
 #: acquires until it reaches this barrier's target (the base is read at kernel entry): one one-way
 #: reduction and one poll round trip on the critical path. ``"generation"``: the block whose
 #: acquire-release atomic returns ``gridDim.x - 1`` re-arms the count and bumps a generation the
-#: others poll: three dependent trips to L2. Both use ``sync`` words 0..1, need zeroing only after an
-#: error, and report a timeout with the stage. Default from the environment variable
-#: ``TKX_GRID_BARRIER`` (``counter`` when unset).
-GRID_BARRIER = os.environ.get("TKX_GRID_BARRIER", "counter")
+#: others poll: three dependent trips to L2. ``"auto"`` (the default): ``"counter"`` for grids of at
+#: most :data:`COUNTER_BARRIER_MAX_BLOCKS` blocks, else ``"generation"``. Both use ``sync`` words 0..1,
+#: need zeroing only after an error, and report a timeout with the stage. Measured on the H200
+#: (``docs/results/lat-s5-probe.txt``, one run): the barrier alone over 132 blocks 1.02 µs (counter)
+#: against 1.41 µs (generation), over 1056 blocks 3.16 against 2.73 µs (1056 pollers of the address
+#: the arrivals add to); in ``small``'s step the gaps between stages 1.12-1.41 -> 0.74-0.80 µs and the
+#: step 24.8 -> 22.2 µs, ``medium`` 67.9 -> 66.1 µs. Default from the environment variable
+#: ``TKX_GRID_BARRIER``.
+GRID_BARRIER = os.environ.get("TKX_GRID_BARRIER", "auto")
 GRID_BARRIERS = ("counter", "generation")
+#: Largest grid (blocks) for which ``GRID_BARRIER = "auto"`` takes the counter barrier.
+COUNTER_BARRIER_MAX_BLOCKS = 264
 
 
-def _grid_barrier_kind() -> str:
+def grid_barrier_kind(blocks: int | None = None) -> str:
+    """The grid barrier (one of :data:`GRID_BARRIERS`) for a grid of at most ``blocks`` blocks
+    (``None``: unknown, taken as small) under :data:`GRID_BARRIER`; raises ``ValueError`` for an
+    unknown setting."""
+    if GRID_BARRIER == "auto":
+        return "counter" if blocks is None or blocks <= COUNTER_BARRIER_MAX_BLOCKS else "generation"
     if GRID_BARRIER not in GRID_BARRIERS:
-        raise ValueError(f"cuda_prelude.GRID_BARRIER must be one of {GRID_BARRIERS}, not {GRID_BARRIER!r}")
+        raise ValueError(f"cuda_prelude.GRID_BARRIER must be 'auto' or one of {GRID_BARRIERS}, "
+                         f"not {GRID_BARRIER!r}")
     return GRID_BARRIER
 
 
-def barrier_setup(mode: str) -> str:
-    """C statement at kernel entry (before any early return): the barrier's per-block state."""
+def barrier_setup(mode: str, blocks: int | None = None) -> str:
+    """C statement at kernel entry (before any early return): the barrier's per-block state
+    (``blocks``: the most blocks the grid will have, see :func:`grid_barrier_kind`)."""
     if mode == "grid":
-        if _grid_barrier_kind() == "counter":
+        if grid_barrier_kind(blocks) == "counter":
             return ("unsigned long long tkx_gen = tkx_arrivals_base(sync);  // arrivals before this launch "
                     "(the next barrier opens at tkx_gen + gridDim.x)")
         return "unsigned int tkx_gen = tkx_barrier_init(sync);  // the generation the next barrier ends"
     return "unsigned int tkx_gen = 0;  // unused in block mode"
 
 
-def barrier(mode: str, stage: int | str, *, spin_limit: str = "spin_limit") -> str:
+def barrier(mode: str, stage: int | str, *, spin_limit: str = "spin_limit", blocks: int | None = None) -> str:
     """C statement ending stage ``stage - 1``: a grid or block barrier that exits the kernel on error.
 
     ``stage`` (a number or a C expression) is what ``status[1]`` records if the barrier fails.
     Expects ``sync``, ``status`` and ``tkx_gen`` (from :func:`barrier_setup`) in scope, and
-    ``spin_limit`` (a kernel parameter or a constant; pass its C text).
+    ``spin_limit`` (a kernel parameter or a constant; pass its C text). ``blocks``: as for
+    :func:`barrier_setup` (pass the same value to both).
     """
     fn = {"grid": "tkx_grid_barrier", "block": "tkx_block_barrier"}[mode]
-    if mode == "grid" and _grid_barrier_kind() == "counter":
+    if mode == "grid" and grid_barrier_kind(blocks) == "counter":
         return (f"if (!tkx_grid_barrier_counter(sync, tkx_gen += gridDim.x, status, {stage}, {spin_limit})) return;"
                 f"  // before stage {stage}")
     return f"if (!{fn}(sync, tkx_gen++, status, {stage}, {spin_limit})) return;  // before stage {stage}"
