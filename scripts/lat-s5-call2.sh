@@ -12,7 +12,7 @@ N="bar=auto,pf=0,msteps=2"
 V="small:$B:t;small:$N:t;medium:$B;medium:$N:t"
 for ex in cnn_digits gpt_block llama_block mixed_precision tiny_online online; do V="$V;$ex:$B;$ex:$N"; done
 V="$V;small:bar=auto,pf=1,msteps=2;small:bar=auto,pf=0,msteps=4;medium:bar=auto,pf=1,msteps=2;small:bar=generation,pf=0,msteps=2"
-timeout 95 python scripts/lat-probe.py --out "$out" --budget-s 78 --barrier-blocks 132,264,396,528,1056 \
+timeout 80 python scripts/lat-probe.py --out "$out" --budget-s 60 --barrier-blocks 132,264,396,528,1056 \
     --examples small,medium --variants "$V" > "$out/probe.txt" 2>&1
 echo "probe rc=$?" >> "$out/probe.txt"
 cat "$out/probe.txt"

@@ -57,10 +57,10 @@ def test_grid_barrier_kind_in_generated_kernel(kind, monkeypatch):
         assert f"status, {stage}, " in body
 
 
-@pytest.mark.parametrize("per_sm, kind", [(1, "counter"), (4, "generation")])
+@pytest.mark.parametrize("per_sm, kind", [(1, "counter"), (8, "generation")])
 def test_auto_grid_barrier_follows_the_grid(per_sm, kind, monkeypatch):
     monkeypatch.setattr(P, "GRID_BARRIER", "auto")
-    text, exp = kernel_text("online", blocks_per_sm=per_sm, mode="grid")
+    text, exp = kernel_text("medium", blocks_per_sm=per_sm, mode="grid")
     assert exp.schedule.num_barriers >= 1
     assert (exp.schedule.blocks <= P.COUNTER_BARRIER_MAX_BLOCKS) == (kind == "counter")
     assert f"// Grid barrier: {kind} (cuda_prelude.GRID_BARRIER = 'auto', grid of at most " in text

@@ -566,16 +566,19 @@ def round_to(dtype: str, expr: str) -> str:
 #: acquire-release atomic returns ``gridDim.x - 1`` re-arms the count and bumps a generation the
 #: others poll: three dependent trips to L2. ``"auto"`` (the default): ``"counter"`` for grids of at
 #: most :data:`COUNTER_BARRIER_MAX_BLOCKS` blocks, else ``"generation"``. Both use ``sync`` words 0..1,
-#: need zeroing only after an error, and report a timeout with the stage. Measured on the H200
-#: (``docs/results/lat-s5-probe.txt``, one run): the barrier alone over 132 blocks 1.02 µs (counter)
-#: against 1.41 µs (generation), over 1056 blocks 3.16 against 2.73 µs (1056 pollers of the address
-#: the arrivals add to); in ``small``'s step the gaps between stages 1.12-1.41 -> 0.74-0.80 µs and the
-#: step 24.8 -> 22.2 µs, ``medium`` 67.9 -> 66.1 µs. Default from the environment variable
-#: ``TKX_GRID_BARRIER``.
+#: need zeroing only after an error, and report a timeout with the stage. Measured on the H200 (one
+#: run, ``docs/results/lat-s5-confirm.txt``): the barrier alone over 132 / 264 / 396 / 528 / 1056 blocks
+#: 1.01 / 1.30 / 1.63 / 1.84 / 3.13 µs (counter) against 1.51 / 1.63 / 1.79 / 1.94 / 2.76 µs
+#: (generation: at 1056 blocks the pollers of the address the arrivals add to slow the counter one);
+#: in ``small``'s step the gaps between stages 1.15-1.44 -> 0.74-0.93 µs (``lat-s5-probe.txt``). Steps
+#: (with the split rule of :data:`tkx.target.SPLIT_K_MIN_STEPS`): small 24.96 -> 21.79 µs, medium
+#: 69.15 -> 65.73, cnn_digits 156.2 -> 146.2, gpt_block 114.5 -> 100.6. Default from the environment
+#: variable ``TKX_GRID_BARRIER``.
 GRID_BARRIER = os.environ.get("TKX_GRID_BARRIER", "auto")
 GRID_BARRIERS = ("counter", "generation")
-#: Largest grid (blocks) for which ``GRID_BARRIER = "auto"`` takes the counter barrier.
-COUNTER_BARRIER_MAX_BLOCKS = 264
+#: Largest grid (blocks) for which ``GRID_BARRIER = "auto"`` takes the counter barrier (the largest
+#: measured size where it was the quicker one; 4 blocks per SM of the H200).
+COUNTER_BARRIER_MAX_BLOCKS = 528
 
 
 def grid_barrier_kind(blocks: int | None = None) -> str:
