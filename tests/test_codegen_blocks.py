@@ -235,11 +235,11 @@ def test_shared_workspace_declaration():
 
 def test_grid_barrier_calls_of_each_kind(monkeypatch):
     monkeypatch.setattr(P, "GRID_BARRIER", "generation")
-    expected = "if (!tkx_grid_barrier(sync, tkx_gen++, status, 3, spin_limit)) return;"
+    expected = "if (!tkx_grid_barrier_generation(sync, tkx_gen++, status, 3, spin_limit)) return;"
     assert P.barrier("grid", 3).startswith(expected)
     assert "tkx_barrier_init(sync)" in P.barrier_setup("grid")
     monkeypatch.setattr(P, "GRID_BARRIER", "counter")
-    expected = "if (!tkx_grid_barrier_counter(sync, tkx_gen += gridDim.x, status, 3, spin_limit)) return;"
+    expected = "if (!tkx_grid_barrier(sync, tkx_gen += gridDim.x, status, 3, spin_limit)) return;"
     assert P.barrier("grid", 3).startswith(expected)
     assert P.barrier_setup("grid").startswith("unsigned long long tkx_gen = tkx_arrivals_base(sync);")
     # block mode is the same in both
@@ -254,8 +254,8 @@ def test_auto_grid_barrier_by_grid_size(monkeypatch):
     most = P.COUNTER_BARRIER_MAX_BLOCKS
     assert [P.grid_barrier_kind(b) for b in (None, 1, 132, most, most + 1, 1056)] == \
         ["counter"] * 4 + ["generation"] * 2
-    assert "tkx_grid_barrier_counter(" in P.barrier("grid", 1, blocks=132)
-    assert "tkx_grid_barrier(sync, tkx_gen++" in P.barrier("grid", 1, blocks=1056)
+    assert "tkx_grid_barrier(sync, tkx_gen += gridDim.x" in P.barrier("grid", 1, blocks=132)
+    assert "tkx_grid_barrier_generation(sync, tkx_gen++" in P.barrier("grid", 1, blocks=1056)
     assert "tkx_barrier_init" in P.barrier_setup("grid", 1056) and "tkx_arrivals_base" in P.barrier_setup("grid", 8)
 
 
@@ -263,7 +263,7 @@ def test_counter_barrier_arrives_without_a_returned_value():
     """The counter barrier's arrival is a release reduction (no value back) and its waiters poll
     with acquires; the generation barrier's arrival is an acquire-release atomic."""
     text = P.BARRIERS
-    body = text[text.index("bool tkx_grid_barrier_counter("):]
+    body = text[text.index("bool tkx_grid_barrier(unsigned int* sync, unsigned long long target"):]
     body = body[:body.index("// Block mode")]
     assert "tkx_red_add_release_u64(arrivals, 1ull)" in body and "tkx_atom_add" not in body
     assert "while (tkx_ld_acquire_u64(arrivals) < target)" in body

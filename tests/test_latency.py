@@ -45,13 +45,13 @@ def test_grid_barrier_kind_in_generated_kernel(kind, monkeypatch):
     barriers = exp.schedule.num_barriers
     assert barriers >= 3
     if kind == "counter":
-        assert body.count("tkx_grid_barrier_counter(sync, tkx_gen += gridDim.x, status, ") == barriers
+        assert body.count("tkx_grid_barrier(sync, tkx_gen += gridDim.x, status, ") == barriers
         assert "unsigned long long tkx_gen = tkx_arrivals_base(sync);" in body
-        assert "tkx_grid_barrier(sync" not in body and "tkx_barrier_init" not in body
+        assert "tkx_grid_barrier_generation(" not in body and "tkx_barrier_init" not in body
     else:
-        assert body.count("tkx_grid_barrier(sync, tkx_gen++, status, ") == barriers
+        assert body.count("tkx_grid_barrier_generation(sync, tkx_gen++, status, ") == barriers
         assert "unsigned int tkx_gen = tkx_barrier_init(sync);" in body
-        assert "tkx_grid_barrier_counter(" not in body
+        assert "tkx_grid_barrier(sync" not in body
     # each barrier still names the stage it precedes (the error channel)
     for stage in range(1, barriers + 1):
         assert f"status, {stage}, " in body
@@ -65,8 +65,8 @@ def test_auto_grid_barrier_follows_the_grid(per_sm, kind, monkeypatch):
     assert (exp.schedule.blocks <= P.COUNTER_BARRIER_MAX_BLOCKS) == (kind == "counter")
     assert f"// Grid barrier: {kind} (cuda_prelude.GRID_BARRIER = 'auto', grid of at most " in text
     body = kernel_body(text)
-    assert ("tkx_grid_barrier_counter(sync" in body) == (kind == "counter")
-    assert ("tkx_grid_barrier(sync, tkx_gen++" in body) == (kind == "generation")
+    assert ("tkx_grid_barrier(sync" in body) == (kind == "counter")
+    assert ("tkx_grid_barrier_generation(sync, tkx_gen++" in body) == (kind == "generation")
 
 
 def test_counters_mode_has_no_grid_barrier_of_either_kind():

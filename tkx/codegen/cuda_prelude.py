@@ -205,7 +205,8 @@ BARRIERS = dedent(r"""
         }
     }
 
-    // Grid barrier. sync[0] counts the blocks that arrived, sync[1] is the generation.
+    // Generation grid barrier (GRID_BARRIER = "generation"). sync[0] counts the blocks that arrived,
+    // sync[1] is the generation.
     // The last block to arrive resets the count and bumps the generation, which releases
     // the others; so the pair needs zeroing only once and serves every later barrier and
     // launch. Each block counts the generations itself (`gen`, read once at kernel entry by
@@ -219,8 +220,8 @@ BARRIERS = dedent(r"""
         return tkx_ld_acquire(sync + 1);  // no barrier of this launch can have opened yet
     }
 
-    __device__ __forceinline__ bool tkx_grid_barrier(unsigned int* sync, unsigned int gen, int* status,
-                                                  int stage, unsigned long long spin_limit) {
+    __device__ __forceinline__ bool tkx_grid_barrier_generation(unsigned int* sync, unsigned int gen, int* status,
+                                                             int stage, unsigned long long spin_limit) {
         __shared__ int ok;
         __syncthreads();                                       // this block has finished the stage
         if (threadIdx.x == 0) {
@@ -268,8 +269,8 @@ BARRIERS = dedent(r"""
         return v - v % gridDim.x;
     }
 
-    __device__ __forceinline__ bool tkx_grid_barrier_counter(unsigned int* sync, unsigned long long target,
-                                                          int* status, int stage, unsigned long long spin_limit) {
+    __device__ __forceinline__ bool tkx_grid_barrier(unsigned int* sync, unsigned long long target,
+                                                  int* status, int stage, unsigned long long spin_limit) {
         __shared__ int ok;
         __syncthreads();                                       // this block has finished the stage
         if (threadIdx.x == 0) {
@@ -612,9 +613,9 @@ def barrier(mode: str, stage: int | str, *, spin_limit: str = "spin_limit", bloc
     ``spin_limit`` (a kernel parameter or a constant; pass its C text). ``blocks``: as for
     :func:`barrier_setup` (pass the same value to both).
     """
-    fn = {"grid": "tkx_grid_barrier", "block": "tkx_block_barrier"}[mode]
+    fn = {"grid": "tkx_grid_barrier_generation", "block": "tkx_block_barrier"}[mode]
     if mode == "grid" and grid_barrier_kind(blocks) == "counter":
-        return (f"if (!tkx_grid_barrier_counter(sync, tkx_gen += gridDim.x, status, {stage}, {spin_limit})) return;"
+        return (f"if (!tkx_grid_barrier(sync, tkx_gen += gridDim.x, status, {stage}, {spin_limit})) return;"
                 f"  // before stage {stage}")
     return f"if (!{fn}(sync, tkx_gen++, status, {stage}, {spin_limit})) return;  // before stage {stage}"
 
