@@ -217,8 +217,11 @@ def test_dtype_helpers_compile(arch):
 
 @needs_nvrtc
 @pytest.mark.parametrize("arch", nv.ARCHES)
-@pytest.mark.parametrize("mode", ["grid", "block"])
-def test_barrier_kernel_compiles(arch, mode):
+@pytest.mark.parametrize("mode", ["grid", "block", "grid-generation"])
+def test_barrier_kernel_compiles(arch, mode, monkeypatch):
+    if mode == "grid-generation":
+        monkeypatch.setattr(P, "GRID_BARRIER", "generation")
+        mode = "grid"
     k = T.barrier_kernel(mode)
     r = compile_ok(k.source, arch)
     assert r.stack_bytes == 0
@@ -228,9 +231,45 @@ def test_shared_workspace_declaration():
     assert P.shared_workspace(1000) == \
         "__shared__ __align__(128) unsigned char tkx_smem[1008];  // shared workspace, all groups"
     assert P.shared_workspace(100_000).startswith("extern __shared__")
-    expected = "if (!tkx_grid_barrier(sync, tkx_gen++, status, 3, spin_limit)) return;"
+
+
+def test_grid_barrier_calls_of_each_kind(monkeypatch):
+    monkeypatch.setattr(P, "GRID_BARRIER", "generation")
+    expected = "if (!tkx_grid_barrier_generation(sync, tkx_gen++, status, 3, spin_limit)) return;"
     assert P.barrier("grid", 3).startswith(expected)
     assert "tkx_barrier_init(sync)" in P.barrier_setup("grid")
+    monkeypatch.setattr(P, "GRID_BARRIER", "counter")
+    expected = "if (!tkx_grid_barrier(sync, tkx_gen += gridDim.x, status, 3, spin_limit)) return;"
+    assert P.barrier("grid", 3).startswith(expected)
+    assert P.barrier_setup("grid").startswith("unsigned long long tkx_gen = tkx_arrivals_base(sync);")
+    # block mode is the same in both
+    assert P.barrier("block", 2).startswith("if (!tkx_block_barrier(sync, tkx_gen++, status, 2, spin_limit))")
+    monkeypatch.setattr(P, "GRID_BARRIER", "fast")
+    with pytest.raises(ValueError, match="GRID_BARRIER"):
+        P.barrier("grid", 1)
+
+
+def test_auto_grid_barrier_by_grid_size(monkeypatch):
+    monkeypatch.setattr(P, "GRID_BARRIER", "auto")
+    most = P.COUNTER_BARRIER_MAX_BLOCKS
+    assert [P.grid_barrier_kind(b) for b in (None, 1, 132, most, most + 1, 1056)] == \
+        ["counter"] * 4 + ["generation"] * 2
+    assert "tkx_grid_barrier(sync, tkx_gen += gridDim.x" in P.barrier("grid", 1, blocks=132)
+    assert "tkx_grid_barrier_generation(sync, tkx_gen++" in P.barrier("grid", 1, blocks=1056)
+    assert "tkx_barrier_init" in P.barrier_setup("grid", 1056) and "tkx_arrivals_base" in P.barrier_setup("grid", 8)
+
+
+def test_counter_barrier_arrives_without_a_returned_value():
+    """The counter barrier's arrival is a release reduction (no value back) and its waiters poll
+    with acquires; the generation barrier's arrival is an acquire-release atomic."""
+    text = P.BARRIERS
+    body = text[text.index("bool tkx_grid_barrier(unsigned int* sync, unsigned long long target"):]
+    body = body[:body.index("// Block mode")]
+    assert "tkx_red_add_release_u64(arrivals, 1ull)" in body and "tkx_atom_add" not in body
+    assert "while (tkx_ld_acquire_u64(arrivals) < target)" in body
+    assert "tkx_fail(status, TKX_ERR_BARRIER_TIMEOUT, stage)" in body
+    assert "red.release.gpu.global.add.u64" in text and "ld.acquire.gpu.global.u64" in text
+    assert "return v - v % gridDim.x;" in text
 
 
 # --------------------------------------------------------------------------------------

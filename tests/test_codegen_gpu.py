@@ -18,6 +18,7 @@ if not torch.cuda.is_available():  # pragma: no cover - CPU machines
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 driver = pytest.importorskip("cuda.bindings.driver")
 
+from tkx.codegen import cuda_prelude as P  # noqa: E402
 from tkx.codegen import gemm as G  # noqa: E402
 from tkx.codegen import nvrtc as nv  # noqa: E402
 from tkx.codegen import reduce as R  # noqa: E402
@@ -244,8 +245,10 @@ def test_reduction_matches_torch(kind, strategy, rows, size, rows_contiguous, ch
 # --------------------------------------------------------------------------------------
 # barriers
 # --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", P.GRID_BARRIERS)
 @pytest.mark.parametrize("per_sm", [1, None])
-def test_grid_barrier_orders_memory_and_is_reusable(per_sm, capsys):
+def test_grid_barrier_orders_memory_and_is_reusable(per_sm, kind, capsys, monkeypatch):
+    monkeypatch.setattr(P, "GRID_BARRIER", kind)
     kern = Kernel(T.barrier_kernel("grid"))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     grid = sms * per_sm if per_sm else kern.max_blocks(256)
@@ -254,6 +257,7 @@ def test_grid_barrier_orders_memory_and_is_reusable(per_sm, capsys):
     sync = torch.zeros(2, dtype=torch.int32, device=DEV)
     status = torch.zeros(4, dtype=torch.int32, device=DEV)
     times = {}
+    passed = 0
     for rounds, check in ((0, 1), (2000, 1), (2000, 1), (0, 0), (4000, 0), (4000, 0)):  # sync never re-zeroed
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -263,15 +267,21 @@ def test_grid_barrier_orders_memory_and_is_reusable(per_sm, capsys):
         torch.cuda.synchronize()
         times.setdefault((rounds, check), []).append(start.elapsed_time(end) * 1000)
         assert status.tolist() == [0, 0, 0, 0] and errors.item() == 0
-        assert sync[0].item() == 0  # re-armed
+        passed += rounds
+        if kind == "generation":
+            assert sync[0].item() == 0 and sync[1].item() == passed % 2**32  # re-armed; one generation each
+        else:  # the 64-bit arrival count: every block once per barrier
+            assert sync.view(torch.int64).item() == passed * grid
     alone = (min(times[4000, 0]) - min(times[0, 0])) / 4000
     checked = (min(times[2000, 1]) - min(times[0, 1])) / 2000
     with capsys.disabled():
-        print(f"\ngrid barrier over {grid} blocks: {alone:.2f} us per barrier "
+        print(f"\n{kind} grid barrier over {grid} blocks: {alone:.2f} us per barrier "
               f"({checked:.2f} us per round with one block checking every slot)")
 
 
-def test_grid_barrier_times_out_instead_of_hanging():
+@pytest.mark.parametrize("kind", P.GRID_BARRIERS)
+def test_grid_barrier_times_out_instead_of_hanging(kind, monkeypatch):
+    monkeypatch.setattr(P, "GRID_BARRIER", kind)
     kern = Kernel(T.barrier_kernel("grid"))
     grid = min(8, kern.max_blocks(256))
     slots = torch.zeros(2, grid, dtype=torch.int32, device=DEV)
@@ -282,6 +292,12 @@ def test_grid_barrier_times_out_instead_of_hanging():
     torch.cuda.synchronize()
     assert status[:2].tolist() == [1, 1]  # barrier timeout before stage 1
     assert 0 <= status[2].item() < grid - 1  # a block that waited
+    # the runtime's recovery: zero the words (tkx.runtime.status.read_and_clear), then a full launch works
+    sync.zero_()
+    status.zero_()
+    kern(grid, slots, errors, i32(10), i32(grid), i32(1), sync, status, u64(1 << 30), cooperative=True)
+    torch.cuda.synchronize()
+    assert status.tolist() == [0, 0, 0, 0] and errors.item() == 0
 
 
 def test_block_barrier_single_block():

@@ -231,3 +231,41 @@ def test_epilogue_prefetch_compiles_without_spills(monkeypatch):
     assert exp.cuda.text.count('prefetch.global.L2 [%0];') >= len(updates)
     report = exp.cuda.check("sm_90a")
     assert report.spill_bytes == 0, report.summary()
+
+
+def test_split_k_auto_rule_for_latency_bound_gemms(monkeypatch):
+    """``split_k="auto"``: no split below SPLIT_K_FIRST_STEPS K steps; else doubling while the slices fit
+    the SMs and keep SPLIT_K_MIN_STEPS steps each (small's GEMMs: 4 and 8 ways, 2 steps per slice)."""
+    o = Options(arch="sm_90a")
+
+    def plan(m, n, k):
+        return choose_gemm(GemmProblem(m, n, k, dtype="bfloat16"), o, "sm_90a")
+    cases = {(64, 1024, 512): 4, (64, 128, 1024): 8, (256, 1024, 4096): 4, (32, 32, 256): 1, (4096, 1024, 256): 1}
+    for (m, n, k), want in cases.items():
+        p = plan(m, n, k)
+        assert p.split_k == want, (m, n, k, p.why)
+        steps = -(-k // p.tile_k)
+        if want > 1:
+            assert p.tiles * want <= SM_COUNT and steps // want >= target.SPLIT_K_MIN_STEPS
+            assert steps >= target.SPLIT_K_FIRST_STEPS and f"({steps // want} per slice)" in p.why
+    # the previous rule (4 steps per slice) is one constant away
+    monkeypatch.setattr(target, "SPLIT_K_MIN_STEPS", 4)
+    assert plan(64, 1024, 512).split_k == 2 and plan(64, 128, 1024).split_k == 4
+
+
+def test_small_with_the_auto_splits_matches_the_reference():
+    ex = get("small")
+    program = tkx.capture(ex.step_fn, ex.example_inputs).lower()
+    sched = schedule(program, Options(arch="sm_90a"))
+    splits = {(g.plan.m, g.plan.n, g.plan.k): g.plan.split_k for g in sched.groups.values()
+              if g.kind == "gemm" and g.plan.impl != "gemv"}
+    assert splits[64, 1024, 512] == 4 and splits[64, 128, 1024] == 8
+    plan = arena_mod.plan(sched)
+    assert check_hazards(sched, plan) == []
+    inputs = ex.make_inputs(seed=4)
+    want = tkx.reference.run(program, inputs)
+    got = run_schedule(sched, plan, inputs, splitk_order="reverse")
+    for a, b in zip(got.outputs, want.outputs):
+        assert rel_err(a, b) <= TOL[str(b.dtype).removeprefix("torch.")]
+    for k in want.updates:
+        assert rel_err(got.updates[k], want.updates[k]) <= TOL[str(want.updates[k].dtype).removeprefix("torch.")]

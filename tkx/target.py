@@ -679,10 +679,26 @@ SPLIT_K_EMITTERS: frozenset[str] = frozenset({"wgmma_bf16", "wgmma_f16", "wgmma_
 #: and running the epilogue costs more than the grid barrier it saves.
 SPLIT_K_LAST_SLICE = False
 
+#: ``split_k="auto"`` splits a GEMM whose tiles x 2 fit the SMs only when K has at least
+#: :data:`SPLIT_K_FIRST_STEPS` steps of ``tile_k`` (a split adds a final stage and a grid barrier, about
+#: 1.6 µs on the H200, which the K steps it takes off each item must outweigh: ~0.3-0.45 µs per step of a
+#: 64x128 tile), then doubles the split while the tiles x slices still fit the SMs and each slice keeps at
+#: least :data:`SPLIT_K_MIN_STEPS` steps (was 4). Measured on the H200 (``docs/results/lat-s5-probe.txt``,
+#: one run, whole steps, CUDA-graph replays): a split-K item's time is mostly fixed (a 4-step 64x128 slice
+#: takes 3.5 µs, 2.9 µs of it without any copies), so more, shorter slices win while they fit one wave:
+#: small's 64x128x1024 GEMM (16 steps) split 1 / 2 / 4 / 8 / 16 ways: 25.3 / 24.0 / 22.5 / 21.8 / 21.9 µs
+#: per step; its 64x1024x512 (8 steps) 1 / 2 / 4 / 8 ways: 22.2 / 22.5 / 22.3 / 22.3 (break-even); both at
+#: 2 steps per slice 21.6; medium's 256x1024x4096 (32 tiles) keeps 4 ways (2: 71.8, 8 = two waves: 72.1,
+#: 4: 66.7).
+SPLIT_K_FIRST_STEPS = 8
+SPLIT_K_MIN_STEPS = 2
+
 
 def _plan_split_k(plan: GemmPlan, options: Any, e: GemmEmitter) -> GemmPlan:
     """Split-K: ``options.split_k`` as an integer forces it (cut to what K allows), ``"auto"``
-    splits when the output tiles cannot fill the grid and K is long, ``"off"`` never."""
+    splits when the output tiles cannot fill the grid and K has at least :data:`SPLIT_K_FIRST_STEPS`
+    steps, doubling while the slices fit the SMs and keep :data:`SPLIT_K_MIN_STEPS` steps each;
+    ``"off"`` never."""
     sk = options.split_k
     if e.name not in SPLIT_K_EMITTERS:
         if isinstance(sk, int) and sk > 1:
@@ -695,12 +711,13 @@ def _plan_split_k(plan: GemmPlan, options: Any, e: GemmEmitter) -> GemmPlan:
         return plan
     if sk == "auto":
         want = 1
-        while tiles * want * 2 <= SM_COUNT and steps // (want * 2) >= 4:
+        while (tiles * want * 2 <= SM_COUNT and steps // (want * 2) >= SPLIT_K_MIN_STEPS
+               and steps >= SPLIT_K_FIRST_STEPS):
             want *= 2
         if want == 1:
             return plan
         why = (f"split-K {want}: {tiles} output tile(s) cannot fill {SM_COUNT} SMs and K = {plan.k} "
-               f"is {steps} steps deep")
+               f"is {steps} steps deep ({_ceil(steps, want)} per slice)")
         return dataclasses.replace(plan, split_k=want, why=plan.why + "; " + why)
     want = int(sk)
     if want > steps:

@@ -9,9 +9,10 @@ in this order:
    tensors of the output's shape and dtype, allocated by the runtime);
 3. ``unsigned char* arena``: the workspace, :attr:`ArenaPlan.size_bytes` bytes (at least
    1), 256-byte aligned, contents undefined at launch;
-4. ``unsigned int* sync``: two words for the grid barrier (arrival count, generation),
-   zeroed once when the runtime creates them and never again - the barrier leaves the
-   count at zero after every use;
+4. ``unsigned int* sync``: two words (8-byte aligned) for the grid barrier - one 64-bit
+   arrival count that only grows (a multiple of the grid at every launch start), or an
+   arrival count and a generation (:data:`tkx.codegen.cuda_prelude.GRID_BARRIER`) - zeroed
+   when the runtime creates them and again only after an error;
 5. ``int* status``: four words, zeroed once by the runtime. The kernel writes them only on
    error: ``status[0]`` an error code (:data:`ERROR_CODES`), ``status[1]`` the stage whose
    barrier failed (for an index out of range: the op's position in ``program.ops``),

@@ -10,9 +10,10 @@ in a few hundredths of a second with NVRTC). It holds:
   value is computed in fp32 registers and rounded to its IR dtype after each op, as eager
   PyTorch rounds each op's output;
 * **NaN-propagating min/max** (``tkx_max``/``tkx_min``) as ``torch.maximum``/``amax`` behave;
-* **barriers**: :data:`GRID_BARRIER` - a generation-counter grid barrier with a spin limit
-  that records an error in ``status`` instead of hanging - and a block-mode twin with the
-  same signature (``__syncthreads`` only);
+* **barriers**: two grid barriers with a spin limit that record an error in ``status``
+  instead of hanging (:data:`GRID_BARRIER` picks one: a monotonic arrival count, the default
+  for grids of up to :data:`COUNTER_BARRIER_MAX_BLOCKS` blocks, or a generation counter) - and
+  a block-mode twin with the same signature (``__syncthreads`` only);
 * **warp and block reductions** (sum/max/min) through warp shuffles and shared memory.
 
 Contracts a kernel must keep (the code generator's side):
@@ -23,12 +24,14 @@ Contracts a kernel must keep (the code generator's side):
   from the occupancy calculator and launches cooperatively;
 * buffers written by the kernel are never read through ``__ldg`` or ``const __restrict__``
   (the read-only cache is not coherent across a grid barrier);
-* ``sync`` (2 words) is zeroed once when allocated - the barrier leaves it ready for the next
-  launch - and ``status`` (4 ints: code, stage, block, spare) is zeroed before a launch and
-  read after it. After a barrier error ``sync`` must be zeroed again.
+* ``sync`` (2 words, 8-byte aligned) is zeroed once when allocated - the barrier leaves it ready
+  for the next launch of the same grid size - and ``status`` (4 ints: code, stage, block, spare)
+  is zeroed before a launch and read after it. After a barrier error ``sync`` must be zeroed again.
 """
 
 from __future__ import annotations
+
+import os
 
 # The error codes and the C storage types live in one table each, in the ABI module.
 from .abi import (  # noqa: F401 - the prelude's names for them
@@ -202,7 +205,8 @@ BARRIERS = dedent(r"""
         }
     }
 
-    // Grid barrier. sync[0] counts the blocks that arrived, sync[1] is the generation.
+    // Generation grid barrier (GRID_BARRIER = "generation"). sync[0] counts the blocks that arrived,
+    // sync[1] is the generation.
     // The last block to arrive resets the count and bumps the generation, which releases
     // the others; so the pair needs zeroing only once and serves every later barrier and
     // launch. Each block counts the generations itself (`gen`, read once at kernel entry by
@@ -216,8 +220,8 @@ BARRIERS = dedent(r"""
         return tkx_ld_acquire(sync + 1);  // no barrier of this launch can have opened yet
     }
 
-    __device__ __forceinline__ bool tkx_grid_barrier(unsigned int* sync, unsigned int gen, int* status,
-                                                  int stage, unsigned long long spin_limit) {
+    __device__ __forceinline__ bool tkx_grid_barrier_generation(unsigned int* sync, unsigned int gen, int* status,
+                                                             int stage, unsigned long long spin_limit) {
         __shared__ int ok;
         __syncthreads();                                       // this block has finished the stage
         if (threadIdx.x == 0) {
@@ -235,6 +239,50 @@ BARRIERS = dedent(r"""
                         ok = 0;
                         break;
                     }
+                }
+            }
+        }
+        __syncthreads();
+        return ok != 0;
+    }
+
+    // Arrival-counter grid barrier (GRID_BARRIER = "counter"). sync[0..1] is one 64-bit count of
+    // arrivals that only grows: each block adds 1 per barrier with a release reduction (no value
+    // comes back, so arriving is no round trip) and polls with acquires until the count reaches
+    // its target, base + (barriers passed + 1) x gridDim.x. The base is read at kernel entry and
+    // rounded down to a multiple of gridDim.x: the count is a multiple of the grid at every launch
+    // start (each launch adds barriers x gridDim.x), and a block reading it late sees at most
+    // gridDim.x - 1 arrivals of this launch (the first barrier cannot open before it arrives).
+    // So the words serve every later launch and graph replay of the same grid without a reset;
+    // after an error (a block that never arrived) the runtime zeroes them, as for the generation
+    // barrier. The critical path is the last arrival's one-way reduction and a poll's round trip.
+    __device__ __forceinline__ unsigned long long tkx_ld_acquire_u64(const unsigned long long* p) {
+        unsigned long long v;
+        asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+        return v;
+    }
+    __device__ __forceinline__ void tkx_red_add_release_u64(unsigned long long* p, unsigned long long v) {
+        asm volatile("red.release.gpu.global.add.u64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
+    }
+    __device__ __forceinline__ unsigned long long tkx_arrivals_base(const unsigned int* sync) {
+        const unsigned long long v = tkx_ld_acquire_u64((const unsigned long long*)sync);
+        return v - v % gridDim.x;
+    }
+
+    __device__ __forceinline__ bool tkx_grid_barrier(unsigned int* sync, unsigned long long target,
+                                                  int* status, int stage, unsigned long long spin_limit) {
+        __shared__ int ok;
+        __syncthreads();                                       // this block has finished the stage
+        if (threadIdx.x == 0) {
+            ok = 1;
+            unsigned long long* arrivals = (unsigned long long*)sync;
+            tkx_red_add_release_u64(arrivals, 1ull);           // arrive: publishes this block's writes
+            unsigned long long polls = 0;
+            while (tkx_ld_acquire_u64(arrivals) < target) {    // ... and sees everyone's once it opens
+                if ((++polls & 63) == 0 && (polls > spin_limit || tkx_ld_volatile(status) != 0)) {
+                    tkx_fail(status, TKX_ERR_BARRIER_TIMEOUT, stage);
+                    ok = 0;
+                    break;
                 }
             }
         }
@@ -512,21 +560,63 @@ def round_to(dtype: str, expr: str) -> str:
     return f"tkx_round_{SUFFIX[dtype]}({expr})"
 
 
-def barrier_setup(mode: str) -> str:
-    """C statement at kernel entry (before any early return): the barrier's per-block state."""
+#: Which grid barrier kernels use (read when the code is generated). ``"counter"``: every block adds
+#: 1 to a monotonic 64-bit arrival count (``red.release``, no value returned) and polls it with
+#: acquires until it reaches this barrier's target (the base is read at kernel entry): one one-way
+#: reduction and one poll round trip on the critical path. ``"generation"``: the block whose
+#: acquire-release atomic returns ``gridDim.x - 1`` re-arms the count and bumps a generation the
+#: others poll: three dependent trips to L2. ``"auto"`` (the default): ``"counter"`` for grids of at
+#: most :data:`COUNTER_BARRIER_MAX_BLOCKS` blocks, else ``"generation"``. Both use ``sync`` words 0..1,
+#: need zeroing only after an error, and report a timeout with the stage. Measured on the H200 (one
+#: run, ``docs/results/lat-s5-confirm.txt``): the barrier alone over 132 / 264 / 396 / 528 / 1056 blocks
+#: 1.01 / 1.30 / 1.63 / 1.84 / 3.13 µs (counter) against 1.51 / 1.63 / 1.79 / 1.94 / 2.76 µs
+#: (generation: at 1056 blocks the pollers of the address the arrivals add to slow the counter one);
+#: in ``small``'s step the gaps between stages 1.15-1.44 -> 0.74-0.93 µs (``lat-s5-probe.txt``). Steps
+#: (with the split rule of :data:`tkx.target.SPLIT_K_MIN_STEPS`): small 24.96 -> 21.79 µs, medium
+#: 69.15 -> 65.73, cnn_digits 156.2 -> 146.2, gpt_block 114.5 -> 100.6. Default from the environment
+#: variable ``TKX_GRID_BARRIER``.
+GRID_BARRIER = os.environ.get("TKX_GRID_BARRIER", "auto")
+GRID_BARRIERS = ("counter", "generation")
+#: Largest grid (blocks) for which ``GRID_BARRIER = "auto"`` takes the counter barrier (the largest
+#: measured size where it was the quicker one; 4 blocks per SM of the H200).
+COUNTER_BARRIER_MAX_BLOCKS = 528
+
+
+def grid_barrier_kind(blocks: int | None = None) -> str:
+    """The grid barrier (one of :data:`GRID_BARRIERS`) for a grid of at most ``blocks`` blocks
+    (``None``: unknown, taken as small) under :data:`GRID_BARRIER`; raises ``ValueError`` for an
+    unknown setting."""
+    if GRID_BARRIER == "auto":
+        return "counter" if blocks is None or blocks <= COUNTER_BARRIER_MAX_BLOCKS else "generation"
+    if GRID_BARRIER not in GRID_BARRIERS:
+        raise ValueError(f"cuda_prelude.GRID_BARRIER must be 'auto' or one of {GRID_BARRIERS}, "
+                         f"not {GRID_BARRIER!r}")
+    return GRID_BARRIER
+
+
+def barrier_setup(mode: str, blocks: int | None = None) -> str:
+    """C statement at kernel entry (before any early return): the barrier's per-block state
+    (``blocks``: the most blocks the grid will have, see :func:`grid_barrier_kind`)."""
     if mode == "grid":
+        if grid_barrier_kind(blocks) == "counter":
+            return ("unsigned long long tkx_gen = tkx_arrivals_base(sync);  // arrivals before this launch "
+                    "(the next barrier opens at tkx_gen + gridDim.x)")
         return "unsigned int tkx_gen = tkx_barrier_init(sync);  // the generation the next barrier ends"
     return "unsigned int tkx_gen = 0;  // unused in block mode"
 
 
-def barrier(mode: str, stage: int | str, *, spin_limit: str = "spin_limit") -> str:
+def barrier(mode: str, stage: int | str, *, spin_limit: str = "spin_limit", blocks: int | None = None) -> str:
     """C statement ending stage ``stage - 1``: a grid or block barrier that exits the kernel on error.
 
     ``stage`` (a number or a C expression) is what ``status[1]`` records if the barrier fails.
     Expects ``sync``, ``status`` and ``tkx_gen`` (from :func:`barrier_setup`) in scope, and
-    ``spin_limit`` (a kernel parameter or a constant; pass its C text).
+    ``spin_limit`` (a kernel parameter or a constant; pass its C text). ``blocks``: as for
+    :func:`barrier_setup` (pass the same value to both).
     """
-    fn = {"grid": "tkx_grid_barrier", "block": "tkx_block_barrier"}[mode]
+    fn = {"grid": "tkx_grid_barrier_generation", "block": "tkx_block_barrier"}[mode]
+    if mode == "grid" and grid_barrier_kind(blocks) == "counter":
+        return (f"if (!tkx_grid_barrier(sync, tkx_gen += gridDim.x, status, {stage}, {spin_limit})) return;"
+                f"  // before stage {stage}")
     return f"if (!{fn}(sync, tkx_gen++, status, {stage}, {spin_limit})) return;  // before stage {stage}"
 
 

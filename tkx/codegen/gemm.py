@@ -678,6 +678,27 @@ WGMMA_CLUSTER_SCOPE = "cluster"
 #: 2-CTA clusters, ablation: ``False`` makes each CTA copy the whole B tile itself (no multicast), keeping
 #: the pairing and the handshake, to separate the multicast's cost from the synchronisation's.
 WGMMA_CLUSTER_MULTICAST = True
+#: Switch (default off: measured slower): at kernel entry, warp 0's lanes each ask the descriptor cache
+#: for one of the kernel's tensor maps (``prefetch.tensormap``; lane i map i, in steps of 32), so a work
+#: item's first bulk copy would not wait for its map to come from global memory (the per-item prefetch
+#: just before that copy stays either way). Measured on the H200 (``docs/results/lat-s5-probe.txt``, one
+#: run, CUDA-graph replays): small 22.20 µs off / 22.52 on, medium 66.08 / 66.65 (with the generation
+#: barrier 24.82 / 25.14): the maps are not what a work item waits for (a 4-k-tile item without its
+#: copies still takes 2.9 of its 3.5 µs).
+TMA_PREFETCH_AT_ENTRY = False
+
+
+def tensormap_prefetch(maps: int, tmaps: str = "tmaps") -> str:
+    """C statement for kernel entry: every one of the ``maps`` 128-byte tensor maps at ``tmaps`` prefetched
+    into the descriptor cache (warp 0, one map per lane and pass); empty without maps or with
+    :data:`TMA_PREFETCH_AT_ENTRY` off."""
+    if not maps or not TMA_PREFETCH_AT_ENTRY:
+        return ""
+    return (f"for (int m = threadIdx.x; m < {maps} && threadIdx.x < 32; m += 32)  // the {maps} tensor map(s) "
+            "into the descriptor cache before any item's first copy\n"
+            f'    asm volatile("prefetch.tensormap [%0];\\n" :: "l"({tmaps} + 128 * m) : "memory");')
+
+
 #: fp32 words a row of the shared C tile is padded by: the accumulators are written as float2 (two
 #: adjacent columns), and a half-warp's 16 float2 (4 rows x 4 column pairs) then hit 32 distinct banks.
 WGMMA_C_PAD = 8

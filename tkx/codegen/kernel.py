@@ -29,12 +29,22 @@ from ..errors import TkxError
 from ..ir import Op, TensorSpec, contiguous_strides
 from ..schedule.model import FusedSchedule, Group, Home
 from ..target import EPILOGUE_BATCH, GPU, register_budget, register_note
-from . import abi, intfacts
+from . import abi, cuda_prelude, intfacts
 from . import epilogue_vector as ev
 from . import gemm as gemm_module
 from . import ops as cops
-from .cuda_prelude import C_TYPES, barrier, barrier_setup, load, prelude, round_to, shared_workspace, store
-from .gemm import GemmProblem, SplitFinal, _batched_epilogue, emit_gemm
+from .cuda_prelude import (
+    C_TYPES,
+    barrier,
+    barrier_setup,
+    grid_barrier_kind,
+    load,
+    prelude,
+    round_to,
+    shared_workspace,
+    store,
+)
+from .gemm import GemmProblem, SplitFinal, _batched_epilogue, emit_gemm, tensormap_prefetch
 from .gemv import gemv_stream
 from .reduce import emit_reduction, final_reduce, partial_reduce
 from .text import block, indent
@@ -1154,9 +1164,12 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
     pointers = [p for p in params if p.role in ("input", "output", "arena", "status")]
     body: list[str] = [
         f"if (!tkx_check_launch(status, {s.threads})) return;",
-        barrier_setup(mode) if sync == "barrier" else
+        barrier_setup(mode, s.blocks) if sync == "barrier" else
         "const unsigned int tkx_epoch = tkx_counters_init(sync);  // launches completed: this launch's base",
     ]
+    prefetch_maps = tensormap_prefetch(len(em.plan.tensor_maps))
+    if prefetch_maps:
+        body.append(prefetch_maps)
     if em.plan.tile_counter_words:
         body.append(f"unsigned int* const tkx_tiles = sync + {_tile_counter_base(sync, dag)};  // split-K tile "
                     f"arrival counters ({em.plan.tile_counter_words} words, left at 0 by every launch)")
@@ -1167,7 +1180,7 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
         if si > 0 and sync == "barrier":
             hz = "; ".join(s.barriers[si - 1].hazards[:2])
             body.append(f"// ---- barrier before stage {si} ({hz})")
-            body.append(barrier(mode, si, spin_limit=f"{spin}ULL"))
+            body.append(barrier(mode, si, spin_limit=f"{spin}ULL", blocks=s.blocks))
         names = ", ".join(f"{g.id} {g.kind}" for g, _, _ in parts)
         body.append(f"// ==== stage {si}: {names} ====")
         if sync == "counters" or timeline:
@@ -1199,6 +1212,10 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
         f"(TKX_POINTERS, {'int' if em.index32() else 'long long'} i);" for name in em.plan.functions)
     functions = "\n\n".join([declarations] + [f for f in em.plan.functions.values() if f]) \
         if em.plan.functions else ""
+    if sync == "barrier" and mode == "grid" and s.num_barriers:
+        kind = grid_barrier_kind(s.blocks)
+        header = block(header, f"// Grid barrier: {kind} (cuda_prelude.GRID_BARRIER = {cuda_prelude.GRID_BARRIER!r}, "
+                               f"grid of at most {s.blocks} blocks)")
     if sync == "counters":
         header = block(header, f"// Sync: counters ({len(dag.counters)} counters, "
                                f"{sum(len(w) for w in dag.waits.values())} waits, no grid barrier): {sync_reason}")

@@ -2,8 +2,9 @@
 
 One ``int32`` tensor of :data:`WORDS` words per runner (and per captured graph), zeroed once:
 
-* words ``0..1`` - ``sync``: the grid barrier's arrival count and generation (the barrier
-  leaves them ready for the next launch; they are re-zeroed only after an error);
+* words ``0..1`` - ``sync``: the grid barrier's state (:data:`tkx.codegen.cuda_prelude.GRID_BARRIER`:
+  one 64-bit arrival count that only grows, or an arrival count and a generation); the barrier
+  leaves them ready for the next launch of the same grid; they are re-zeroed only after an error;
 * words ``4..7`` - ``status``: ``status[0]`` the error code (:data:`tkx.codegen.abi.ERROR_CODES`),
   ``status[1]`` the stage whose barrier failed, ``status[2]`` the block that saw it.
 
