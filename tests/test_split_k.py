@@ -167,6 +167,20 @@ def test_wgmma_tiles_per_problem():
         assert gemm_emitter(plan.impl).registers(plan) <= 255
 
 
+def test_tiny_gemms_take_wmma_on_hopper(monkeypatch):
+    """Below tkx.target.WGMMA_MIN_MACS multiply-adds a GEMM takes wmma even on sm_90a (the wgmma tile's fixed
+    cost per item exceeds its math: mixed_precision and llama_block were faster so on the H200); the plan's
+    ``why`` says so; the threshold at 0 restores wgmma."""
+    o = Options(arch="sm_90a")
+    tiny = choose_gemm(GemmProblem(32, 256, 128, dtype="bfloat16"), o, "sm_90a")
+    assert tiny.impl == "wmma_bf16" and "tiny GEMM" in tiny.why and "WGMMA_MIN_MACS" in tiny.why
+    edge = target.WGMMA_MIN_MACS // (64 * 128)
+    assert choose_gemm(GemmProblem(64, 128, edge, dtype="bfloat16"), o, "sm_90a").impl == "wgmma_bf16"
+    assert choose_gemm(GemmProblem(64, 128, edge - 1, dtype="bfloat16"), o, "sm_90a").impl == "wmma_bf16"
+    monkeypatch.setattr(target, "WGMMA_MIN_MACS", 0)
+    assert choose_gemm(GemmProblem(32, 256, 128, dtype="bfloat16"), o, "sm_90a").impl == "wgmma_bf16"
+
+
 def test_split_k_decision():
     o = Options(arch="sm_90a")
     deep = choose_gemm(GemmProblem(256, 1024, 4096, dtype="bfloat16"), o, "sm_90a")

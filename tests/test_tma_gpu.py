@@ -74,7 +74,11 @@ def test_examples_verify_with_tma(name, split):
 
 
 @pytest.mark.parametrize("name", ["gpt_block", "llama_block"])
-def test_transformer_blocks_verify_with_tma(name):
+def test_transformer_blocks_verify_with_tma(name, monkeypatch):
+    """The blocks' tiny GEMMs go to wmma by default (tkx.target.WGMMA_MIN_MACS); with the threshold at 0 they
+    take wgmma with TMA copies, and verify."""
+    from tkx import target
+    monkeypatch.setattr(target, "WGMMA_MIN_MACS", 0)
     ex = get(name)
     runner = tkx.runtime.build(ex.step_fn, ex.make_inputs(0, "cuda"), Options(gemm_copy="tma"), name=name,
                                loss=ex.loss_output)

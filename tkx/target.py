@@ -466,6 +466,14 @@ class _Wmma(GemmEmitter):
         return _fit_tiles(p, options, threads, multiple=(16, 16, self.fk), name=self.name, regs=regs)
 
 
+#: The smallest GEMM (batch x M x N x K multiply-adds) the wgmma emitters take; smaller ones go to wmma
+#: (16x16 fragments). Measured on the H200 (session 5, ``scripts/s5-arch-probe.py``, one run, µs per step,
+#: verified): mixed_precision (five GEMMs of 0.26-1.05 M MACs) 28.9 with wgmma, 21.9 with wmma;
+#: llama_block (24 GEMMs of 32x32x32 to 32x64x32) 110.3 / 82.7; small (8.4-33.6 M MACs) 21.6 / 55.8.
+#: 0 lets wgmma take every GEMM it supports.
+WGMMA_MIN_MACS = 1 << 22
+
+
 class _Wgmma(GemmEmitter):
     """Hopper warpgroup MMA: each warpgroup (128 threads) owns 64 rows of the tile; B and A are
     read by the tensor cores from 128-byte-swizzled shared memory through matrix descriptors."""
@@ -484,6 +492,11 @@ class _Wgmma(GemmEmitter):
             return f"{self.name} needs 1 to 4 whole warpgroups (threads_per_block 128, 256 or 512)"
         if p.m < 32 or p.n < 32:
             return f"{self.name} tiles are 64 rows by at least 32 columns; {p.m}x{p.n} would be mostly empty"
+        macs = p.batch * p.m * p.n * p.k
+        if macs < WGMMA_MIN_MACS:
+            return (f"{self.name}: a tiny GEMM ({p.batch}x{p.m}x{p.n}x{p.k} = {macs:,} MACs < "
+                    f"tkx.target.WGMMA_MIN_MACS = {WGMMA_MIN_MACS:,}): a 64-row wgmma tile's fixed cost per work "
+                    "item (shared C tile, mbarriers, swizzled staging) exceeds its math")
         if self._best(p, options, options.threads_per_block) is None:
             return (f"{self.name}: no tile of {options.threads_per_block} threads fits "
                     f"{register_budget(options.threads_per_block, options.blocks_per_sm)} registers per thread "
