@@ -368,10 +368,8 @@ def _nll_loss_forward(self, target, weight, reduction, ignore_index):
     mask = _one_hot_mask(target, self.shape[1], ignore_index, self)
     if weight is not None:
         mask = mask * weight
-        count = mask.sum()
-    else:
-        count = (target != ignore_index).to(self.dtype).sum()
     losses = -(self * mask).sum(dim=1)
+    count = mask.sum() if weight is not None else (target != ignore_index).to(self.dtype).sum()
     if reduction == _REDUCTION_NONE:
         return losses, count
     if reduction == _REDUCTION_SUM:
