@@ -72,7 +72,9 @@ def flatten_inputs(program: Program, inputs: Sequence[Any]) -> list[torch.Tensor
             raise TkxError(f"input {spec.name}: expected a tensor, got {type(t).__name__}")
         if tuple(t.shape) != spec.value.shape or TORCH[spec.value.dtype] != t.dtype:
             got = f"{t.dtype}{list(t.shape)}".replace("torch.", "")
-            raise TkxError(f"input {spec.name}: expected {spec.value.dtype}{list(spec.value.shape)}, got {got}")
+            raise TkxError(f"input {spec.name}: expected {spec.value.dtype}{list(spec.value.shape)}, got {got}; "
+                           "shapes and dtypes are fixed when the step is captured: capture it again "
+                           "(tkx.explore / tkx.runtime.build) with inputs of the new shape")
     devices = {t.device for t in flat}
     if len(devices) > 1:
         raise TkxError(f"inputs on different devices: {sorted(map(str, devices))}; move them to one device")

@@ -158,6 +158,9 @@ def check_inputs(specs: Sequence[InputSpec], flat: Sequence[Any], device: torch.
         message = f"input {name} " + " and ".join(problems)
         if len(bad) > 1:
             message += f" (and {len(bad) - 1} more input(s) differ: {', '.join(n for n, _ in bad[1:])})"
+        if any(p.startswith(("has shape", "has dtype")) for _, ps in bad for p in ps):
+            message += ("; shapes and dtypes are fixed when the step is compiled: build a runner for the new shape "
+                        "(tkx.runtime.build with those inputs)")
         raise InputMismatchError(message, name=name, problems=problems)
     storages: dict[int, str] = {}
     for spec, t in zip(specs, flat):
