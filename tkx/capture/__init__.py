@@ -229,8 +229,9 @@ def _tracing_error(e: BaseException, step_fn: Callable, example_inputs: Sequence
                                 "the step branches on (or reads) the value of a tensor",
                                 op=str(getattr(e, "func", None)) if getattr(e, "func", None) else None,
                                 source=user_frame_of_traceback(e.__traceback__),
-                                hint="replace Python if/while on tensor values with torch.where, "
-                                     "or make the decision a Python value the step closes over (a default argument or a closure)")
+                                hint="replace Python if/while on tensor values with torch.where, or make the "
+                                     "decision a Python value the step closes over (a default argument or a "
+                                     "closure)")
     if isinstance(e, TypeError) and (bad := _bad_call(step_fn, example_inputs, e)) is not None:
         return UnsupportedError("bad-call", bad[0], source=caller, hint=bad[1])
     src = user_frame_of_traceback(e.__traceback__)
