@@ -178,6 +178,26 @@ def block_per_row(kind: str, rows: int, size: int, element: Element, finish: Fin
     return ReduceCode("block", kind, code, rows, 0, threads, {"rows_per_item": 1})
 
 
+def _fold_warps(kind: str, rows: int, warps: int, smem: str, what: str, consume: str) -> str:
+    """After each warp reduced its share of r for the 32 rows of a work item (lane = row): the warps' ``acc``
+    through shared memory (``part[warp * 32 + lane]``), folded by warp 0 in warp order, then ``consume``
+    (statements reading ``acc``) for each row inside ``rows``."""
+    return block(
+        f"float* part = reinterpret_cast<float*>({smem});  // part[warp * 32 + lane]",
+        "part[warp * 32 + lane] = acc;",
+        "__syncthreads();",
+        f"if (warp == 0 && row < {rows}) {{  // fold the warps' {what} in order",
+        f"    acc = {_identity(kind, 'float')};",
+        f"    for (int w = 0; w < {warps}; ++w) {{",
+        "        const float elem = part[w * 32 + lane];",
+        f"        {_fold(_row(kind).partial_kind, 'acc', 'elem')}",
+        "    }",
+        indent(consume),
+        "}",
+        "__syncthreads();  // part[] is read before the next work item reuses the workspace",
+    )
+
+
 def columns_per_item(kind: str, rows: int, size: int, element: Element, finish: Finish, *, threads: int = 256,
                      item: str = "item", ctype: str = "float", smem: str = "tkx_smem") -> ReduceCode:
     """Rows adjacent in memory: a work item is 32 consecutive rows (lane = row, so each warp reads 32
@@ -203,18 +223,7 @@ def columns_per_item(kind: str, rows: int, size: int, element: Element, finish: 
         f"        {_fold(kind, 'acc', 'elem')}",
         "    }",
         "}",
-        f"float* part = reinterpret_cast<float*>({smem});  // part[warp * 32 + lane]",
-        "part[warp * 32 + lane] = acc;",
-        "__syncthreads();",
-        f"if (warp == 0 && row < {rows}) {{  // fold the warps' results in order",
-        f"    acc = {init};",
-        f"    for (int w = 0; w < {warps}; ++w) {{",
-        "        const float elem = part[w * 32 + lane];",
-        f"        {_fold(_row(kind).partial_kind, 'acc', 'elem')}",
-        "    }",
-        indent(_finish_block(kind, "acc", size, finish)),
-        "}",
-        "__syncthreads();  // part[] is read before the next work item reuses the workspace",
+        _fold_warps(kind, rows, warps, smem, "results", _finish_block(kind, "acc", size, finish)),
     )
     code = _wrap(f"{kind} over {size} elements of each of {rows} rows: 32 adjacent rows per work item, "
                  f"{warps} warps split r", body)
@@ -271,18 +280,7 @@ def partial_reduce(kind: str, rows: int, size: int, chunks: int, element: Elemen
         f"        {_fold(kind, 'acc', 'elem')}",
         "    }",
         "}",
-        f"float* part = reinterpret_cast<float*>({smem});  // part[warp * 32 + lane]",
-        "part[warp * 32 + lane] = acc;",
-        "__syncthreads();",
-        f"if (warp == 0 && row < {rows}) {{  // fold the warps' partials in order",
-        f"    acc = {init};",
-        f"    for (int w = 0; w < {warps}; ++w) {{",
-        "        const float elem = part[w * 32 + lane];",
-        f"        {_fold(_row(kind).partial_kind, 'acc', 'elem')}",
-        "    }",
-        f"    {scratch}[row * {chunks} + chunk] = acc;",
-        "}",
-        "__syncthreads();  // part[] is read before the next work item reuses the workspace",
+        _fold_warps(kind, rows, warps, smem, "partials", f"{scratch}[row * {chunks} + chunk] = acc;"),
     )
     code = _wrap(f"{kind}, phase 1 of 2: 32 rows x a chunk of {length} elements -> scratch", body)
     return ReduceCode("partial", kind, code, _ceil(rows, 32) * chunks, warps * 32 * 4, threads,
