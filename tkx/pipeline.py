@@ -291,6 +291,7 @@ def build(step_fn: Callable[..., Any], example_inputs: Sequence[Any], options: A
 
     from .runtime.device import device_of
     from .runtime.runner import CompiledRunner
+    from .runtime.verify import is_mask
 
     ctx = _context(step_fn, example_inputs, options, name, loss)
     dev = device_of(tree_flatten(ctx.example_inputs)[0], device)
@@ -303,4 +304,6 @@ def build(step_fn: Callable[..., Any], example_inputs: Sequence[Any], options: A
     #: the example inputs' integer leaves (CPU copies), from which verify() takes their range
     runner.example_integers = [t.detach().cpu() if isinstance(t, torch.Tensor) and not t.is_floating_point()
                                and t.dtype != torch.bool else None for t in tree_flatten(ctx.example_inputs)[0]]
+    #: the example inputs' masks (CPU copies): verify() runs with the user's masks, see verify.random_inputs
+    runner.example_masks = [t.detach().cpu() if is_mask(t) else None for t in tree_flatten(ctx.example_inputs)[0]]
     return runner

@@ -137,9 +137,9 @@ class Lowering:
         if transform is not None and transform.group(1) in ("jvp", "jacfwd", "hessian", "linearize"):
             name = transform.group(1)
             return UnsupportedError(
-                "unsupported-transform", f"forward-mode differentiation (torch.func.{name}) is not supported; "
-                f"it made the internal op {e.op}", op=e.op, node=e.node, source=e.source,
-                hint="tkx compiles reverse-mode steps: use torch.func.grad / grad_and_value / vjp (a Hessian-vector "
+                e.kind, f"{e.what} (made by torch.func.{name}'s forward-mode rule for an op on this line, "
+                "not written by you)", op=e.op, node=e.node, source=e.source,
+                hint=f"{e.hint}; or take the derivative in reverse mode (torch.func.grad / vjp: a Hessian-vector "
                      "product is grad of (grad(f)(w) * v).sum())")
         if transform is not None and transform.group(1) in ("vmap", "jacrev"):
             name = transform.group(1)

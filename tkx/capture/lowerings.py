@@ -481,12 +481,6 @@ def philox_uniform(L: Any, node: torch.fx.Node) -> TensorSpec:
     return L.emit("philox", (seed, offset, counter), size, "float32", {"word": word})
 
 
-@builtin(aten.diagonal_scatter.default)
-def diagonal_scatter(L: Any, node: torch.fx.Node) -> TensorSpec:
-    raise L.fail("unsupported-op", "diagonal_scatter (writing a diagonal; jacrev's basis writes make it)",
-                 "use torch.func.grad/grad_and_value instead of jacrev, or build the matrix with torch.where")
-
-
 # -- attention composites (tkx.capture.attention) ------------------------------------------------
 
 from . import attention as _attention  # noqa: E402,F401 (registers torch.ops.tkx.attention*)
@@ -515,8 +509,10 @@ def attention(L: Any, node: torch.fx.Node) -> tuple[TensorSpec, TensorSpec]:
     causal, scale = bool(node.args[4]), float(node.args[5])
     lead, n_q, n_v = q.shape[:-2], q.shape[-2], v.shape[-1]
     n_out = math.prod(lead) * n_q * n_v
-    root = L.emit("attention", (q, k, v, *extra), (n_out + math.prod(lead) * n_q,), "float32",
-                  {"causal": causal, "scale": scale, "mask": mask})
+    attrs = {"causal": causal, "scale": scale, "mask": mask}
+    if mask != "none" and node.args[6] == "nan":  # a row masked whole is NaN, as hand-written attention in eager
+        attrs["empty_rows"] = "nan"
+    root = L.emit("attention", (q, k, v, *extra), (n_out + math.prod(lead) * n_q,), "float32", attrs)
     out = _cast_piece(L, _piece(root, (*lead, n_q, n_v), 0), q.dtype, f"{node.name}_out")
     return out, _piece(root, (*lead, n_q), n_out)
 

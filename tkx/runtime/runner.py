@@ -231,7 +231,9 @@ class CompiledRunner:
         For each seed: inputs from ``make_inputs(seed)`` (``device=`` passed when accepted)
         or random ones shaped like the compiled inputs (normal floats; integers in the range
         the step accepts: the classes or rows they index, else ``[0, int_high)``, else the
-        example inputs' range, see :func:`~tkx.runtime.verify.integer_ranges`); outputs and
+        example inputs' range, see :func:`~tkx.runtime.verify.integer_ranges`; masks, bool or
+        holding ``-inf``, are the example inputs' own, so a padding mask that leaves an attention
+        row without keys is verified as the step will meet it); outputs and
         workspace are poisoned with NaN before the launch. Integer inputs outside that range
         (from ``make_inputs``) raise :class:`~tkx.runtime.verify.InputRangeError` before
         anything runs on the GPU, since eager would trip a device-side assert.

@@ -432,14 +432,29 @@ def integer_ranges(program: Any, examples: Sequence[torch.Tensor | None] | None 
     return out
 
 
+def is_mask(t: Any) -> bool:
+    """True for a tensor that is a mask: bool, or floating with an infinity (an additive ``-inf`` mask)."""
+    if not isinstance(t, torch.Tensor):
+        return False
+    return t.dtype == torch.bool or (t.is_floating_point() and t.device.type != "meta"
+                                     and bool(torch.isinf(t).any()))
+
+
 def random_inputs(program: Any, seed: int, device: torch.device, *, int_high: int | None = None,
-                  ranges: Mapping[int, IntegerRange] | None = None) -> tuple:
+                  ranges: Mapping[int, IntegerRange] | None = None,
+                  examples: Sequence[torch.Tensor | None] | None = None) -> tuple:
     """Random arguments shaped (and strided) like the compiled inputs, as the step's pytree.
 
     Floats: standard normal; integers: uniform in the range the step accepts
     (:func:`integer_ranges`: the classes or rows they index, else ``[0, int_high)``, else
     ``[0, 10)``); bool: fair coins. Values are drawn on the CPU from a generator seeded with
     ``seed``, then moved to ``device``.
+
+    Masks are the user's: where ``examples`` (the example inputs' flat leaves, ``None`` for a leaf
+    not kept) holds a mask (:func:`is_mask`: a bool tensor, or a floating one with an infinity) for
+    an input, that input takes the example's values instead of random ones. A random mask almost
+    never masks a whole row of attention, which the user's padding does (a query row that sees no
+    key); verifying with the user's mask checks what the step will meet.
     """
     gen = torch.Generator(device="cpu").manual_seed(int(seed))
     ranges = dict(ranges) if ranges is not None else integer_ranges(program, int_high=int_high)
@@ -447,7 +462,10 @@ def random_inputs(program: Any, seed: int, device: torch.device, *, int_high: in
     for i, spec in enumerate(program.inputs):
         v = spec.value
         dtype = TORCH_DTYPES[v.dtype]
-        if v.dtype in ("float32", "bfloat16", "float16"):
+        example = examples[i] if examples is not None and i < len(examples) else None
+        if is_mask(example) and tuple(example.shape) == tuple(v.shape) and example.dtype == dtype:
+            data = example.detach().cpu()
+        elif v.dtype in ("float32", "bfloat16", "float16"):
             data = torch.randn(v.shape, generator=gen, dtype=torch.float32).to(dtype)
         elif v.dtype == "bool":
             data = torch.randint(0, 2, v.shape, generator=gen).bool()
@@ -525,7 +543,8 @@ def verify(runner: Any, seeds: Sequence[int] = (0, 1), make_inputs: Callable[...
     ranges = integer_ranges(program, getattr(runner, "example_integers", None), int_high)
     for seed in seeds:
         args = (call_make_inputs(make_inputs, seed, device) if make_inputs is not None
-                else random_inputs(program, seed, device, ranges=ranges))
+                else random_inputs(program, seed, device, ranges=ranges,
+                                   examples=getattr(runner, "example_masks", None)))
         flat = runner.flatten(args)
         check_integer_ranges(flat, ranges, seed)  # before anything runs on the device
         # eager on clones
