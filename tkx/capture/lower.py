@@ -149,6 +149,17 @@ class Lowering:
                 hint=f"{e.hint}; or compute the batch without {name} (most per-example steps have a batched form)")
         return e
 
+    def scalar_literal(self, node: torch.fx.Node) -> TensorSpec | None:
+        """A ``fill`` for a 0-d constant that tracing made from a Python number (``y[:, 0] = 1.0``,
+        ``torch.tensor(2.0)``: read only through ``lift_fresh_copy``); ``None`` for any other constant."""
+        value = getattr(self.gm, str(node.target), None)
+        if not (isinstance(value, torch.Tensor) and value.dim() == 0 and node.users
+                and all(u.target is aten.lift_fresh_copy.default for u in node.users)):
+            return None
+        dtype = ir_dtype(value.dtype, what=f"the constant {node.target}", node=node, source=self.source)
+        number = value.item()
+        return self.emit("fill", (), (), dtype, {"value": number})
+
     def fresh_id(self, base: str) -> str:
         candidate, i = base, 1
         while candidate in self.ids:
@@ -281,6 +292,8 @@ class Lowering:
                 self.values[node] = spec
                 placeholder_index[node] = i
                 inputs.append(InputSpec(self.input_names[i], spec))
+            elif node.op == "get_attr" and (literal := self.scalar_literal(node)) is not None:
+                self.values[node] = literal  # y[:, 0] = 1.0 and torch.tensor(1.0): a number written in the step
             elif node.op == "get_attr":
                 user = next(iter(node.users), None)
                 self.node = user
