@@ -176,7 +176,10 @@ class Program:
     """A validated SSA program: inputs, ops in topological order, outputs, state updates.
 
     ``in_tree``/``out_tree`` are the torch pytree specs of the step's inputs (a tuple of
-    positional arguments) and outputs; they do not take part in equality.
+    positional arguments) and outputs; they do not take part in equality. ``rng_input``: the
+    index of the implicit Philox state input (int64 ``[seed, offset]``) of a step that draws
+    random numbers, which the caller does not pass: every run draws a fresh one from torch's
+    generator (:func:`tkx.random.next_state`); ``None`` when the step draws none.
     """
 
     inputs: tuple[InputSpec, ...]
@@ -186,6 +189,7 @@ class Program:
     name: str = "step"
     in_tree: Any = field(default=None, compare=False, repr=False)
     out_tree: Any = field(default=None, compare=False, repr=False)
+    rng_input: int | None = None
 
     # -- queries --------------------------------------------------------------------
     def op(self, op_id: str) -> Op:

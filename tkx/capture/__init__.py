@@ -27,6 +27,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._pytree import tree_flatten, tree_flatten_with_path, tree_unflatten
 
 from .. import display
+from .. import random as _random
 from ..errors import SourceLine, TkxError, UnsupportedError
 from ..ir import Program, validate
 from .decompositions import decomposition_table
@@ -332,6 +333,20 @@ def _raised_by_user_code(e: BaseException) -> bool:
     return last is not None and is_user_file(last.f_code.co_filename)
 
 
+def _implicit_rng_input(gm: torch.fx.GraphModule, names: list[str]) -> list[str]:
+    """The name of the implicit Philox state input (the last placeholder, :mod:`tkx.random`) in a list,
+    or ``[]`` after removing the placeholder when the step draws no random number."""
+    rng = [n for n in gm.graph.nodes if n.op == "placeholder"][-1]
+    if not rng.users:
+        gm.graph.erase_node(rng)
+        gm.recompile()
+        return []
+    name = _random.IMPLICIT_NAME
+    while name in names:
+        name = "_" + name
+    return [name]
+
+
 def _refuse_imperative_optimizer(gm: torch.fx.GraphModule) -> None:
     """A ``torch.optim`` optimizer's ``step()`` traced through: it leaves profiler
     ``record_function`` nodes named ``Optimizer.step#...``; refuse it as not functional."""
@@ -453,10 +468,12 @@ def capture(step_fn: Callable[..., Any], example_inputs: Sequence[Any], *, loss:
     except UnsupportedError as e:  # point at the user's capture call
         raise UnsupportedError(e.kind, e.what, source=user_frame(sys._getframe(1)), hint=e.hint) from None
     out_tree_box: list[Any] = []
+    rng_example = _random.philox_state(device=flat[0].device)  # the implicit Philox state (tkx.random)
 
     def flat_step(*leaves: torch.Tensor) -> list[torch.Tensor]:
+        *leaves, rng = leaves
         args = tree_unflatten(list(leaves), in_tree)
-        with SourceTagMode():
+        with SourceTagMode(), _random.drawing(rng):
             out = step_fn(*args)
         if out is None:  # a step that only updates its inputs in place: no outputs (the runner returns ())
             out = ()
@@ -476,7 +493,8 @@ def capture(step_fn: Callable[..., Any], example_inputs: Sequence[Any], *, loss:
             # detached: an nn.Parameter (requires_grad) updated in place under torch.no_grad() traces like
             # any tensor (autograd would refuse the in-place update of a leaf that requires grad)
             gm = make_fx(functionalize(flat_step, remove="mutations"),
-                         decomposition_table=decomposition_table(), tracing_mode="fake")(*(t.detach() for t in flat))
+                         decomposition_table=decomposition_table(), tracing_mode="fake")(*(t.detach() for t in flat),
+                                                                                          rng_example)
     except BaseException as e:
         error = _tracing_error(e, step_fn, example_inputs, user_frame(sys._getframe(1)))
         # Frames of the failed trace hold torch's C++ guard objects (functorch layers, excluded
@@ -490,6 +508,7 @@ def capture(step_fn: Callable[..., Any], example_inputs: Sequence[Any], *, loss:
         raise error from (e if error.kind in ("unsupported-op", "step-raised", "bad-input") else None)
     guard.__exit__(None, None, None)
     fake_log.setLevel(fake_level)
+    flat_names = flat_names + _implicit_rng_input(gm, flat_names)
     _refuse_updated_aliases(gm, shared, flat_names, user_frame(sys._getframe(1)))
     out_tree = out_tree_box[-1]
     out_paths = [p for p, _ in tree_flatten_with_path(tree_unflatten([0] * out_tree.num_leaves, out_tree))[0]]
@@ -527,7 +546,8 @@ def capture(step_fn: Callable[..., Any], example_inputs: Sequence[Any], *, loss:
     regions = _label_regions(gm, loss_node)
 
     program = Lowering(gm, flat_names, output_names, regions, name).run()
-    program = program.replace(in_tree=in_tree, out_tree=out_tree)
+    program = program.replace(in_tree=in_tree, out_tree=out_tree,
+                              rng_input=len(flat) if len(flat_names) > len(flat) else None)
     validate(program)
 
     infos = []

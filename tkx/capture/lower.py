@@ -276,9 +276,11 @@ class Lowering:
             packet = getattr(node.target, "_overloadpacket", None)
             if node.op == "call_function" and packet is not None and packet.__name__ in RANDOM_OPS:
                 self.node = node
-                raise self.fail("random-op", f"random-number op {packet.__name__} drawn from torch's generator",
-                                "draw inside `with tkx.random.philox(state):` (state = tkx.random.philox_state(seed), "
-                                "an input of the step; see tkx.random), or pass random tensors in as inputs")
+                raise self.fail("random-op", f"random-number op {packet.__name__}, which tkx's Philox generator "
+                                "does not draw", "tkx draws F.dropout, torch.rand/randn/rand_like/randn_like, "
+                                "torch.bernoulli and SDPA's dropout inside the step (see tkx.random); make "
+                                f"{packet.__name__}'s numbers from those, or draw them outside the step and pass "
+                                "them in as inputs")
         for node in self.gm.graph.nodes:
             self.node = node
             if node.op == "placeholder":

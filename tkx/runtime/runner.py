@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from ..errors import TkxError
+from ..random import next_state
 from . import inputs as _inputs
 from . import status as _status
 from . import tma as _tma
@@ -359,7 +360,11 @@ class GraphRunner:
                 self.inputs[i].copy_(saved)
 
     def replay(self) -> Any:
-        """Replay the step on the current stream; returns the outputs in the step's pytree."""
+        """Replay the step on the current stream; returns the outputs in the step's pytree. A step that
+        draws random numbers gets a fresh Philox state first (:func:`tkx.random.next_state`)."""
+        rng = self.runner.program.rng_input
+        if rng is not None:
+            self.inputs[rng].copy_(next_state(), non_blocking=True)
         self.graph.replay()
         _bump_versions([self.inputs[i] for i in self.runner._mutated])
         return _inputs.unflatten_outputs(self.runner.program, self.outputs)

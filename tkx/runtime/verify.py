@@ -23,6 +23,7 @@ side is closer. Integer inputs are drawn from the range the step accepts
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -33,6 +34,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from ..errors import TkxError
+from ..random import drawing
 from ..words import plural
 from .inputs import TORCH_DTYPES
 
@@ -459,7 +461,8 @@ def random_inputs(program: Any, seed: int, device: torch.device, *, int_high: in
     gen = torch.Generator(device="cpu").manual_seed(int(seed))
     ranges = dict(ranges) if ranges is not None else integer_ranges(program, int_high=int_high)
     flat = []
-    for i, spec in enumerate(program.inputs):
+    rng = getattr(program, "rng_input", None)  # the implicit Philox state: drawn by each run, not here
+    for i, spec in enumerate(program.inputs if rng is None else program.inputs[:rng]):
         v = spec.value
         dtype = TORCH_DTYPES[v.dtype]
         example = examples[i] if examples is not None and i < len(examples) else None
@@ -552,9 +555,13 @@ def verify(runner: Any, seeds: Sequence[int] = (0, 1), make_inputs: Callable[...
         eager_in: list[torch.Tensor] | None = None
         if runner.step_fn is not None:
             eager_args = tree_map(lambda t: clone_exact(t) if isinstance(t, torch.Tensor) else t, args)
-            out = runner.step_fn(*eager_args)
+            rng = program.rng_input
+            with drawing(flat[rng]) if rng is not None else contextlib.nullcontext():  # the kernel's random numbers
+                out = runner.step_fn(*eager_args)
             eager_out = tree_flatten(out)[0]
             eager_in = runner.flatten(eager_args)
+            if rng is not None:
+                eager_in[rng] = flat[rng]
             if len(eager_out) != len(program.outputs):
                 notes.append(f"seed {seed}: eager returned {len(eager_out)} outputs, the program has "
                              f"{len(program.outputs)}; eager comparison skipped")
