@@ -161,3 +161,25 @@ def test_the_kernel_gives_the_interpreters_numbers_for_one_seed(exp):
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     assert runner.verify(strict=True).passed
+
+
+@pytest.mark.parametrize("drop", ["dropout2d", "dropout1d-unbatched", "inplace"])
+def test_channel_and_in_place_dropout(drop):
+    def step(x):
+        if drop == "dropout2d":
+            return F.dropout2d(x, 0.5) * 1.0
+        if drop == "dropout1d-unbatched":
+            return F.dropout1d(x[0, :, :, 0], 0.5) * 1.0
+        return F.dropout(x * 1.0, 0.5, inplace=True)
+
+    x = f(4, 6, 3, 3)
+    exp = tkx.explore(step, (x,))
+    torch.manual_seed(2)
+    got = tkx.reference.run(exp.optimized, (x,)).outputs[0]
+    torch.manual_seed(2)
+    with tkx.random.drawing(tkx.random.next_state()):
+        want = step(x)
+    torch.testing.assert_close(got, want)
+    if drop == "dropout2d":  # a whole channel is kept or dropped
+        per_channel = (got != 0).flatten(2).float()
+        assert torch.all((per_channel.mean(-1) == 0) | (per_channel.mean(-1) == 1))

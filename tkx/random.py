@@ -6,9 +6,10 @@ A step that draws random numbers needs no wrapper::
         loss, grads = torch.func.grad_and_value(loss_fn)(params, x, y)   # F.dropout inside loss_fn
         ...
 
-``F.dropout`` (and ``nn.Dropout``), ``torch.rand``/``randn``/``rand_like``/``randn_like``,
-``torch.bernoulli``, ``F.scaled_dot_product_attention(dropout_p=...)`` and ``nn.MultiheadAttention``'s
-dropout, anywhere in the step (also inside a function under ``torch.func.grad``), draw from Philox-4x32-10
+``F.dropout`` (and ``nn.Dropout``), ``F.dropout1d/2d/3d`` (whole channels),
+``torch.rand``/``randn``/``rand_like``/``randn_like``, ``torch.bernoulli``,
+``F.scaled_dot_product_attention(dropout_p=...)`` and ``nn.MultiheadAttention``'s dropout, anywhere in
+the step (also inside a function under ``torch.func.grad``), draw from Philox-4x32-10
 keyed by a **Philox state** (int64 ``[2]``: seed, offset) instead of torch's generator: element ``i`` of the
 ``n``-th number drawn (counted in elements, in program order) is a pure function of (seed, offset, n + i).
 Capture makes the state an **implicit input** of the step (``program.rng_input``, named ``rng_state`` in
@@ -35,7 +36,7 @@ variance (1) of ``randn``; ``tests/test_models.py`` and ``tests/test_random_impl
 (probability ``1 - p``) and scales kept values by ``1 / (1 - p)``, as ``F.dropout``.
 
 Limits: a state must be an int64 tensor of shape ``[2]``; anything else raises ``ValueError``. Other
-random ops (``randint``, ``normal_``, ``uniform_``, ``multinomial``, ``randperm``, ``F.dropout2d``...)
+random ops (``randint``, ``normal_``, ``uniform_``, ``multinomial``, ``randperm``, ``F.alpha_dropout``...)
 raise :class:`~tkx.errors.UnsupportedError` (``random-op``) at capture.
 """
 
@@ -77,6 +78,10 @@ def _check_state(state: Any) -> None:
                else type(state).__name__)
         raise ValueError(f"tkx.random.philox needs an int64 tensor of shape [2] (seed, offset), got {got}; "
                          "make one with tkx.random.philox_state(seed)")
+
+
+#: Channel dropout functions -> the number of spatial dims after the channel.
+_CHANNEL_DROPOUT = {F.dropout1d: 1, F.dropout2d: 2, F.dropout3d: 3}
 
 
 def _argument(args: tuple, kwargs: dict, position: int, name: str, default: Any) -> Any:
@@ -122,9 +127,19 @@ class _Philox(TorchFunctionMode):
             x = args[0]
             p = kwargs.pop("p", args[1] if len(args) > 1 else 0.5)
             training = kwargs.pop("training", args[2] if len(args) > 2 else (func is not torch.dropout))
+            if not training:
+                return x
             if kwargs.pop("inplace", args[3] if len(args) > 3 else False):
-                raise ValueError("tkx.random.philox: F.dropout(inplace=True) is not supported; use inplace=False")
-            return self.dropout(x, p) if training else x
+                return x.copy_(self.dropout(x, p))
+            return self.dropout(x, p)
+        if func in _CHANNEL_DROPOUT:  # F.dropout1d/2d/3d: whole channels, one draw per (sample, channel)
+            x, p = args[0], _argument(args, kwargs, 1, "p", 0.5)
+            if not _argument(args, kwargs, 2, "training", True) or p == 0.0:
+                return x
+            lead = 2 if x.dim() == _CHANNEL_DROPOUT[func] + 2 else 1  # [N, C, ...] or unbatched [C, ...]
+            keep = (self.uniform(x.shape[:lead]) >= p).to(x.dtype).reshape(*x.shape[:lead], *[1] * (x.dim() - lead))
+            y = x * keep * (1.0 / (1.0 - p)) if p < 1.0 else x * 0.0
+            return x.copy_(y) if _argument(args, kwargs, 3, "inplace", False) else y
         if func is F.scaled_dot_product_attention and _argument(args, kwargs, 4, "dropout_p", 0.0) > 0.0:
             from .capture.decompositions import attention_math
             return attention_math(*args, **kwargs, dropout=self.dropout)

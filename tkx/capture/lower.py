@@ -56,7 +56,7 @@ VIEW_OPS = {
 }
 
 RANDOM_OPS = {"rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "bernoulli",
-              "normal", "uniform", "native_dropout", "dropout", "multinomial", "randperm",
+              "normal", "normal_functional", "uniform", "native_dropout", "dropout", "multinomial", "randperm",
               "exponential", "geometric", "cauchy", "log_normal", "poisson", "rrelu_with_noise"}
 
 #: torch functions whose internals fail lowering, with what to tell the user instead.
