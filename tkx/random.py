@@ -23,7 +23,7 @@ in place (``state[1] += 1``), so the same state gives the same numbers. Put that
 ``torch.func.grad`` call, not inside the differentiated function: functorch refuses in-place writes to
 captured tensors there (:func:`philox` then raises ``ValueError`` saying so).
 
-Eager PyTorch runs the same code through :func:`tkx.ops.philox_uniform` (a bit-exact torch implementation)
+Eager PyTorch runs the same code through :func:`tkx.philox.philox_uniform` (a bit-exact torch implementation)
 inside :func:`drawing` (``verify()`` runs the eager step so, with the state the kernel got), so eager,
 both interpreters and the CUDA kernel (``tkx_philox_uniform``) give the same uniforms bit for bit: a
 masked value differs only by ordinary float rounding. Against torch's own stream (the step run eagerly
@@ -51,7 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from .ops import philox_uniform
+from .philox import philox_uniform
 
 
 @torch.library.custom_op("tkx::philox_uniform", mutates_args=())
