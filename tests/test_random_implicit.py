@@ -183,3 +183,15 @@ def test_channel_and_in_place_dropout(drop):
     if drop == "dropout2d":  # a whole channel is kept or dropped
         per_channel = (got != 0).flatten(2).float()
         assert torch.all((per_channel.mean(-1) == 0) | (per_channel.mean(-1) == 1))
+
+
+def test_verify_runs_eager_with_the_kernels_random_numbers():
+    """verify() on the CPU (the schedule interpreter in the kernel's place): eager draws the same numbers
+    as the run it is compared with, inside tkx.random.drawing with that run's state."""
+    from test_models import InterpreterRunner
+
+    from tkx.runtime import verify as V
+
+    result = V.verify(InterpreterRunner(step, INPUTS), seeds=(0, 1))
+    assert result.passed, result.summary()
+    assert {c.name for c in result.comparisons} >= {"out[0]", "out[1]", "out[2]"}

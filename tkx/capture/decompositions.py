@@ -522,8 +522,8 @@ USER_DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {}
 def register_decomposition(*ops: torch._ops.OpOverload | torch._ops.OpOverloadPacket) -> Callable:
     """Decorator: trace ``ops`` through ``fn`` (written with torch ops tkx supports) from now on.
 
-    ``@tkx.register_decomposition(torch.ops.aten.hardsigmoid.default)`` then
-    ``def hardsigmoid(x): return torch.clamp(x / 6 + 0.5, 0, 1)``. A packet registers every
+    ``@tkx.register_decomposition(torch.ops.aten.softshrink.default)`` then
+    ``def softshrink(x, lambd=0.5): return x - torch.clamp(x, -lambd, lambd)``. A packet registers every
     overload. Later captures use it; :func:`unregister_decomposition` removes it.
     """
     def wrap(fn: Callable) -> Callable:

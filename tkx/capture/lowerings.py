@@ -8,12 +8,11 @@ one to one come from the op table (:func:`tkx.ops.lowerings`) instead; the rest 
 
 A notebook cell can add its own::
 
-    @tkx.register_lowering(torch.ops.aten.hardsigmoid.default)
-    def hardsigmoid(L, node):
-        x = L.tensor(node.args[0])
-        y = L.emit("clamp", (L.emit("add", (L.emit("div", (x, 6.0), x.shape, x.dtype), 0.5), x.shape, x.dtype),),
-                   x.shape, x.dtype, {"min": 0.0, "max": 1.0})
-        return y
+    @tkx.register_lowering(torch.ops.aten.softshrink.default)
+    def softshrink(L, node):  # x - clamp(x, -lambd, lambd)
+        x, lambd = L.tensor(node.args[0]), float(node.args[1] if len(node.args) > 1 else 0.5)
+        clamped = L.emit("clamp", (x,), x.shape, x.dtype, {"min": -lambd, "max": lambd})
+        return L.emit("sub", (x, clamped), x.shape, x.dtype)
 
 Built-in entries here: indexed reads (``gather``, ``index.Tensor``, ``index_select``,
 ``embedding``), indexed writes (``index_put``, ``scatter``, ``scatter_add``), writing into part
