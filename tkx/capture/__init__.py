@@ -69,6 +69,8 @@ class CapturedGraph:
     program: Program = field(repr=False)
     in_tree: Any = field(repr=False, compare=False)
     out_tree: Any = field(repr=False, compare=False)
+    #: the :class:`~tkx.capture.stateful.StatefulStep` of a step captured with ``state=`` (else ``None``)
+    stateful: Any = field(default=None, repr=False, compare=False)
 
     def lower(self) -> Program:
         """The IR of this step (lowered at capture time, so errors surface early)."""
@@ -108,6 +110,9 @@ class CapturedGraph:
 
 
 def _arg_names(step_fn: Callable, n: int) -> list[str]:
+    given = getattr(step_fn, "__tkx_arg_names__", None)  # the lifted state's names (tkx.capture.stateful)
+    if given is not None:
+        return list(given[:n]) + [f"arg{i}" for i in range(len(given), n)]
     try:
         params = [p.name for p in inspect.signature(step_fn).parameters.values()
                   if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
@@ -373,6 +378,23 @@ def _mutation_source(gm: torch.fx.GraphModule, copy_node: torch.fx.Node) -> Sour
     return src
 
 
+def _capture_stateful(step_fn: Callable[..., Any], example_inputs: Sequence[Any], state: Any, loss: int | None,
+                      name: str, caller: SourceLine | None) -> CapturedGraph:
+    """:func:`capture` with ``state=``: the step lifted into a functional one, then captured."""
+    import dataclasses
+
+    from .stateful import StatefulStep
+    try:
+        stateful = StatefulStep(step_fn, state)
+        stateful.lift(example_inputs, caller)
+    except UnsupportedError as e:
+        if e.source is not None:
+            raise
+        raise UnsupportedError(e.kind, e.what, source=caller, hint=e.hint) from None
+    fn, args = stateful.functional(example_inputs, caller)
+    return dataclasses.replace(capture(fn, args, loss=loss, name=name), stateful=stateful)
+
+
 def _label_regions(gm: torch.fx.GraphModule, loss_node: torch.fx.Node | None) -> dict[str, str]:
     """The region of every FX node: ``backward`` (made by autograd), ``forward`` (the loss's
     ancestors, and values computed from the inputs that only the forward or the backward reads,
@@ -409,7 +431,7 @@ def _label_regions(gm: torch.fx.GraphModule, loss_node: torch.fx.Node | None) ->
 
 
 def capture(step_fn: Callable[..., Any], example_inputs: Sequence[Any], *, loss: int | None = None,
-            name: str | None = None) -> CapturedGraph:
+            name: str | None = None, state: Any = None) -> CapturedGraph:
     """Trace ``step_fn(*example_inputs)`` and lower it to the tkx IR.
 
     Parameters
@@ -425,6 +447,11 @@ def capture(step_fn: Callable[..., Any], example_inputs: Sequence[Any], *, loss:
         floating-point output. The loss's ancestors form the ``forward`` region.
     name
         A name for the program (defaults to ``step_fn.__name__``).
+    state
+        The ``nn.Module`` and ``torch.optim.Optimizer`` objects a step that calls
+        ``loss.backward()`` and ``opt.step()`` works on (one object, a tuple or a dict of them):
+        their parameters, buffers, gradients, optimizer state and learning rates become inputs
+        updated in place, named as in ``state_dict`` (:mod:`tkx.capture.stateful`).
 
     Returns
     -------
@@ -447,6 +474,8 @@ def capture(step_fn: Callable[..., Any], example_inputs: Sequence[Any], *, loss:
     if not isinstance(example_inputs, (tuple, list)):
         example_inputs = (example_inputs,)
     name = name or getattr(step_fn, "__name__", "step")
+    if state is not None:
+        return _capture_stateful(step_fn, example_inputs, state, loss, name, user_frame(sys._getframe(1)))
     arg_names = _arg_names(step_fn, len(example_inputs))
     try:
         flat, flat_names, in_tree, shared = _check_inputs(example_inputs, arg_names)
