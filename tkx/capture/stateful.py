@@ -306,6 +306,10 @@ class StatefulStep:
                 slots.append(Slot(f"{oname}.param_groups[{gi}].lr", "learning rate", None, opt, gi))
         return slots
 
+    def example(self, s: Slot) -> torch.Tensor:
+        """The tensor standing for slot ``s`` at capture time, on the step's device (never written)."""
+        return self._example(s, self.device)
+
     def _example(self, s: Slot, device: torch.device) -> torch.Tensor:
         """The tensor that stands for slot ``s`` at capture time (never written)."""
         live = s.get()

@@ -1,0 +1,108 @@
+"""The compiled stateful step: ``runner(x, y)`` updates the model and the optimizer in place.
+
+:class:`StatefulRunner` wraps a :class:`~tkx.runtime.CompiledRunner` of the lifted functional
+step (:mod:`tkx.capture.stateful`): before each launch it gathers the live parameters,
+buffers, gradients, optimizer state and learning rates (creating what ``torch.optim`` creates
+lazily, as eager does), after it writes back what lives on another device (``torch.optim``'s CPU
+step counts) and clears the gradients the step leaves at ``None``. A module switched between
+``train()`` and ``eval()``, or a changed hyperparameter other than the learning rate, compiles the
+step again (kept per variant).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+__all__ = ["StatefulRunner"]
+
+
+class StatefulRunner:
+    """A compiled ``loss.backward(); opt.step()`` step, called with the step's own arguments.
+
+    Attributes: ``runner`` (the :class:`~tkx.runtime.CompiledRunner` of the current variant),
+    ``stateful`` (its :class:`~tkx.capture.stateful.StatefulStep`), ``variants`` (structure ->
+    runner: one per train/eval and hyperparameter setting met so far). Raises what
+    :func:`tkx.runtime.build` raises.
+    """
+
+    def __init__(self, step_fn: Callable[..., Any], example_inputs: Sequence[Any], state: Any, options: Any = None, *,
+                 name: str | None = None, loss: int | None = None, device: Any = None,
+                 cache: bool | str = True) -> None:
+        if not isinstance(example_inputs, (tuple, list)):
+            example_inputs = (example_inputs,)
+        self.step_fn, self.state, self.options = step_fn, state, options
+        self.name, self.loss, self.device_arg, self.cache = name, loss, device, cache
+        self.example_inputs = tuple(example_inputs)
+        self.variants: dict[Any, Any] = {}
+        self.runner, self.stateful = self._build(self.example_inputs)
+
+    def _build(self, example_inputs: tuple) -> tuple[Any, Any]:
+        from torch.utils._pytree import tree_flatten
+
+        from .. import pipeline
+        from .device import device_of
+        from .runner import CompiledRunner
+
+        ctx = pipeline._context(self.step_fn, example_inputs, self.options, self.name, self.loss, self.state)
+        dev = device_of(tree_flatten(ctx.example_inputs)[0], self.device_arg)
+        ctx = pipeline._context(self.step_fn, example_inputs, pipeline._options_for_device(ctx.options, dev),
+                                self.name, self.loss, self.state)
+        stages: dict[str, Any] = {}
+        source = pipeline.compute("cuda", ctx, stages)
+        stateful = stages["captured"].stateful
+        runner = CompiledRunner(source, device=dev, step_fn=stateful.eager, cache=self.cache)
+        runner.example_integers = [t.detach().cpu() if isinstance(t, torch.Tensor) and not t.is_floating_point()
+                                   and t.dtype != torch.bool else None
+                                   for t in [None] * len(stateful.slots) + tree_flatten(ctx.example_inputs)[0]]
+        self.variants[stateful.captured_structure] = (runner, stateful)
+        return runner, stateful
+
+    def _current(self, args: tuple) -> None:
+        """Switch to (or compile) the variant that fits the modules and optimizers now."""
+        if self.stateful.stale() is None:
+            return
+        for runner, stateful in self.variants.values():
+            if stateful.stale() is None:
+                self.runner, self.stateful = runner, stateful
+                return
+        self.runner, self.stateful = self._build(args)
+
+    @property
+    def program(self) -> Any:
+        return self.runner.program
+
+    def __call__(self, *args: Any, check: bool = True) -> Any:
+        """One step: what ``step_fn(*args)`` returns; the modules and optimizers are updated in place."""
+        self._current(args)
+        lifted = self.stateful.prepare()
+        try:
+            return self.runner(*lifted, *args, check=check)
+        finally:
+            self.stateful.finish()
+
+    def verify(self, seeds: Sequence[int] = (0,), make_inputs: Callable[..., Any] | None = None, **kwargs: Any) -> Any:
+        """:meth:`CompiledRunner.verify` from the live state: the kernel, the reference interpreter and
+        the user's step run eagerly (on copies of the lifted tensors), each on copies of the current
+        parameters, buffers, gradients, optimizer state and learning rates and the example arguments
+        (or ``make_inputs(seed)``). The modules and optimizers are not changed."""
+        from .verify import call_make_inputs, clone_exact
+
+        self._current(self.example_inputs)
+        lifted = [clone_exact(t) for t in self.stateful.prepare()]
+        self.stateful.finish()
+
+        def inputs(seed: int, device: Any = None) -> tuple:
+            user = (call_make_inputs(make_inputs, seed, self.runner.device) if make_inputs is not None
+                    else self.example_inputs)
+            from torch.utils._pytree import tree_map
+            user = tree_map(lambda t: clone_exact(t) if isinstance(t, torch.Tensor) else t, tuple(user))
+            return (*[clone_exact(t) for t in lifted], *user)
+
+        return self.runner.verify(seeds, inputs, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<tkx.StatefulRunner {self.runner.program.name}: {len(self.stateful.slots)} lifted tensors, " \
+               f"{len(self.variants)} variant(s)>"
