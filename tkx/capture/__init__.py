@@ -242,6 +242,11 @@ def _tracing_error(e: BaseException, step_fn: Callable, example_inputs: Sequence
     src = user_frame_of_traceback(e.__traceback__)
     if (imperative := _imperative_training(e)) is not None:
         return UnsupportedError("not-functional", imperative, source=src, hint=FUNCTIONAL_HINT)
+    if "convert all Tensors to FakeTensors" in str(e) and (module := _module_of(e)) is not None:
+        return UnsupportedError(
+            "not-functional", f"the step runs an nn.Module ({module}) whose parameters are not inputs of the step",
+            op=str(e).split("Found in ")[-1].split("(")[0] if "Found in " in str(e) else None,
+            source=src, hint=FUNCTIONAL_HINT)
     if "convert all Tensors to FakeTensors" in str(e):
         return UnsupportedError(
             "closed-over-tensor", "the step reads a tensor it did not receive as an input",
@@ -298,11 +303,25 @@ def _first_line(e: BaseException) -> str:
     return str(e).splitlines()[0] if str(e) else ""
 
 
-FUNCTIONAL_HINT = ("the step must be functional: take the gradients from torch.func.grad_and_value "
-                   "and return (or write in place) the new parameters, e.g.\n"
+FUNCTIONAL_HINT = ("name the modules and optimizers the step uses: tkx.capture(step, inputs, state=(model, opt)) "
+                   "(the same state= in tkx.explore, tkx.runtime.build, tkx.report and `tkx report --state`) lifts "
+                   "their parameters, buffers, gradients and optimizer state into inputs; or make the step "
+                   "functional, e.g.\n"
+                   "            def loss_fn(p): return F.cross_entropy(torch.func.functional_call(model, p, (x,)), y)\n"
                    "            grads, loss = torch.func.grad_and_value(loss_fn)(params)\n"
                    "            new_params = {k: p - lr * grads[k] for k, p in params.items()}\n"
                    "            return loss, new_params")
+
+
+def _module_of(e: BaseException) -> str | None:
+    """The ``nn.Module`` whose code read the closed-over tensor (its class name), if any."""
+    found = None
+    for frame, _ in traceback.walk_tb(e.__traceback__):
+        obj = frame.f_locals.get("self")
+        if isinstance(obj, torch.nn.Module):
+            found = type(obj).__name__
+    return found
+
 
 _IMPERATIVE_MARKS = ("backward", "requires_grad_", "autograd.functional", "_record_function_enter",
                      "torch.optim", "optimizer", ".grad ", ".grad=")

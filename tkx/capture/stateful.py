@@ -143,7 +143,7 @@ class StatefulStep:
                 for k, p in enumerate(g["params"]):
                     self.param_names.setdefault(id(p), f"{oname}.param_groups[{gi}].params[{k}]")
         self.params: dict[int, torch.Tensor] = {}
-        for prefix, m in self.modules:
+        for _prefix, m in self.modules:
             for p in m.parameters():
                 self.params[id(p)] = p
         for _, opt in self.optimizers:
@@ -212,7 +212,7 @@ class StatefulStep:
             live[id(s.param)].grad = values[s.name]
         saved: list[tuple[torch.optim.Optimizer, Any, list[dict]]] = []
         with contextlib.ExitStack() as stack:
-            for prefix, m in self.modules:
+            for _prefix, m in self.modules:
                 local = {}
                 for n, p in m.named_parameters():
                     local[n] = live[id(p)]
