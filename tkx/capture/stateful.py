@@ -233,6 +233,10 @@ class StatefulStep:
                         g["params"] = [live[id(p)] for p in g["params"]]
                         lr = values.get(f"{oname}.param_groups[{gi}].lr")
                         if lr is not None:
+                            if trace and isinstance(opt, torch.optim.SGD) and not lr.requires_grad:
+                                # single-tensor SGD multiplies by a tensor lr only when it requires grad
+                                # (else add_(alpha=-lr) reads it as a number); the step runs under no_grad
+                                lr.requires_grad_(True)
                             g["lr"] = lr if trace else float(lr)
                         if trace and "capturable" in g:
                             g["capturable"] = True
