@@ -139,7 +139,8 @@ def assert_same_state(a: tuple, b: tuple, *, rtol: float = 1e-4, atol: float = 1
         assert st1.keys() == st2.keys(), (name, st1.keys(), st2.keys())
         for k in st1:
             assert st1[k].device == st2[k].device, (name, k)
-            torch.testing.assert_close(st1[k], st2[k], rtol=rtol, atol=atol, msg=lambda m, k=k: f"{name} {k}: {m}")
+            torch.testing.assert_close(st1[k], st2[k], rtol=rtol, atol=atol,
+                                       msg=lambda m, k=k, name=name: f"{name} {k}: {m}")
     for g1, g2 in zip(o1.param_groups, o2.param_groups):
         assert g1["lr"] == g2["lr"]
 
@@ -150,6 +151,7 @@ def run_both(compiled: Callable, eager: Callable, batches: list, *, between: Cal
     for i, batch in enumerate(batches):
         got = compiled(*batch)
         want = eager(*batch)
-        torch.testing.assert_close(got.detach(), want.detach(), rtol=rtol, atol=atol, msg=lambda m: f"step {i}: {m}")
+        torch.testing.assert_close(got.detach(), want.detach(), rtol=rtol, atol=atol,
+                                   msg=lambda m, i=i: f"step {i}: {m}")
         if between is not None:
             between()

@@ -540,6 +540,18 @@ class StatefulStep:
                 out.append(live.detach())
         return out
 
+    def snapshot(self) -> list[torch.Tensor]:
+        """Copies of the lifted tensors as the next call would see them (state the optimizer creates
+        lazily made as it would make it, missing gradients as zeros), on the step's device; the
+        modules and optimizers are not touched."""
+        out = []
+        for s in self.slots:
+            t = self._example(s, self.device)
+            copy = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+            copy.copy_(t.detach())
+            out.append(copy)
+        return out
+
     def finish(self) -> None:
         """After a compiled call: device copies written back, gradients the step leaves at ``None``
         set to ``None``."""

@@ -54,9 +54,9 @@ class StatefulRunner:
         source = pipeline.compute("cuda", ctx, stages)
         stateful = stages["captured"].stateful
         runner = CompiledRunner(source, device=dev, step_fn=stateful.eager, cache=self.cache)
-        runner.example_integers = [t.detach().cpu() if isinstance(t, torch.Tensor) and not t.is_floating_point()
-                                   and t.dtype != torch.bool else None
-                                   for t in [None] * len(stateful.slots) + tree_flatten(ctx.example_inputs)[0]]
+        runner.example_integers = [None] * len(stateful.slots) + [  # the range verify() draws integers from
+            t.detach().cpu() if isinstance(t, torch.Tensor) and not t.is_floating_point() and t.dtype != torch.bool
+            else None for t in tree_flatten(ctx.example_inputs)[0]]
         self.variants[stateful.captured_structure] = (runner, stateful)
         return runner, stateful
 
@@ -91,8 +91,7 @@ class StatefulRunner:
         from .verify import call_make_inputs, clone_exact
 
         self._current(self.example_inputs)
-        lifted = [clone_exact(t) for t in self.stateful.prepare()]
-        self.stateful.finish()
+        lifted = self.stateful.snapshot()
 
         def inputs(seed: int, device: Any = None) -> tuple:
             user = (call_make_inputs(make_inputs, seed, self.runner.device) if make_inputs is not None

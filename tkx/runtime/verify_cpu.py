@@ -27,9 +27,7 @@ def _inputs(exp: Any, args: Sequence[Any] | None) -> tuple:
     stateful = exp.captured.stateful
     if stateful is None:
         return user
-    lifted = [clone_exact(t) for t in stateful.prepare()]
-    stateful.finish()
-    return (*lifted, *user)
+    return (*stateful.snapshot(), *user)
 
 
 def verify_cpu(exp: Any, args: Sequence[Any] | None = None, *, tolerances: Mapping[str, float] | None = None,
