@@ -115,6 +115,35 @@ def _compiling() -> Iterator[None]:
         tc._is_compiling_flag = old
 
 
+#: In-place ops whose scalar keyword (``alpha=``, ``value=``) torch.optim's single-tensor paths pass the
+#: learning rate in: with a tensor there, the op would read it as a Python number.
+_SCALED = {torch.Tensor.add_: "alpha", torch.Tensor.sub_: "alpha", torch.Tensor.addcdiv_: "value",
+           torch.Tensor.addcmul_: "value", torch._foreach_add_: "alpha", torch._foreach_sub_: "alpha"}
+
+
+class TensorScalars(torch.overrides.TorchFunctionMode):
+    """Rewrite ``p.add_(g, alpha=-lr)`` and ``p.addcdiv_(a, b, value=-lr)`` with a 0-d tensor ``lr``
+    as ``p.add_(g * -lr)`` and ``p.add_(a / b * -lr)``: the learning rate stays a tensor input
+    (as a scalar keyword it would be read as a number, a data-dependent value)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: D105
+        kwargs = dict(kwargs or {})
+        key = _SCALED.get(func)
+        scale = kwargs.get(key) if key else None
+        if not isinstance(scale, torch.Tensor):
+            return func(*args, **kwargs)
+        del kwargs[key]
+        if func is torch._foreach_add_ or func is torch._foreach_sub_:
+            self_, other = args[:2]
+            return func(self_, torch._foreach_mul(other, scale), **kwargs)
+        self_, rest = args[0], args[1:]
+        if func is torch.Tensor.addcdiv_:
+            return self_.add_(rest[0] / rest[1] * scale)
+        if func is torch.Tensor.addcmul_:
+            return self_.add_(rest[0] * rest[1] * scale)
+        return func(self_, rest[0] * scale, **kwargs)
+
+
 class StatefulStep:
     """A step over modules and optimizers, seen as a functional step over lifted tensors.
 
@@ -233,16 +262,13 @@ class StatefulStep:
                         g["params"] = [live[id(p)] for p in g["params"]]
                         lr = values.get(f"{oname}.param_groups[{gi}].lr")
                         if lr is not None:
-                            if trace and isinstance(opt, torch.optim.SGD) and not lr.requires_grad:
-                                # single-tensor SGD multiplies by a tensor lr only when it requires grad
-                                # (else add_(alpha=-lr) reads it as a number); the step runs under no_grad
-                                lr.requires_grad_(True)
                             g["lr"] = lr if trace else float(lr)
                         if trace and "capturable" in g:
                             g["capturable"] = True
                     opt.state = new_state
                 if trace:
                     stack.enter_context(_compiling())
+                    stack.enter_context(TensorScalars())
                 yield live
             finally:
                 for opt, st, groups in saved:
