@@ -107,12 +107,20 @@ def _compiling() -> Iterator[None]:
     """``torch.compiler.is_compiling()`` is True: ``torch.optim`` then keeps step counts and the
     learning rate as tensors (no ``.item()``) and allows ``capturable`` math on any device."""
     import torch.compiler as tc
-    old = tc._is_compiling_flag
-    tc._is_compiling_flag = True
+    if hasattr(tc, "_is_compiling_flag"):
+        old = tc._is_compiling_flag
+        tc._is_compiling_flag = True
+        try:
+            yield
+        finally:
+            tc._is_compiling_flag = old
+        return
+    old_fn = tc.is_compiling  # a torch without the flag: the function itself
+    tc.is_compiling = lambda: True
     try:
         yield
     finally:
-        tc._is_compiling_flag = old
+        tc.is_compiling = old_fn
 
 
 #: In-place ops whose scalar keyword (``alpha=``, ``value=``) torch.optim's single-tensor paths pass the
