@@ -182,3 +182,28 @@ def test_refusals_name_state_and_functional_call():
         tkx.capture(classify_step(model, dampened), BATCHES[0], state=(model, dampened))
     # a failed capture breaks nothing: the next one works
     assert tkx.capture(classify_step(model, opt), BATCHES[0], state=(model, opt)).program.inputs
+
+
+def test_stateful_runner_keeps_one_variant_per_train_eval_setting():
+    """StatefulRunner's bookkeeping on the CPU, the kernel's part played by the schedule interpreter."""
+    from tkx.runtime.stateful import StatefulRunner
+    from tkx.schedule.interpreter import run as run_schedule
+
+    mine, ref = twin(CNN, lambda ps: torch.optim.Adam(ps, lr=1e-2))
+    g = torch.Generator().manual_seed(5)
+    batches = [(torch.randn(4, 1, 8, 8, generator=g), torch.tensor([0, 1, 2, 1])) for _ in range(STEPS)]
+    built = []
+
+    def make(inputs):
+        exp = tkx.explore(classify_step(*mine), inputs, state=mine)
+        built.append(exp)
+        return (lambda *args, check=True: run_schedule(exp.schedule, exp.arena, args, update_inputs=True)
+                .output_tree()), exp.captured.stateful
+
+    runner = StatefulRunner(make, batches[0])
+    for k, (x, y) in enumerate(batches):
+        for m in (mine[0], ref[0]):
+            m.train(k % 2 == 0)
+        run_both(runner, classify_step(*ref), [(x, y)])
+    assert len(built) == 2 and len(runner.variants) == 2
+    assert_same_state(mine, ref)

@@ -133,8 +133,7 @@ def example_arguments(ctx: Context, captured: Any) -> tuple[Any, ...]:
 
 def _runner(ctx: Context, get: Callable[[str], Any]) -> Any:
     if ctx.state is not None:
-        from .runtime.stateful import StatefulRunner
-        return StatefulRunner(ctx.step_fn, ctx.example_inputs, ctx.state, ctx.options, name=ctx.name, loss=ctx.loss)
+        return build(ctx.step_fn, ctx.example_inputs, ctx.options, name=ctx.name, loss=ctx.loss, state=ctx.state)
     from .runtime.runner import CompiledRunner
     return CompiledRunner(get("cuda"))
 
@@ -307,23 +306,33 @@ def build(step_fn: Callable[..., Any], example_inputs: Sequence[Any], options: A
     """
     if state is not None:
         from .runtime.stateful import StatefulRunner
-        return StatefulRunner(step_fn, example_inputs, state, options, name=name, loss=loss, device=device,
-                              cache=cache)
+        return StatefulRunner(lambda inputs: _build(step_fn, inputs, options, name, loss, device, cache, state),
+                              example_inputs if isinstance(example_inputs, (tuple, list)) else (example_inputs,))
+    return _build(step_fn, example_inputs, options, name, loss, device, cache, None)[0]
+
+
+def _build(step_fn: Callable[..., Any], example_inputs: Sequence[Any], options: Any, name: str | None,
+           loss: int | None, device: Any, cache: bool | str, state: Any) -> tuple[Any, Any]:
+    """``(CompiledRunner, StatefulStep or None)`` of :func:`build`."""
     import torch
     from torch.utils._pytree import tree_flatten
 
     from .runtime.device import device_of
     from .runtime.runner import CompiledRunner
 
-    ctx = _context(step_fn, example_inputs, options, name, loss)
+    ctx = _context(step_fn, example_inputs, options, name, loss, state)
     dev = device_of(tree_flatten(ctx.example_inputs)[0], device)
-    ctx = _context(step_fn, example_inputs, _options_for_device(ctx.options, dev), name, loss)
+    ctx = _context(step_fn, example_inputs, _options_for_device(ctx.options, dev), name, loss, state)
     t0 = time.perf_counter()
-    source = compute("cuda", ctx)
+    stages: dict[str, Any] = {}
+    source = compute("cuda", ctx, stages)
     lowered = time.perf_counter() - t0
-    runner = CompiledRunner(source, device=dev, step_fn=step_fn, cache=cache)
+    stateful = stages["captured"].stateful
+    runner = CompiledRunner(source, device=dev, step_fn=stateful.eager if stateful else step_fn, cache=cache)
     runner.timings["lower_seconds"] = lowered
+    lifted = [None] * len(stateful.slots) if stateful else []
     #: the example inputs' integer leaves (CPU copies), from which verify() takes their range
-    runner.example_integers = [t.detach().cpu() if isinstance(t, torch.Tensor) and not t.is_floating_point()
-                               and t.dtype != torch.bool else None for t in tree_flatten(ctx.example_inputs)[0]]
-    return runner
+    runner.example_integers = lifted + [
+        t.detach().cpu() if isinstance(t, torch.Tensor) and not t.is_floating_point() and t.dtype != torch.bool
+        else None for t in tree_flatten(ctx.example_inputs)[0]]
+    return runner, stateful

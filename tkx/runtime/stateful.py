@@ -28,35 +28,15 @@ class StatefulRunner:
     :func:`tkx.runtime.build` raises.
     """
 
-    def __init__(self, step_fn: Callable[..., Any], example_inputs: Sequence[Any], state: Any, options: Any = None, *,
-                 name: str | None = None, loss: int | None = None, device: Any = None,
-                 cache: bool | str = True) -> None:
-        if not isinstance(example_inputs, (tuple, list)):
-            example_inputs = (example_inputs,)
-        self.step_fn, self.state, self.options = step_fn, state, options
-        self.name, self.loss, self.device_arg, self.cache = name, loss, device, cache
+    def __init__(self, make: Callable[[tuple], tuple[Any, Any]], example_inputs: Sequence[Any]) -> None:
+        #: ``make(example_inputs) -> (CompiledRunner, StatefulStep)``: captures and compiles one variant
+        self.make = make
         self.example_inputs = tuple(example_inputs)
         self.variants: dict[Any, Any] = {}
         self.runner, self.stateful = self._build(self.example_inputs)
 
     def _build(self, example_inputs: tuple) -> tuple[Any, Any]:
-        from torch.utils._pytree import tree_flatten
-
-        from .. import pipeline
-        from .device import device_of
-        from .runner import CompiledRunner
-
-        ctx = pipeline._context(self.step_fn, example_inputs, self.options, self.name, self.loss, self.state)
-        dev = device_of(tree_flatten(ctx.example_inputs)[0], self.device_arg)
-        ctx = pipeline._context(self.step_fn, example_inputs, pipeline._options_for_device(ctx.options, dev),
-                                self.name, self.loss, self.state)
-        stages: dict[str, Any] = {}
-        source = pipeline.compute("cuda", ctx, stages)
-        stateful = stages["captured"].stateful
-        runner = CompiledRunner(source, device=dev, step_fn=stateful.eager, cache=self.cache)
-        runner.example_integers = [None] * len(stateful.slots) + [  # the range verify() draws integers from
-            t.detach().cpu() if isinstance(t, torch.Tensor) and not t.is_floating_point() and t.dtype != torch.bool
-            else None for t in tree_flatten(ctx.example_inputs)[0]]
+        runner, stateful = self.make(example_inputs)
         self.variants[stateful.captured_structure] = (runner, stateful)
         return runner, stateful
 
