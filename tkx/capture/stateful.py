@@ -508,7 +508,8 @@ class StatefulStep:
         def lifted_step(*leaves: torch.Tensor) -> list[torch.Tensor]:
             values = dict(zip(names, leaves[:n]))
             args = tree_unflatten(list(leaves[n:]), user_tree)
-            with SourceTagMode():
+            tags = SourceTagMode()
+            with tags, tags.modules:
                 out = self.run_bound(values, args, trace=True)
             flat, tree = tree_flatten(out)
             box.append(tree)
