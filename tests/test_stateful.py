@@ -207,3 +207,30 @@ def test_stateful_runner_keeps_one_variant_per_train_eval_setting():
         run_both(runner, classify_step(*ref), [(x, y)])
     assert len(built) == 2 and len(runner.variants) == 2
     assert_same_state(mine, ref)
+
+
+def test_plain_tensor_attribute_is_named():
+    class Scaled(MLP):
+        def __init__(self):
+            super().__init__()
+            self.scale = torch.ones(4)  # not registered: neither a parameter nor a buffer
+
+        def forward(self, x):
+            return super().forward(x) * self.scale
+    model = Scaled()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(tkx.UnsupportedError, match="'scale' is neither a parameter nor a buffer") as e:
+        tkx.capture(classify_step(model, opt), BATCHES[0], state=(model, opt))
+    assert "register_buffer" in str(e.value)
+
+
+def test_verify_on_the_cpu_for_a_functional_step(capsys):
+    def step(w, x, y):
+        loss, g = None, None
+        g, loss = torch.func.grad_and_value(lambda w: F.cross_entropy(x @ w, y))(w)
+        w.sub_(0.1 * g)
+        return loss
+    exp = tkx.explore(step, (torch.randn(8, 4), X, Y))
+    result = exp.verify()
+    assert result.passed and {"output (schedule)", "update (reference)"} <= {c.kind for c in result.comparisons}
+    assert "w" in capsys.readouterr().out

@@ -248,9 +248,10 @@ def _tracing_error(e: BaseException, step_fn: Callable, example_inputs: Sequence
         return UnsupportedError("not-functional", imperative, source=src, hint=FUNCTIONAL_HINT)
     if "convert all Tensors to FakeTensors" in str(e) and (module := _module_of(e)) is not None:
         return UnsupportedError(
-            "not-functional", f"the step runs an nn.Module ({module}) whose parameters are not inputs of the step",
+            "not-functional", f"the step runs an nn.Module ({module}) whose tensors are not inputs of the step",
             op=str(e).split("Found in ")[-1].split("(")[0] if "Found in " in str(e) else None,
-            source=src, hint=FUNCTIONAL_HINT)
+            source=src, hint=("register a tensor attribute with module.register_buffer(name, tensor) so that "
+                              "state= lifts it; " if "neither a parameter" in module else "") + FUNCTIONAL_HINT)
     if "convert all Tensors to FakeTensors" in str(e):
         return UnsupportedError(
             "closed-over-tensor", "the step reads a tensor it did not receive as an input",
@@ -318,13 +319,18 @@ FUNCTIONAL_HINT = ("name the modules and optimizers the step uses: tkx.capture(s
 
 
 def _module_of(e: BaseException) -> str | None:
-    """The ``nn.Module`` whose code read the closed-over tensor (its class name), if any."""
+    """The ``nn.Module`` whose code read the closed-over tensor, if any: its class name, and the name of
+    a plain tensor attribute it holds (neither a parameter nor a buffer) when it has one."""
     found = None
     for frame, _ in traceback.walk_tb(e.__traceback__):
         obj = frame.f_locals.get("self")
         if isinstance(obj, torch.nn.Module):
-            found = type(obj).__name__
-    return found
+            found = obj
+    if found is None:
+        return None
+    plain = [k for k, v in vars(found).items() if isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter)]
+    name = type(found).__name__
+    return f"{name}, whose tensor attribute {plain[0]!r} is neither a parameter nor a buffer" if plain else name
 
 
 _IMPERATIVE_MARKS = ("backward", "requires_grad_", "autograd.functional", "_record_function_enter",
