@@ -234,3 +234,22 @@ def test_verify_on_the_cpu_for_a_functional_step(capsys):
     result = exp.verify()
     assert result.passed and {"output (schedule)", "update (reference)"} <= {c.kind for c in result.comparisons}
     assert "w" in capsys.readouterr().out
+
+
+def test_cli_state_argument_loads_the_objects(tmp_path):
+    from tkx.cli import _parser
+    from tkx.user_step import UserStepError, load_function, load_state
+
+    path = tmp_path / "mystep.py"
+    path.write_text("import torch\nmodel = torch.nn.Linear(4, 2)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                    "state = (model, opt)\ndef make_state():\n    return {'model': model, 'opt': opt}\n"
+                    "def step(x):\n    return model(x).sum()\n")
+    step = load_function(f"{path}:step")
+    model, opt = load_state(f"{path}:state")
+    assert isinstance(model, torch.nn.Linear) and isinstance(opt, torch.optim.SGD)
+    assert step.__globals__["model"] is model  # one import of the file, shared with the step
+    assert set(load_state(f"{path}:make_state")) == {"model", "opt"}
+    with pytest.raises(UserStepError):
+        load_state(f"{path}:nothing")
+    args = _parser().parse_args(["report", f"{path}:step", "--inputs", f"{path}:step", "--state", f"{path}:state"])
+    assert args.state == f"{path}:state"
