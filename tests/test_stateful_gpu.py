@@ -5,18 +5,8 @@ state), on the GPU's default foreach path and the single-tensor one. Run with ``
 from __future__ import annotations
 
 import pytest
+import stateful_steps as ss
 import torch
-from stateful_steps import (
-    CNN,
-    MLP,
-    TransformerLM,
-    accumulate_step,
-    assert_same_state,
-    classify_step,
-    lm_step,
-    run_both,
-    twin,
-)
 
 import tkx
 import tkx.runtime
@@ -34,11 +24,11 @@ def _batches(shape: tuple[int, ...], classes: int, seed: int = 0) -> list[tuple[
 
 @pytest.mark.parametrize("foreach", [None, False], ids=["default", "single-tensor"])
 def test_mlp_adamw_through_the_kernel(foreach):
-    mine, ref = twin(MLP, lambda ps: torch.optim.AdamW(ps, lr=3e-3, weight_decay=0.1, foreach=foreach), "cuda")
+    mine, ref = ss.twin(ss.MLP, lambda ps: torch.optim.AdamW(ps, lr=3e-3, weight_decay=0.1, foreach=foreach), "cuda")
     batches = _batches((6, 8), 4)
-    runner = tkx.runtime.build(classify_step(*mine), batches[0], state=mine)
-    run_both(runner, classify_step(*ref), batches)
-    assert_same_state(mine, ref)
+    runner = tkx.runtime.build(ss.classify_step(*mine), batches[0], state=mine)
+    ss.run_both(runner, ss.classify_step(*ref), batches)
+    ss.assert_same_state(mine, ref)
     assert mine[1].state[next(mine[0].parameters())]["step"].device.type == "cpu"  # as eager keeps it
     assert runner.verify().passed
 
@@ -50,35 +40,35 @@ def test_mlp_adamw_through_the_kernel(foreach):
     lambda ps: torch.optim.Adam(ps, lr=1e-3, amsgrad=True, maximize=True),
 ], ids=["sgd-nesterov", "rmsprop-centered", "adagrad", "adam-amsgrad-maximize"])
 def test_cnn_batchnorm_through_the_kernel(make_opt):
-    mine, ref = twin(CNN, make_opt, "cuda")
+    mine, ref = ss.twin(ss.CNN, make_opt, "cuda")
     batches = [(x.reshape(4, 1, 8, 8), y) for x, y in _batches((4, 64), 3, seed=1)]
-    runner = tkx.runtime.build(classify_step(*mine), batches[0], state=mine)
-    run_both(runner, classify_step(*ref), batches[:3])
+    runner = tkx.runtime.build(ss.classify_step(*mine), batches[0], state=mine)
+    ss.run_both(runner, ss.classify_step(*ref), batches[:3])
     for m in (mine[0], ref[0]):
         m.eval()
-    run_both(runner, classify_step(*ref), batches[3:])
+    ss.run_both(runner, ss.classify_step(*ref), batches[3:])
     assert len(runner.variants) == 2  # train and eval
-    assert_same_state(mine, ref)
+    ss.assert_same_state(mine, ref)
 
 
 def test_transformer_lm_adam_through_the_kernel():
-    mine, ref = twin(TransformerLM, lambda ps: torch.optim.Adam(ps, lr=1e-2), "cuda")
+    mine, ref = ss.twin(ss.TransformerLM, lambda ps: torch.optim.Adam(ps, lr=1e-2), "cuda")
     g = torch.Generator().manual_seed(3)
     batches = [(torch.randint(0, 16, (2, 8), generator=g).cuda(), torch.randint(0, 16, (2, 8), generator=g).cuda())
                for _ in range(STEPS)]
-    runner = tkx.runtime.build(lm_step(*mine), batches[0], state=mine)
-    run_both(runner, lm_step(*ref), batches)
-    assert_same_state(mine, ref, noise={"layer.self_attn.in_proj_bias": (slice(16, 32), 2 * 1e-2 * STEPS)})
+    runner = tkx.runtime.build(ss.lm_step(*mine), batches[0], state=mine)
+    ss.run_both(runner, ss.lm_step(*ref), batches)
+    ss.assert_same_state(mine, ref, noise={"layer.self_attn.in_proj_bias": (slice(16, 32), 2 * 1e-2 * STEPS)})
 
 
 def test_scheduler_clip_and_accumulation_through_the_kernel():
-    mine, ref = twin(MLP, lambda ps: torch.optim.AdamW(ps, lr=1e-2), "cuda")
+    mine, ref = ss.twin(ss.MLP, lambda ps: torch.optim.AdamW(ps, lr=1e-2), "cuda")
     scheds = [torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5) for _, opt in (mine, ref)]
     batches = _batches((6, 8), 4, seed=2)
-    runner = tkx.runtime.build(classify_step(*mine, clip=0.05), batches[0], state=mine)
-    run_both(runner, classify_step(*ref, clip=0.05), batches, between=lambda: [s.step() for s in scheds])
+    runner = tkx.runtime.build(ss.classify_step(*mine, clip=0.05), batches[0], state=mine)
+    ss.run_both(runner, ss.classify_step(*ref, clip=0.05), batches, between=lambda: [s.step() for s in scheds])
     assert len(runner.variants) == 1
-    assert_same_state(mine, ref)
-    runner = tkx.runtime.build(accumulate_step(*mine), batches[0], state=mine)
-    run_both(runner, accumulate_step(*ref), batches)
-    assert_same_state(mine, ref)
+    ss.assert_same_state(mine, ref)
+    runner = tkx.runtime.build(ss.accumulate_step(*mine), batches[0], state=mine)
+    ss.run_both(runner, ss.accumulate_step(*ref), batches)
+    ss.assert_same_state(mine, ref)
