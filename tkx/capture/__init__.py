@@ -493,7 +493,10 @@ def capture(step_fn: Callable[..., Any], example_inputs: Sequence[Any], *, loss:
         Naming the op, FX node and source line, for unsupported ops, dynamic shapes,
         data-dependent control flow, closed-over tensors, random ops, unsupported dtypes,
         empty or non-tensor inputs, example inputs that do not match ``step_fn``'s
-        parameters (``bad-call``) and mismatched devices.
+        parameters (``bad-call``) and mismatched devices; ``not-functional`` for a step running
+        an ``nn.Module`` or a ``torch.optim`` optimizer without ``state=``; ``state-not-liftable``
+        for what ``state=`` cannot lift (a fused optimizer, an LR scheduler in ``state=``,
+        optimizer state held in Python numbers), naming the object.
     """
 
     if not callable(step_fn):

@@ -16,7 +16,9 @@ Where eager itself is the less accurate side, a fixed tolerance against eager cr
 every floating value is also compared with a float64 run of the reference
 (:func:`reference_fp64`): a value outside the tolerance still passes when its error against
 float64 is at most ``max(tolerance, k x eager's own error against float64)`` (``k`` =
-:data:`ARBITRATION_FACTOR`); the report gives both errors, the distance in ULPs and which
+:data:`ARBITRATION_FACTOR`), or, where eager's own error against float64 already exceeds the
+tolerance (rounding noise amplified, e.g. by Adam on a parameter whose true gradient is zero),
+within :data:`NOISE_FACTOR` x eager's error; the report gives both errors, the distance in ULPs and which
 side is closer. Integer inputs are drawn from the range the step accepts
 (:func:`integer_ranges`), and inputs outside it are refused before anything runs.
 """
