@@ -32,15 +32,15 @@ class Span:
 class Timeline:
     """Spans of one launch (``unit``: ``"ns"`` from the GPU, ``"events"`` from the VM).
 
-    ``origin``: the clock reading of time 0 in ``unit`` (the kernel's ``%globaltimer`` in ns; 0 for
-    the VM); ``kernel``: the kernel's entry name (what profilers call it); ``dag``: the
+    ``origin``: the clock reading of time 0 in ``unit``, an int (the kernel's ``%globaltimer`` in ns,
+    exact; 0 for the VM); ``kernel``: the kernel's entry name (what profilers call it); ``dag``: the
     :class:`~tkx.dataflow.dag.TaskDAG` the spans belong to (``None`` when unknown, e.g. after
     :meth:`from_json`): the trace export takes waits, modules and arena bytes from it."""
 
     name: str
     spans: tuple[Span, ...]
     unit: str = "ns"
-    origin: float = 0.0
+    origin: int = 0
     kernel: str = ""
     dag: Any = field(default=None, repr=False, compare=False)
 
@@ -71,7 +71,7 @@ class Timeline:
             spans.append(Span(block, task, t.group if t else "?", t.item if t else -1, float(r[1] - t0),
                               float(r[2] - t0), float(r[3])))
         return cls(dag.schedule.program.name, tuple(sorted(spans, key=lambda s: (s.block, s.start))), "ns",
-                   float(t0), kernel, dag)
+                   int(t0), kernel, dag)
 
     @classmethod
     def from_vm(cls, vm_run: Any, launch: int = 0) -> Timeline:
@@ -97,7 +97,7 @@ class Timeline:
     def from_json(cls, data: dict[str, Any]) -> Timeline:
         """The inverse of :meth:`to_json`."""
         return cls(data["name"], tuple(Span(**s) for s in data["spans"]), data.get("unit", "ns"),
-                   float(data.get("origin", 0.0)), str(data.get("kernel", "")))
+                   int(data.get("origin", 0)), str(data.get("kernel", "")))
 
     def chrome_trace(self, **options: Any) -> dict[str, Any]:
         """The timeline as a Trace Event Format object (Perfetto, ``chrome://tracing``); ``options`` and

@@ -228,10 +228,12 @@ def write_trace(trace: Mapping[str, Any], path: Any) -> str:
 
 
 def read_trace(source: Any) -> dict[str, Any]:
-    """A trace from a path (``.json`` or ``.json.gz``), a JSON string, or a dict (returned as is); a bare
+    """A trace from a path (``.json`` or ``.json.gz``), a JSON string, a dict (copied) or a list; a bare
     event list becomes ``{"traceEvents": [...]}``. Raises :class:`TraceError` for anything else."""
     if isinstance(source, Mapping):
         data: Any = dict(source)
+    elif isinstance(source, list):
+        data = source
     elif isinstance(source, str) and source.lstrip().startswith(("{", "[")):
         data = json.loads(source)
     else:
@@ -359,8 +361,8 @@ def _bad(e: Any, i: int) -> str | None:
     if ph == "C" and not (isinstance(e.get("args"), Mapping) and e["args"]
                           and all(isinstance(v, (int, float)) for v in e["args"].values())):
         return f"counter event {i} needs numeric args"
-    if ph == "M" and not (isinstance(e.get("args"), Mapping) and ("name" in e["args"] or "sort_index" in e["args"])):
-        return f"metadata event {i} needs args.name or args.sort_index"
+    if ph == "M" and not (isinstance(e.get("args"), Mapping) and e["args"]):
+        return f"metadata event {i} needs args (a name, sort_index or labels)"
     return None
 
 
