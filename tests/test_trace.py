@@ -241,6 +241,22 @@ def test_merge_expands_the_last_kernel_slice_on_the_gpu_clock(vm_tl, tmp_path):
         1000.0 + min(s.start for s in tl.spans) / 1000)
 
 
+def test_merge_on_the_clock_places_tasks_at_their_own_globaltimer_reading(vm_tl):
+    tl, origin = kernel_like(vm_tl)
+    base = 1_790_000_000_000_000_000
+    prof = profiler_trace(("tkx_step", 1000.0, 80.0), base=base)
+    offset = base + 1_000_000 + 700 - tl.origin  # the first task's ready 0.7 µs after the slice's start
+    merged = merge_profiler_trace(prof, tl, align="clock", clock_offset_ns=offset)
+    validate(merged)
+    for e in (e for e in tkx_events(merged, prof) if e.get("cat") == "task"):
+        s = next(s for s in tl.spans if s.task == e["args"]["task"])
+        assert e["ts"] == pytest.approx(1000.7 + s.start / 1000, abs=1e-3)
+    with pytest.raises(TraceError, match="align='clock' needs .* clock_offset_ns="):
+        merge_profiler_trace(prof, tl, align="clock")
+    with pytest.raises(TraceError, match="align='clock' needs a kernel timeline"):
+        merge_profiler_trace(prof, vm_tl, kernel="tkx_step", align="clock", clock_offset_ns=0)
+
+
 def test_merge_stretches_a_predicted_timeline_over_the_slice(vm_tl):
     prof = profiler_trace(("tkx_step", 500.0, 120.0))
     merged = merge_profiler_trace(json.dumps(prof), vm_tl, kernel="tkx_step")

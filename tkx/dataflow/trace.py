@@ -256,7 +256,8 @@ def _kernel_slices(events: Sequence[Mapping[str, Any]], kernel: str) -> list[Map
 
 
 def merge_profiler_trace(profiler: Any, timeline: Any, out: Any = None, *, kernel: str | None = None,
-                         launch: int = -1, align: str = "auto", lead_us: float = 0.0) -> dict[str, Any]:
+                         launch: int = -1, align: str = "auto", lead_us: float = 0.0,
+                         clock_offset_ns: int | None = None) -> dict[str, Any]:
     """One trace: ``profiler`` (a ``torch.profiler`` Chrome trace, from ``prof.export_chrome_trace(path)``:
     a path, JSON text or dict) with ``timeline``'s per-block task slices added as a process of their own,
     under the profiler's slice of the kernel.
@@ -272,7 +273,10 @@ def merge_profiler_trace(profiler: Any, timeline: Any, out: Any = None, *, kerne
       before the first task (``scripts/trace-offset`` measures it on a GPU; 0 draws the tasks from the slice's
       start);
     * ``"stretch"`` (the default for a VM timeline in events): the timeline's ``[0, makespan]`` onto the
-      slice's ``[start, end]`` (a prediction placed where the kernel ran).
+      slice's ``[start, end]`` (a prediction placed where the kernel ran);
+    * ``"clock"`` (a kernel timeline only): every task at its own ``%globaltimer`` reading plus
+      ``clock_offset_ns`` (the profiler's clock minus ``%globaltimer``, as ``scripts/trace-offset`` measures
+      it; needs the trace's ``baseTimeNanoseconds``); the slice then only picks the launch.
 
     ``otherData.tkx_alignment`` of the result records the slice, the mode, the µs per timeline unit and
     ``slice_minus_makespan_us`` (the kernel's time outside its tasks when aligned on ``"start"``). A flow
@@ -299,17 +303,25 @@ def merge_profiler_trace(profiler: Any, timeline: Any, out: Any = None, *, kerne
     if align == "auto":
         align = "start" if timeline.unit == "ns" else "stretch"
     k_ts, k_dur = float(k["ts"]), float(k.get("dur", 0.0))
+    base = trace.get("baseTimeNanoseconds")
     if align == "start":
         scale, t0 = _us_per_unit(timeline), k_ts + float(lead_us)
+    elif align == "clock":
+        if timeline.unit != "ns" or not isinstance(base, (int, float)) or clock_offset_ns is None:
+            raise TraceError("align='clock' needs a kernel timeline (ns), a profiler trace with "
+                             "baseTimeNanoseconds and clock_offset_ns=; use align='start' otherwise")
+        scale, t0 = 1e-3, (int(timeline.origin) + int(clock_offset_ns) - int(base)) / 1000
     elif align == "stretch":
         _us_per_unit(timeline)
         scale, t0 = (k_dur / timeline.makespan if timeline.makespan else 0.0), k_ts
     else:
-        raise TraceError(f"align={align!r}: use 'auto', 'start' or 'stretch'")
+        raise TraceError(f"align={align!r}: use 'auto', 'start', 'stretch' or 'clock'")
     pids = [e["pid"] for e in events if isinstance(e.get("pid"), int) and not isinstance(e.get("pid"), bool)]
     ids = [e["id"] for e in events if isinstance(e.get("id"), int) and e.get("ph") in ("s", "t", "f")]
     pid, flow_id = max(pids, default=0) + 1, max(ids, default=0) + 1
-    sort = k.get("pid") if isinstance(k.get("pid"), int) else None
+    sorts = [e["args"].get("sort_index") for e in events if e.get("ph") == "M" and e.get("pid") == k.get("pid")
+             and e.get("name") == "process_sort_index" and isinstance(e.get("args"), Mapping)]
+    sort = sorts[0] if sorts and isinstance(sorts[0], int) else k.get("pid") if isinstance(k.get("pid"), int) else None
     added = task_events(timeline, pid=pid, t0_us=t0, us_per_unit=scale, flow_id=flow_id + 1,
                         sort_index=None if sort is None else sort + 1,
                         name=f"tkx {timeline.name}: {name} per block ({_SOURCE.get(timeline.unit, timeline.unit)})")
@@ -327,7 +339,6 @@ def merge_profiler_trace(profiler: Any, timeline: Any, out: Any = None, *, kerne
                               "slice_ts_us": k_ts, "slice_dur_us": k_dur, "lead_us": float(lead_us),
                               "us_per_unit": scale,
                               "slice_minus_makespan_us": _us(k_dur - timeline.makespan * scale)}
-    base = trace.get("baseTimeNanoseconds")
     if timeline.unit == "ns" and isinstance(base, (int, float)) and timeline.origin:
         # the kernel's start on the profiler's clock minus the first task's ready on %globaltimer: a constant
         # clock offset minus the prologue; its spread over launches is what aligning on "start" cannot see
