@@ -278,9 +278,10 @@ def merge_profiler_trace(profiler: Any, timeline: Any, out: Any = None, *, kerne
       ``clock_offset_ns`` (the profiler's clock minus ``%globaltimer``, as ``scripts/trace-offset`` measures
       it; needs the trace's ``baseTimeNanoseconds``); the slice then only picks the launch.
 
-    ``otherData.tkx_alignment`` of the result records the slice, the mode, the µs per timeline unit and
-    ``slice_minus_makespan_us`` (the kernel's time outside its tasks when aligned on ``"start"``). A flow
-    connects the profiler's kernel slice to the first task. Writes the result to ``out`` when given (gzip if
+    ``otherData.tkx_alignment`` of the result records the tasks' ``pid``, the slice, the mode, the µs per
+    timeline unit, ``slice_minus_makespan_us`` (the kernel's time outside its tasks when aligned on
+    ``"start"``) and, for a kernel timeline in a trace with ``baseTimeNanoseconds``,
+    ``profiler_minus_globaltimer_ns``. A flow connects the profiler's kernel slice to the first task. Writes the result to ``out`` when given (gzip if
     it ends in ``.gz``) and returns it. Raises :class:`TraceError` when no such kernel slice is in the trace
     (naming the kernels it has), for an unknown ``align`` or a timeline unit not in :data:`UNIT_US`.
     """
@@ -335,8 +336,8 @@ def merge_profiler_trace(profiler: Any, timeline: Any, out: Any = None, *, kerne
     merged["traceEvents"] = events + added
     other = dict(merged.get("otherData") or {})
     other["tkx"] = _about(timeline)
-    other["tkx_alignment"] = {"kernel": name, "launch": launch, "launches": len(slices), "align": align,
-                              "slice_ts_us": k_ts, "slice_dur_us": k_dur, "lead_us": float(lead_us),
+    other["tkx_alignment"] = {"pid": pid, "kernel": name, "launch": launch, "launches": len(slices),
+                              "align": align, "slice_ts_us": k_ts, "slice_dur_us": k_dur, "lead_us": float(lead_us),
                               "us_per_unit": scale,
                               "slice_minus_makespan_us": _us(k_dur - timeline.makespan * scale)}
     if timeline.unit == "ns" and isinstance(base, (int, float)) and timeline.origin:
