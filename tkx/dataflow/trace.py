@@ -281,9 +281,10 @@ def merge_profiler_trace(profiler: Any, timeline: Any, out: Any = None, *, kerne
     ``otherData.tkx_alignment`` of the result records the tasks' ``pid``, the slice, the mode, the µs per
     timeline unit, ``slice_minus_makespan_us`` (the kernel's time outside its tasks when aligned on
     ``"start"``) and, for a kernel timeline in a trace with ``baseTimeNanoseconds``,
-    ``profiler_minus_globaltimer_ns``. A flow connects the profiler's kernel slice to the first task. Writes the result to ``out`` when given (gzip if
-    it ends in ``.gz``) and returns it. Raises :class:`TraceError` when no such kernel slice is in the trace
-    (naming the kernels it has), for an unknown ``align`` or a timeline unit not in :data:`UNIT_US`.
+    ``profiler_minus_globaltimer_ns``. A flow connects the profiler's kernel slice to the first task.
+    Writes the result to ``out`` when given (gzip if it ends in ``.gz``) and returns it. Raises
+    :class:`TraceError` when no such kernel slice is in the trace (naming the kernels it has), for an
+    unknown ``align`` or a timeline unit not in :data:`UNIT_US`.
     """
     trace = read_trace(profiler)
     events = list(trace["traceEvents"])
