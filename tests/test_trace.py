@@ -114,17 +114,17 @@ def test_waits_are_slices_and_flows_from_the_releasing_producer(vm_tl):
 
 def test_counter_tracks_tasks_in_flight_and_arena_bytes(vm_tl):
     trace = vm_tl.chrome_trace()
-    flight = [e for e in by_ph(trace, "C") if e["name"] == "tasks in flight"]
+    flight = [e for e in by_ph(trace, "C") if e["name"] == "tasks"]
     for e in flight:  # the count at each change, computed here from the spans
         t = e["ts"]
-        assert e["args"]["tasks"] == sum(1 for s in vm_tl.spans if s.start <= t < s.end)
-    assert flight[-1]["args"]["tasks"] == 0 and max(e["args"]["tasks"] for e in flight) > 1
-    arena = [e for e in by_ph(trace, "C") if e["name"] == "arena bytes in use"]
+        assert e["args"]["in flight"] == sum(1 for s in vm_tl.spans if s.start <= t < s.end)
+    assert flight[-1]["args"]["in flight"] == 0 and max(e["args"]["in flight"] for e in flight) > 1
+    arena = [e for e in by_ph(trace, "C") if e["name"] == "arena"]
     plan, dag = vm_tl.dag.arena, vm_tl.dag
     expected = {min(s.start for s in vm_tl.spans if dag.stage_of[s.group] == st):
                 sum(x.nbytes for x in plan.live_at(st)) for st in set(dag.stage_of.values())}
-    assert {e["ts"]: e["args"]["bytes"] for e in arena[:-1]} == expected
-    assert arena[-1] == {**arena[-1], "ts": vm_tl.makespan, "args": {"bytes": 0}}
+    assert {e["ts"]: e["args"]["bytes in use"] for e in arena[:-1]} == expected
+    assert arena[-1] == {**arena[-1], "ts": vm_tl.makespan, "args": {"bytes in use": 0}}
     assert max(expected.values()) > 0
 
 

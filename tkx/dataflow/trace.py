@@ -15,10 +15,10 @@ times ``ts`` and ``dur`` in µs, ``pid``/``tid`` pick the track, ``ph`` the kind
 * one slice (category ``wait``) before each task that waited, from the block reaching the task to its
   start, and a flow (``"ph": "s"`` / ``"f"``, category ``dependency``) from the producer task whose counter
   release it waited for (the last task to finish among the groups it waits on) to the task;
-* two counter tracks (``"ph": "C"``): ``tasks in flight`` (tasks running on all blocks) and
-  ``arena bytes in use`` (the bytes of the arena plan's slots live in the stage of the latest-started
-  stage: :meth:`tkx.arena.ArenaPlan.live_at`; the plan is per stage, so with counters, where stages
-  overlap, it is the step function of the stages' first starts).
+* two counter tracks (``"ph": "C"``; Perfetto names a track by event name and argument): ``tasks in
+  flight`` (tasks running on all blocks) and ``arena bytes in use`` (the bytes of the arena plan's slots
+  live in the latest-started stage: :meth:`tkx.arena.ArenaPlan.live_at`; the plan is per stage, so with
+  counters, where stages overlap, it is the step function of the stages' first starts).
 
 Times: a timeline in ns (the kernel's ``%globaltimer``) becomes µs (``ts = t / 1000``); a timeline in
 ``"us"`` stays; one in VM ``"events"`` (the task VM's logical clock) is drawn at 1 µs per event.
@@ -183,14 +183,12 @@ def task_events(tl: Any, *, pid: int = 1, t0_us: float = 0.0, us_per_unit: float
                 flow_id += 1
     if counters:
         for t, n in _in_flight(tl):
-            events.append({"name": "tasks in flight", "ph": "C", "ts": at(t), "pid": pid, "args": {"tasks": n}})
+            events.append({"name": "tasks", "ph": "C", "ts": at(t), "pid": pid, "args": {"in flight": n}})
         steps = _arena_steps(tl, dag)
         for t, nbytes in steps:
-            events.append({"name": "arena bytes in use", "ph": "C", "ts": at(t), "pid": pid,
-                           "args": {"bytes": nbytes}})
+            events.append({"name": "arena", "ph": "C", "ts": at(t), "pid": pid, "args": {"bytes in use": nbytes}})
         if steps:
-            events.append({"name": "arena bytes in use", "ph": "C", "ts": at(tl.makespan), "pid": pid,
-                           "args": {"bytes": 0}})
+            events.append({"name": "arena", "ph": "C", "ts": at(tl.makespan), "pid": pid, "args": {"bytes in use": 0}})
     return events
 
 
