@@ -149,6 +149,22 @@ def test_kernel_records_export_in_microseconds_with_their_origin(vm_tl, tmp_path
     assert read_trace(tl.to_chrome_trace(tmp_path / "t.json")) == read_trace(path)
 
 
+def test_a_predicted_timeline_in_microseconds_exports_the_same_way(vm_tl):
+    spans = tuple(Span(s.block, s.task, s.group, s.item, s.start * 0.25, s.end * 0.25, s.wait * 0.25)
+                  for s in vm_tl.spans)  # as a cost model in µs would time the VM's schedule
+    predicted = Timeline(vm_tl.name, spans, "us", dag=vm_tl.dag)
+    trace, events = predicted.chrome_trace(), vm_tl.chrome_trace()
+    validate(trace)
+    scaled = [{**e, "ts": e["ts"] * 0.25, **({"dur": e["dur"] * 0.25} if "dur" in e else {})}
+              if "ts" in e else e for e in events["traceEvents"]]
+    for e in scaled:
+        if e.get("cat") == "task":
+            e["args"] = {**e["args"], "wait_us": e["args"]["wait_us"] * 0.25}
+        if e["name"] == "process_name":
+            e["args"] = {"name": "tkx digits_step (us)"}
+    assert trace["traceEvents"] == scaled
+
+
 def test_slices_are_named_by_group_and_module():
     ops = {"mm": SimpleNamespace(module="model.fc1"), "relu": SimpleNamespace(module="model.act"),
            "add": SimpleNamespace()}
