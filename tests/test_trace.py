@@ -107,6 +107,8 @@ def test_waits_are_slices_and_flows_from_the_releasing_producer(vm_tl):
         consumer = next(x for x in vm_tl.spans if x.block == f["tid"] and x.start < f["ts"] < x.end)
         producer = next(x for x in vm_tl.spans if x.block == s["tid"] and x.start < s["ts"] < x.end)
         assert producer.group in waiting[consumer.task] and producer.end <= consumer.start
+        assert producer.end == max(x.end for x in vm_tl.spans if x.group in waiting[consumer.task]
+                                   and x.end <= consumer.start)  # the release it waited for: the last one
     plain = vm_tl.chrome_trace(flows=False, counters=False)["traceEvents"]
     assert {e["ph"] for e in plain} == {"M", "X"} and len(plain) == len(trace["traceEvents"]) - 2 * len(starts) - \
         len(by_ph(trace, "C"))

@@ -31,8 +31,10 @@ traces too).
 
 from __future__ import annotations
 
+import bisect
 import gzip
 import json
+import math
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -150,9 +152,11 @@ def task_events(tl: Any, *, pid: int = 1, t0_us: float = 0.0, us_per_unit: float
         return _us(t0_us + t * scale)
 
     labels: dict[str, tuple[str, list[str]]] = {}
-    by_group: dict[str, list[Any]] = {}
+    ends: dict[str, list[tuple[float, int, Any]]] = {}  # group -> (end, -task, span), ascending
     for s in tl.spans:
-        by_group.setdefault(s.group, []).append(s)
+        ends.setdefault(s.group, []).append((s.end, -s.task, s))
+    for v in ends.values():
+        v.sort(key=lambda x: x[:2])
     for s in tl.spans:
         if s.group not in labels:
             mods = _modules(dag, s.group)
@@ -173,9 +177,10 @@ def task_events(tl: Any, *, pid: int = 1, t0_us: float = 0.0, us_per_unit: float
             events.append({"name": f"wait ({', '.join(waited)})" if waited else "wait", "cat": "wait",
                            "ph": "X", "ts": ready, "dur": _us(ts - ready),
                            "pid": pid, "tid": s.block, "args": {"task": s.task, "for": waited}})
-            done = [p for g in waited for p in by_group.get(g, ()) if p.end <= s.start]
+            done = [ends[g][i - 1] for g in waited if g in ends
+                    and (i := bisect.bisect_right(ends[g], (s.start, math.inf), key=lambda x: x[:2])) > 0]
             if flows and done:  # the release it waited for: the last producer tile to finish before it started
-                p = max(done, key=lambda p: (p.end, -p.task))
+                p = max(done, key=lambda x: x[:2])[2]
                 events.append({"name": "counter release", "cat": "dependency", "ph": "s", "id": flow_id,
                                "ts": at((p.start + p.end) / 2), "pid": pid, "tid": p.block})
                 events.append({"name": "counter release", "cat": "dependency", "ph": "f", "bp": "e", "id": flow_id,
