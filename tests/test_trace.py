@@ -347,3 +347,36 @@ def test_annotate_pushes_and_pops_only_while_listening(monkeypatch):
         assert calls == [("push", "tkx a launch"), "pop"]
     finally:
         ranges.set_nvtx(was)
+
+
+def test_runner_launches_and_replays_inside_named_ranges(monkeypatch):
+    """CompiledRunner.launch and GraphRunner.replay on stand-ins for the kernel and the graph (no GPU here):
+    a range around each while NVTX listens, none otherwise."""
+    from tkx.runtime.runner import CompiledRunner, GraphRunner
+
+    calls = []
+    monkeypatch.setattr(torch.cuda.nvtx, "range_push", lambda name: calls.append(("push", name)))
+    monkeypatch.setattr(torch.cuda.nvtx, "range_pop", lambda: calls.append("pop"))
+    monkeypatch.setattr(ranges, "_OFF", False)
+    runner = object.__new__(CompiledRunner)
+    runner.program = SimpleNamespace(name="digits_step")
+    runner.options = tkx.Options(mode="grid")
+    runner._mutated = []
+    monkeypatch.setattr(runner, "_launch", lambda *a: calls.append("kernel"), raising=False)
+    graph = object.__new__(GraphRunner)
+    graph.runner, graph.inputs, graph.outputs = runner, [], []
+    graph.graph = SimpleNamespace(replay=lambda: calls.append("graph"))
+    monkeypatch.setattr("tkx.runtime.runner._inputs.unflatten_outputs", lambda program, outs: outs)
+    was = ranges.set_nvtx(False)
+    try:
+        runner.launch([], [], None)
+        graph.replay()
+        assert calls == ["kernel", "graph"]
+        ranges.set_nvtx(True)
+        calls.clear()
+        runner.launch([], [], None)
+        graph.replay()
+    finally:
+        ranges.set_nvtx(was)
+    assert calls == [("push", "tkx digits_step launch [mode=grid]"), "kernel", "pop",
+                     ("push", "tkx digits_step graph replay [mode=grid]"), "graph", "pop"]
