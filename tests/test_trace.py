@@ -184,6 +184,25 @@ def test_slices_are_named_by_group_and_module():
     assert [e["name"] for e in by_ph(Timeline.from_json(tl.to_json()).chrome_trace(), "X")] == ["g0", "g1"]
 
 
+def test_a_module_step_names_its_task_slices_by_module():
+    from torch.func import functional_call, grad_and_value
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+
+    def step(params, x, y):
+        grads, loss = grad_and_value(lambda p: ((functional_call(model, p, (x,)) - y) ** 2).mean())(params)
+        return loss, {k: p - 0.1 * grads[k] for k, p in params.items()}
+
+    exp = tkx.explore(step, (params, torch.randn(8, 4), torch.randn(8, 2)), mode="grid")
+    tasks = [e for e in exp.timeline.chrome_trace()["traceEvents"] if e.get("cat") == "task"]
+    named = {e["name"] for e in tasks if "modules" in e["args"]}
+    assert named and all(re.fullmatch(r"[gc]\d+ [02]( \+1)?", n) for n in named), named
+    for e in tasks:
+        mods = [exp.schedule.op(o).module for o in e["args"]["ops"]]
+        assert e["args"].get("modules", []) == list(dict.fromkeys(m for m in mods if m))
+
+
 def test_check_trace_finds_what_breaks_the_format():
     good = {"name": "a", "ph": "X", "ts": 0.0, "dur": 5.0, "pid": 1, "tid": 0}
     assert check_trace({"traceEvents": [good, {**good, "ts": 1.0, "dur": 2.0}]}) == []  # nested
