@@ -50,12 +50,12 @@ def nvtx_listening() -> bool:
 
 
 def _torch_profiling() -> bool:
-    return not _OFF and bool(getattr(_profiler, "_is_profiler_enabled", False))
+    return bool(getattr(_profiler, "_is_profiler_enabled", False)) and not _OFF
 
 
 def listening() -> bool:
-    """Whether a launch now emits a range: NVTX is on or ``torch.profiler`` records."""
-    return _NVTX or _torch_profiling()
+    """Whether a launch now emits a range: NVTX is on or ``torch.profiler`` records (two flag tests)."""
+    return _NVTX or (getattr(_profiler, "_is_profiler_enabled", False) and not _OFF)
 
 
 def range_name(step: str, what: str, options: Any = None) -> str:
