@@ -195,3 +195,32 @@ def test_verify_runs_eager_with_the_kernels_random_numbers():
     result = V.verify(InterpreterRunner(step, INPUTS), seeds=(0, 1))
     assert result.passed, result.summary()
     assert {c.name for c in result.comparisons} >= {"out[0]", "out[1]", "out[2]"}
+
+
+def test_dropout_in_a_stateful_module_step():
+    """nn.Dropout inside a module trained with loss.backward() and torch.optim (state=): the autograd-traced
+    graph's aten-level draws come from Philox too; exp.verify() (eager with the same numbers) passes and one
+    seed reproduces a step."""
+    import copy
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(0.3), torch.nn.Linear(16, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def train_step(x, y):
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    x, y = f(32, 8), torch.randint(0, 4, (32,), generator=g)
+    exp = tkx.explore(train_step, (x, y), state=(model, opt))
+    assert exp.program.rng_input is not None
+    assert exp.verify(show=False).passed
+    saved = copy.deepcopy(model.state_dict())
+    torch.manual_seed(5)
+    a = exp.run(x, y)
+    model.load_state_dict(saved)
+    torch.manual_seed(5)
+    assert torch.equal(a, exp.run(x, y))

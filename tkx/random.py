@@ -174,7 +174,40 @@ class _Philox(TorchFunctionMode):
             if prob is None:
                 return (u < p_arg).to(p_arg.dtype)
             return (u < prob).to(p_arg.dtype)
+        if func in _ATEN_DRAWS:  # a graph traced earlier (the stateful step's autograd trace) replayed
+            return self.aten_draw(func, args, kwargs)
         return func(*args, **kwargs)
+
+    def aten_draw(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """The aten-level random ops (``bernoulli``, ``native_dropout``, ``rand``/``randn`` and their
+        ``_like`` forms) drawn from Philox, as the torch functions above are."""
+        aten = torch.ops.aten
+        if func in (aten.bernoulli.p, aten.bernoulli.default, aten.bernoulli_.float, aten.bernoulli_.Tensor):
+            x = args[0]
+            prob = _argument(args, kwargs, 1, "p", None)
+            u = self.uniform(x.shape).to(x.device)
+            draw = (u < (x if prob is None else prob)).to(x.dtype)
+            return x.copy_(draw) if func in (aten.bernoulli_.float, aten.bernoulli_.Tensor) else draw
+        if func is aten.native_dropout.default:
+            x, p, train = args[0], float(args[1]), args[2] if len(args) > 2 else kwargs.get("train")
+            if train is False or p == 0.0:
+                return x.clone(), torch.ones_like(x, dtype=torch.bool)
+            keep = self.uniform(x.shape).to(x.device) >= p
+            return x * keep.to(x.dtype) * (1.0 / (1.0 - p) if p < 1.0 else 0.0), keep
+        like = func in (aten.rand_like.default, aten.randn_like.default)
+        shape = args[0].shape if like else args[0]
+        dtype = kwargs.get("dtype") or (args[0].dtype if like else torch.get_default_dtype())
+        u = self.uniform(shape) if func in (aten.rand.default, aten.rand_like.default) else self.normal(shape)
+        device = kwargs.get("device") or (args[0].device if like else None)
+        u = u.to(dtype)
+        return u if device is None else u.to(device)
+
+
+_ATEN_DRAWS = frozenset({torch.ops.aten.bernoulli.p, torch.ops.aten.bernoulli.default,
+                         torch.ops.aten.bernoulli_.float, torch.ops.aten.bernoulli_.Tensor,
+                         torch.ops.aten.native_dropout.default, torch.ops.aten.rand.default,
+                         torch.ops.aten.randn.default, torch.ops.aten.rand_like.default,
+                         torch.ops.aten.randn_like.default})
 
 
 @contextlib.contextmanager

@@ -12,12 +12,14 @@ applies too.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
+from ..random import drawing, with_state
 from .verify import Comparison, Verification, VerificationError, clone_exact, compare, reference_fp64, tolerance_for
 
 
@@ -45,9 +47,11 @@ def verify_cpu(exp: Any, args: Sequence[Any] | None = None, *, tolerances: Mappi
     program = exp.optimized
     inputs = _inputs(exp, args)
     stateful = exp.captured.stateful
-    flat = tree_flatten(inputs)[0]
+    flat = with_state(program, tree_flatten(inputs)[0])  # one Philox state for every run of a random step
     eager_args = tree_map(lambda t: clone_exact(t) if isinstance(t, torch.Tensor) else t, inputs)
-    out = stateful.eager(*eager_args) if stateful is not None else exp.step_fn(*eager_args)
+    rng = program.rng_input
+    with drawing(flat[rng]) if rng is not None else contextlib.nullcontext():  # eager draws the same numbers
+        out = stateful.eager(*eager_args) if stateful is not None else exp.step_fn(*eager_args)
     eager_out, eager_in = tree_flatten(out)[0], tree_flatten(eager_args)[0]
     ref = reference.run(program, [clone_exact(t) for t in flat])
     fused = run_schedule(exp.schedule, exp.arena, [clone_exact(t) for t in flat])
