@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from html import escape
 from typing import Any
 
@@ -48,7 +48,7 @@ class Step:
         return dataflow.build(schedule or self.schedule, arena or self.arena)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _step(name: str, opts: tuple) -> Step:
     from ..examples import get
     from ..options import Options

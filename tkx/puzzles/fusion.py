@@ -16,6 +16,8 @@ from .core import Drawing, Puzzle, PuzzleError, interpreter_faults, step, vm_fau
 
 __all__ = ["Fusion", "GemmTiles", "SplitK"]
 
+#: The split factors a GEMM may take (1: no split; ``Options.split_k`` allows the others).
+SPLITS = (1, 2, 4, 8, 16)
 LEGALITY = "legality"  # the scheduler's own check (shapes, access, dependency order): no rule is asked
 
 
@@ -213,9 +215,9 @@ class SplitK(Puzzle):
         return total
 
     def judge(self, answer: Any) -> Any:
-        if not isinstance(answer, int) or isinstance(answer, bool) or answer < 1:
-            raise PuzzleError(f"an answer is a split factor, an int >= 1, got {answer!r}")
-        st, g = self._group(answer)
+        if answer not in SPLITS or isinstance(answer, bool):
+            raise PuzzleError(f"an answer is a split factor, one of {', '.join(map(str, SPLITS))}, got {answer!r}")
+        st, g = self._group(answer if answer > 1 else "off")
         problems = []
         if g.plan.split_k != answer:
             problems.append(f"split_k={answer} is not possible here: {g.plan.adjusted}")
