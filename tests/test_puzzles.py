@@ -162,3 +162,24 @@ def test_planted_protocol_faults_in_the_vm():
     r = vm.run(dag.with_faults(epoch_step=0), list(st.inputs), blocks=3, policy="eager", seed=0, launches=2,
                values=True)
     assert {"unwritten-read", "mismatch"} & r.kinds()
+
+
+def test_a_poisoned_dag_reaches_the_generated_kernel(monkeypatch):
+    """What the GPU test runs (tests/test_puzzles_gpu.py): the counters kernel generated from the poisoned
+    DAG waits for one tile more than its producer has."""
+    import tkx.dataflow
+    import tkx.runtime
+    from tkx.examples import get
+    from tkx.options import Options
+
+    q = puzzles.poison("threshold-one-too-high")
+    original = tkx.dataflow.build
+    monkeypatch.setattr(tkx.dataflow, "build", lambda *a, **k: q.plant(original(*a, **k)))
+    ex = get(q.example)
+    src = tkx.runtime.lower(ex.step_fn, ex.make_inputs(0), Options(mode="grid", sync="counters"), name=q.example)
+    dag = src.dag
+    assert src.sync == "counters" and any(p.startswith("deadlock") for p in dataflow.check(dag))
+    g = next(g for g in dag.order for w in dag.waits[g] if w.threshold > dag.items[dag.counters[w.counter].group])
+    w = next(w for w in dag.waits[g] if w.threshold > dag.items[dag.counters[w.counter].group])
+    producer = dag.counters[w.counter].group
+    assert f", {w.counter}, {w.threshold}u, " in src.text and f"wait for {producer} ({w.threshold} tiles)" in src.text

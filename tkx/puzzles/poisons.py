@@ -109,6 +109,10 @@ def _off_by_one(dag: Any) -> Any:
     return _edit_wait(dag, lambda d, w: dataclasses.replace(w, threshold=w.threshold - 1))
 
 
+def _one_too_high(dag: Any) -> Any:
+    return _edit_wait(dag, lambda d, w: dataclasses.replace(w, threshold=w.threshold + 1))
+
+
 def _wrong_counter(dag: Any) -> Any:
     """A wait names the counter of another, earlier group with as many tasks as its producer (so
     the threshold still looks right and the wait is met: only the order is lost)."""
@@ -190,6 +194,9 @@ POISONS: tuple[Poison, ...] = (
            "may see the bump before the tile's stores", "tiny_online", _no_fence),
     Poison("threshold-off-by-one", "a wait's threshold is one less than its producer's task count: the "
            "consumer starts while the last tile is still being written", "tiny_online", _off_by_one),
+    Poison("threshold-one-too-high", "a wait's threshold is one more than its producer's task count: it is never "
+           "met, every block that reaches it spins until the spin limit", "tiny_online", _one_too_high,
+           expect=frozenset({"deadlock"})),
     Poison("slot-reused-early", "an arena slot is given to a new value before the last reader of the old one "
            "has finished (the waits do not order the reuse)", "poly_clip_adamw", _early_reuse),
     Poison("epoch-not-advanced", "the epoch does not advance at the end of a launch: in a CUDA-graph replay "
