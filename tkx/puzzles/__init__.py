@@ -19,6 +19,8 @@ Example::
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..errors import TkxError
 from .core import Drawing, Puzzle, Step, Verdict, check, step
 from .fusion import Fusion, GemmTiles, SplitK, rule_names
@@ -46,17 +48,18 @@ PUZZLES: tuple[Puzzle, ...] = (
 )
 
 
+def _named(items: tuple, name: str, what: str) -> Any:
+    for x in items:
+        if x.name == name:
+            return x
+    raise TkxError(f"no {what} {name!r}; the {what}s are {', '.join(x.name for x in items)}")
+
+
 def get(name: str) -> Puzzle:
     """The puzzle called ``name`` (e.g. ``"barriers-1"``); :class:`TkxError` naming them otherwise."""
-    for p in PUZZLES:
-        if p.name == name:
-            return p
-    raise TkxError(f"no puzzle {name!r}; the puzzles are {', '.join(p.name for p in PUZZLES)}")
+    return _named(PUZZLES, name, "puzzle")
 
 
 def poison(name: str) -> Poison:
     """The poison called ``name``; :class:`TkxError` naming them otherwise."""
-    for q in POISONS:
-        if q.name == name:
-            return q
-    raise TkxError(f"no poison {name!r}; the poisons are {', '.join(q.name for q in POISONS)}")
+    return _named(POISONS, name, "poison")

@@ -74,8 +74,8 @@ def step(name: str, **options: Any) -> Step:
 
 @dataclass(frozen=True)
 class Drawing:
-    """A puzzle's problem as text (``str``) and HTML (the text, then tkx's own rendering of the
-    stage it is about, when that stage has one)."""
+    """A puzzle's problem as text (``str``) and HTML (the text, then tkx's own rendering of ``obj``:
+    the program a fusion or barrier puzzle is posed on, never the stage that holds the answer)."""
 
     title: str
     text: str
@@ -153,8 +153,8 @@ class Puzzle:
     level = 1
     question = ""
 
-    def __init__(self, example: str, **options: Any) -> None:
-        self.example = example
+    def __init__(self, example: str, name: str, level: int, **options: Any) -> None:
+        self.example, self.name, self.level = example, name, level
         self.options = options
 
     @property

@@ -36,8 +36,8 @@ class Fusion(Puzzle):
     question = "Which candidates fuse? For each one that does not, name the rule that forbids it."
 
     def __init__(self, example: str, name: str, level: int, most: int = 8, **options: Any) -> None:
-        super().__init__(example, **options)
-        self.name, self.level, self.most = name, level, most
+        super().__init__(example, name, level, **options)
+        self.most = most
 
     def decisions(self) -> list[Any]:
         ds = list(self.step.schedule.decisions)
@@ -58,7 +58,7 @@ class Fusion(Puzzle):
             a, b = ops.get(d.producer), ops.get(d.consumer)
             lines.append(f"{d.kind:<9} {self.key(d):<24} ({a.kind if a else '?'} -> {b.kind if b else '?'})")
         lines.append("rules: " + ", ".join(rule_names()))
-        return Drawing(f"{self.name}: {self.question}", "\n".join(lines))
+        return Drawing(f"{self.name}: {self.question}", "\n".join(lines), p)
 
     def blank(self) -> dict[str, Any]:
         return {self.key(d): None for d in self.decisions()}
@@ -108,8 +108,8 @@ class GemmTiles(Puzzle):
     question = "Which tile_m x tile_n x tile_k fits the budget and runs fastest?"
 
     def __init__(self, example: str, name: str, level: int, blocks_per_sm: int = 2, **options: Any) -> None:
-        super().__init__(example, **options)
-        self.name, self.level, self.blocks_per_sm = name, level, blocks_per_sm
+        super().__init__(example, name, level, **options)
+        self.blocks_per_sm = blocks_per_sm
 
     def _problem(self) -> Any:
         return _gemm_problem(self.step)[1]
@@ -178,8 +178,7 @@ class SplitK(Puzzle):
     question = "Into how many K slices should the GEMM be split?"
 
     def __init__(self, example: str, name: str, level: int, **options: Any) -> None:
-        super().__init__(example, arch="sm_90a", **options)
-        self.name, self.level = name, level
+        super().__init__(example, name, level, arch="sm_90a", **options)
 
     def _group(self, split: Any) -> Any:
         st = step(self.example, **{**self.options, "split_k": split})

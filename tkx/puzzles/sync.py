@@ -35,14 +35,10 @@ class Barriers(Puzzle):
     topic = "grid barriers"
     question = "Before which groups (indices of the list) must a grid barrier stand? Use as few as you can."
 
-    def __init__(self, example: str, name: str, level: int, **options: Any) -> None:
-        super().__init__(example, **options)
-        self.name, self.level = name, level
-
     def draw(self) -> Drawing:
         s = self.step.schedule
         lines = [f"{i:>3}  {_group_line(s, g)}" for i, g in enumerate(_flat(s))]
-        return Drawing(f"{self.name}: {self.question}", "\n".join(lines))
+        return Drawing(f"{self.name}: {self.question}", "\n".join(lines), self.step.program)
 
     def blank(self) -> list[int]:
         return []
@@ -92,10 +88,6 @@ class ArenaOffsets(Puzzle):
     topic = "arena reuse"
     question = "Give every value a byte offset: live values must not overlap; reuse what you can."
 
-    def __init__(self, example: str, name: str, level: int, **options: Any) -> None:
-        super().__init__(example, **options)
-        self.name, self.level = name, level
-
     def draw(self) -> Drawing:
         a = self.step.arena
         lines = [f"alignment {a.alignment} bytes; stages 0..{len(a.schedule.stages) - 1}; "
@@ -140,10 +132,6 @@ class ArenaOffsets(Puzzle):
 
 
 class _DagPuzzle(Puzzle):
-    def __init__(self, example: str, name: str, level: int, **options: Any) -> None:
-        super().__init__(example, **options)
-        self.name, self.level = name, level
-
     @property
     def dag(self) -> Any:
         return self.step.dag()
@@ -174,7 +162,7 @@ class Thresholds(_DagPuzzle):
         for g in d.order:
             for w in d.waits[g]:
                 lines.append(f"  {g} waits until counter c{w.counter} ({d.counters[w.counter].group}) >= ?")
-        return Drawing(f"{self.name}: {self.question}", "\n".join(lines), d)
+        return Drawing(f"{self.name}: {self.question}", "\n".join(lines))
 
     def blank(self) -> dict[str, dict[str, int]]:
         d = self.dag
