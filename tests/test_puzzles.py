@@ -94,6 +94,14 @@ def test_answers_of_the_wrong_form_say_what_form():
     assert not v.ok and "p.blank()" in v.hint
     v = puzzles.check(puzzles.get("barriers-1"), ["x"])
     assert not v.ok and "indices" in str(v)
+    t = puzzles.get("thresholds-1")
+    g = next(iter(t.blank()))
+    v = puzzles.check(t, {**t.solution(), g: {k: "many" for k in t.blank()[g]}})
+    assert not v.ok and "form" in str(v) and "p.blank()" in v.hint
+    for name, bad in (("waits-1", {"g1": ["g99"]}), ("order-1", ["g0"]), ("split-k-1", True),
+                      ("gemm-tiles-1", {"tile_m": 48, "tile_n": 64, "tile_k": 8})):
+        v = puzzles.check(puzzles.get(name), bad)
+        assert not v.ok and v.hint, (name, str(v))
 
 
 def test_a_correct_answer_can_be_worse_than_the_compiler():

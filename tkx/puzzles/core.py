@@ -191,8 +191,9 @@ def check(puzzle: Puzzle, answer: Any) -> Verdict:
         raise TkxError(f"check takes a puzzle of tkx.puzzles.PUZZLES, got {type(puzzle).__name__}")
     try:
         return puzzle.judge(answer)
-    except PuzzleError as e:
-        return Verdict(puzzle.name, False, (str(e),), {}, f"start from p.blank(): {_shape_of(puzzle.blank())}")
+    except (PuzzleError, TypeError, ValueError) as e:  # int("x"), a list where a dict belongs: the answer's form
+        return Verdict(puzzle.name, False, (f"the answer is not of this puzzle's form: {e}",), {},
+                       f"start from p.blank(): {_shape_of(puzzle.blank())}")
 
 
 def _shape_of(x: Any) -> str:
