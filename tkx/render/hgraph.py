@@ -242,7 +242,8 @@ def program_hgraph(program: Any, schedule: Any = None) -> dict[str, Any]:
         ids = _op_ids(op) + ([f"grp:{grp}"] if grp else []) + ([f"mod:{path}"] if path else [])
         where = f"  {op.source.short()}" if op.source is not None else ""
         leaves.append(_Leaf(f"o:{op.id}", f"{op.id} {op.kind}\n{type_str(op.out)}", "op", key=f"op:{op.id}",
-                            ids=" ".join(ids), search=f"{op.id} {op.kind} {path} {cls} {op.fx_node or ''}{where}".lower(),
+                            ids=" ".join(ids),
+                            search=f"{op.id} {op.kind} {path} {cls} {op.fx_node or ''}{where}".lower(),
                             region=op.region, module=path, module_cls=cls, group=grp))
     edges = []
     for op in program.ops:
