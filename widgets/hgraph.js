@@ -148,6 +148,8 @@ var tkxHGraph = (function () {
         var ng = svg("g", { "class": cls, "data-id": id, transform: "translate(" + x + "," + y + ")" }, nodes);
         if (n.k) ng.setAttribute("data-tkx-key", n.k);
         if (n.i) ng.setAttribute("data-tkx-ids", n.i);
+        if (n.m) ng.setAttribute("data-tkx-module", n.m);
+        if (n.g) ng.setAttribute("data-tkx-group", n.g);
         var title = svg("title", {}, ng);
         title.textContent = n.t === "c" ? n.l.replace(/\n/g, " ") + " - click to expand" : n.l.replace(/\n/g, " ");
         var fill = n.t === "c" ? "#ffffff" : (n.t === "op" ? "#f6f8fa" : "#fff8e1");
@@ -262,6 +264,7 @@ var tkxHGraph = (function () {
       if (marked.length) {
         port.querySelectorAll(".tkx-hg-node").forEach(function (e) {
           var k = e.getAttribute("data-tkx-key"), ids = (e.getAttribute("data-tkx-ids") || "").split(" ");
+          if (e.getAttribute("data-tkx-group")) ids.push("grp:" + e.getAttribute("data-tkx-group"));
           for (var i = 0; i < marked.length; i++) {
             if (k === marked[i] || ids.indexOf(marked[i]) >= 0) { e.classList.add("tkx-hl-ext"); break; }
           }

@@ -21,4 +21,5 @@ from .linked import LinkedView, link_data, link_info
 from .stepper import PassStepper, side_by_side_html
 from .widget import Explorer, widget
 
-__all__ = ["Explorer", "GraphView", "LinkedView", "graph_data", "PassStepper", "link_data", "link_info", "side_by_side_html", "widget"]
+__all__ = ["Explorer", "GraphView", "LinkedView", "graph_data", "PassStepper", "link_data", "link_info",
+           "side_by_side_html", "widget"]

@@ -406,9 +406,8 @@ class Explorer(BenchmarkTab, W.VBox):
                 self.stepper_box.children = [W.HTML(note_html(f"pass stepper: {error_text(exc)}", "error"))]
         if "cuda" in ex._cache and (self.linked is None or "cuda" in recomputed):
             try:
-                from .linked import LinkedView
-
                 from .graphview import GraphView
+                from .linked import LinkedView
 
                 if self.linked is None:
                     self.linked = LinkedView(ex)

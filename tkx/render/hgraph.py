@@ -11,7 +11,8 @@ The dict::
     {"title": str, "ops": int,                       # ops (or FX nodes) in the graph
      "nodes": [{"id", "p" (parent id, "" at the top), "t" ("c" cluster | "op" | "in" | "out"),
                 "l" (label; lines split by "\\n"), "k" (data-tkx-key), "i" (data-tkx-ids),
-                "s" (lower-case search text), "r" (region), "n" (ops inside), "lv" (level)}],
+                "s" (lower-case search text), "r" (region), "n" (ops inside), "lv" (level),
+                leaves also "m" (module path) and "g" (fusion group id)}],
      "edges": [[leaf id, leaf id], ...],           # between leaves; the view merges them per drawn pair
      "open": [cluster id, ...]}                    # expanded in the first view
 
@@ -181,7 +182,8 @@ def _hierarchy(title: str, leaves: list[_Leaf], edges: Iterable[tuple[str, str]]
                 walk(k, node.id)
         else:
             nodes.append({"id": node.id, "p": parent, "t": node.kind, "l": node.label, "k": node.key,
-                          "i": node.ids, "s": node.search, "r": node.region, "n": 1, "lv": "op"})
+                          "i": node.ids, "s": node.search, "r": node.region, "n": 1, "lv": "op",
+                          "m": node.module, "g": node.group})
 
     for c in root.children:
         walk(c, "")
@@ -239,7 +241,7 @@ def program_hgraph(program: Any, schedule: Any = None) -> dict[str, Any]:
         path, cls = module_of(op)
         home[op.id] = f"o:{op.id}"
         grp = group_of.get(op.id, "")
-        ids = _op_ids(op) + ([f"grp:{grp}"] if grp else []) + ([f"mod:{path}"] if path else [])
+        ids = _op_ids(op)
         where = f"  {op.source.short()}" if op.source is not None else ""
         leaves.append(_Leaf(f"o:{op.id}", f"{op.id} {op.kind}\n{type_str(op.out)}", "op", key=f"op:{op.id}",
                             ids=" ".join(ids),
@@ -290,15 +292,12 @@ def captured_hgraph(cg: Any, schedule: Any = None) -> dict[str, Any]:
         else:
             target = _short_target(n.target)
             path, cls = module_of(n)
-            if path:
-                ids.append(f"mod:{path}")
             grp = next((group_of[i] for i in ops_of.get(n.name, []) if i in group_of), "")
-            if grp:
-                ids.append(f"grp:{grp}")
             where = f"  {n.source.short()}" if n.source is not None else ""
             leaves.append(_Leaf(f"n:{n.name}", f"{n.name} {target.split('.')[0]}\n{_node_type(n)}", "op",
                                 key=f"fx:{n.name}", ids=" ".join(ids),
-                                search=f"{n.name} {target} {path} {cls}{where}".lower(), region=n.region or "",
+                                search=f"{n.name} {target} {n.target} {path} {cls}{where}".lower(),
+                                region=n.region or "",
                                 module=path, module_cls=cls, group=grp))
     edges = [(f"n:{a}", f"n:{n.name}") for n in cg.nodes for a in n.args if a in names]
     return _hierarchy(f"captured graph {cg.name} (FX, aten ops)", leaves, edges, group_kind)
