@@ -1,9 +1,8 @@
 """A transformer training step written with ``nn.Module`` and ``torch.func.functional_call``, several
 hundred IR ops: the size of step the hierarchical graph views are built for.
 
-``tiny_gpt_step(blocks)`` returns ``(step, example_inputs)``; :func:`label_modules` gives the forward
-ops of an exploration module paths where the capture recorded none (``blocks.<i>.attn`` /
-``blocks.<i>.mlp`` / ``head`` by position), so the module levels of the views are exercised either way.
+``tiny_gpt_step(blocks)`` returns ``(step, example_inputs)``; the capture attributes its ops to
+``blocks.<i>.attn``, ``blocks.<i>.mlp.0`` ... (:mod:`tkx.capture.modules`).
 """
 
 from __future__ import annotations
@@ -62,23 +61,3 @@ def tiny_gpt_step(blocks: int = 2) -> tuple[Any, tuple[Any, ...]]:
         return loss, {k: params[k] - 0.1 * grads[k] for k in params}
 
     return step, (params, torch.randn(2, 8, 32), torch.randint(0, 8, (2, 8)))
-
-
-def label_modules(ex: Any, blocks: int = 2) -> bool:
-    """Give ``ex``'s forward ops (program, optimized) and FX nodes module paths by position when the
-    capture recorded none; ``False`` when it did (nothing is changed then)."""
-    ops = ex.program.ops
-    if any(getattr(op, "module", None) for op in ops):
-        return False
-    forward = [op for op in ops if op.region == "forward"]
-    names = [f"blocks.{i}.{part}" for i in range(blocks) for part in ("attn", "mlp")] + ["head"]
-    size = -(-len(forward) // len(names))
-    module = {op.id: names[min(k // size, len(names) - 1)] for k, op in enumerate(forward)}
-    for op in list(ops) + list(ex.optimized.ops):
-        if op.id in module:
-            object.__setattr__(op, "module", module[op.id])
-    by_node = {op.fx_node: module[op.id] for op in forward if op.fx_node}
-    for n in ex.captured.nodes:
-        if n.name in by_node:
-            object.__setattr__(n, "module", by_node[n.name])
-    return True

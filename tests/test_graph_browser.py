@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from graph_steps import label_modules, tiny_gpt_step
+from graph_steps import tiny_gpt_step
 from test_browser import ARGS, CHROMIUM
 
 import tkx
@@ -63,7 +63,6 @@ def _report(tmp_path_factory, name: str) -> Path:
         step, inputs = tiny_gpt_step(blocks=2)
         ex = tkx.explore(step, inputs, name="tiny_gpt")
         assert len(ex.program.ops) >= 250, f"the nn.Module step has only {len(ex.program.ops)} IR ops"
-        label_modules(ex, blocks=2)
     else:
         e = tkx.examples.get(name)
         ex = tkx.explore(e.step_fn, e.example_inputs, name=e.name, loss=e.loss_output)

@@ -13,7 +13,7 @@ from tkx.render.hgraph import FIRST_VIEW_NODES, captured_hgraph, first_view, hgr
 pytest.importorskip("ipywidgets")
 pytest.importorskip("anywidget")
 
-from graph_steps import label_modules, tiny_gpt_step  # noqa: E402
+from graph_steps import tiny_gpt_step  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -26,8 +26,6 @@ def digits():
 def gpt():
     step, inputs = tiny_gpt_step(blocks=2)
     ex = tkx.explore(step, inputs, name="tiny_gpt")
-    ex.schedule  # noqa: B018 - computed before the modules are labelled, as a capture would have them
-    label_modules(ex, blocks=2)
     return ex
 
 
@@ -65,7 +63,10 @@ def test_module_levels_and_first_view_limit(gpt):
     assert len(gpt.program.ops) >= 250
     clusters = {n["id"]: n for n in data["nodes"] if n["t"] == "c"}
     attn = [c for c in clusters.values() if c["id"].endswith("blocks.1.attn")]
-    assert len(attn) == 1 and attn[0]["lv"] == "module" and "blocks.1.attn" in attn[0]["s"]
+    assert {c["r"] for c in attn} == {"forward", "backward", "optimizer"}, attn   # one per region
+    attn = [c for c in attn if c["r"] == "forward"]
+    assert attn[0]["lv"] == "module" and "blocks.1.attn attention" in attn[0]["s"]
+    assert attn[0]["l"].startswith("blocks.1.attn · Attention")
     # blocks -> blocks.1 -> blocks.1.attn: nested by the dotted path
     assert clusters[attn[0]["p"]]["id"].endswith("blocks.1")
     assert 3 <= _drawn(data) <= FIRST_VIEW_NODES

@@ -136,7 +136,7 @@ var tkxHGraph = (function () {
                         stroke: color(n), fill: n.lv === "region" ? "#fbfcfd" : "none" }, c);
           var t = svg("text", { x: x + 6, y: y - HEAD + 13, "class": "tkx-hg-head", fill: color(n),
                                 "font-size": FONT }, c);
-          t.textContent = "\u2212 " + n.l.split("\n")[0] + "  (" + n.n + " ops)";
+          t.textContent = "\u2212 " + n.l.split("\n")[0] + "  (" + n.n + (n.n === 1 ? " op)" : " ops)");
           t.setAttribute("data-hg-toggle", id);
           if (n.k) { t.setAttribute("data-tkx-key", n.k); }
           svg("rect", { x: x, y: y - HEAD, width: p.width, height: p.height + HEAD, "class": "tkx-hg-minibox",

@@ -17,10 +17,10 @@ The dict::
      "open": [cluster id, ...]}                    # expanded in the first view
 
 The first view expands clusters breadth first while at most :data:`FIRST_VIEW_NODES` boxes are
-drawn. Module paths come from ``op.module`` / ``node.module`` (``"blocks.1.attn"``, or an object
-with ``path`` and ``cls``) where the capture records them; without them the levels are region,
-fusion group and op. A cluster of more than :data:`CHUNK_ABOVE` children is split into runs of
-consecutive children so no expansion draws a wall of boxes.
+drawn. Module paths come from ``op.module`` / ``node.module`` (``"blocks.1.attn"``, recorded by the
+capture: :mod:`tkx.capture.modules`); ops outside every module sit directly under their region. A
+cluster of more than :data:`CHUNK_ABOVE` children is split into runs of consecutive children so no
+expansion draws a wall of boxes.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..words import plural
 from .base import REGION_COLORS, esc
 
 __all__ = ["FIRST_VIEW_NODES", "CHUNK_ABOVE", "program_hgraph", "captured_hgraph", "hgraph_html",
@@ -50,21 +51,13 @@ REGIONS = ("forward", "backward", "optimizer")
 def module_of(item: Any) -> tuple[str, str]:
     """``(dotted module path, module class name)`` recorded on an IR op or FX node, or ``("", "")``.
 
-    Reads ``item.module`` (a path string, a ``(path, cls)`` pair or an object with ``path`` and
-    ``cls``/``class_name``) and ``item.module_class`` / ``item.module_cls`` where present."""
+    Reads ``item.module`` (the dotted path; ``""``, the root module, and ``None`` give no level)
+    and ``item.module_type`` (the class name, ``None`` when only parameter names told the path)."""
     m = getattr(item, "module", None)
     if not m:
         return "", ""
-    cls = getattr(item, "module_class", None) or getattr(item, "module_cls", None) or ""
-    if isinstance(m, str):
-        return m, str(cls)
-    if isinstance(m, tuple):
-        return str(m[0]) if m else "", str(m[1]) if len(m) > 1 else str(cls)
-    path = getattr(m, "path", None) or getattr(m, "name", None) or ""
-    cls = getattr(m, "cls", None) or getattr(m, "class_name", None) or getattr(m, "type", None) or cls
-    if isinstance(cls, type):
-        cls = cls.__name__
-    return str(path), str(cls or "")
+    cls = getattr(item, "module_type", None) or getattr(item, "module_class", None) or ""
+    return str(m), str(cls)
 
 
 @dataclass
@@ -117,7 +110,7 @@ def _tidy(c: _Cluster) -> Any:
             part = kids[start:start + CHUNK_SIZE]
             n = sum(_count(k) for k in part)
             first, last = _first_line(part[0]), _first_line(part[-1])
-            label = f"{first} .. {last}\n{n} ops" if len(part) > 1 else f"{first}\n{n} ops"
+            label = f"{first} .. {last}\n{plural(n, 'op')}" if len(part) > 1 else f"{first}\n{plural(n, 'op')}"
             run = _Cluster(f"{c.id}/run{start // CHUNK_SIZE}", label, "chunk", region=c.region)
             run.children = part
             runs.append(run)
@@ -137,34 +130,34 @@ def _first_line(node: Any) -> str:
 
 
 def _hierarchy(title: str, leaves: list[_Leaf], edges: Iterable[tuple[str, str]],
-               group_kind: dict[str, str]) -> dict[str, Any]:
+               group_kind: dict[str, str], classes: dict[str, Any]) -> dict[str, Any]:
     root = _Cluster("", title, "root")
     ins = [x for x in leaves if x.kind == "in"]
     outs = [x for x in leaves if x.kind == "out"]
     ops = [x for x in leaves if x.kind == "op"]
     n_region = {r: sum(1 for x in ops if x.region == r) for r in {x.region for x in ops}}
     if ins:
-        root.child("inputs", f"inputs\n{len(ins)} values", "ends").children.extend(ins)
+        root.child("inputs", f"inputs\n{plural(len(ins), 'value')}", "ends").children.extend(ins)
     order = {r: i for i, r in enumerate(REGIONS)}
     for x in sorted(ops, key=lambda x: order.get(x.region, len(REGIONS))):   # stable: graph order kept
         region = x.region or "ops"
-        node = root.child(region, f"{region}\n{n_region.get(x.region, 0)} ops", "region", region=x.region,
+        node = root.child(region, f"{region}\n{plural(n_region.get(x.region, 0), 'op')}", "region", region=x.region,
                           search=region)
         if x.module:
             parts = x.module.split(".")
             for d in range(1, len(parts) + 1):
                 path = ".".join(parts[:d])
-                cls = f" · {x.module_cls}" if d == len(parts) and x.module_cls else ""
-                node = node.child(f"{node.id}/{path}", f"{path}{cls}", "module", region=x.region,
-                                  key=f"mod:{path}", ids=f"mod:{path}",
-                                  search=f"{path} {x.module_cls if d == len(parts) else ''}".lower())
+                cls = classes.get(path) or (x.module_cls if d == len(parts) else "") or ""
+                node = node.child(f"{node.id}/{path}", f"{path} · {cls}" if cls else path, "module",
+                                  region=x.region, key=f"mod:{path}", ids=f"mod:{path}",
+                                  search=f"{path} {cls}".lower())
         if x.group:
             kind = group_kind.get(x.group, "")
             node = node.child(f"{node.id}/{x.group}", f"{x.group}" + (f" ({kind})" if kind else ""), "group",
                               region=x.region, key=f"grp:{x.group}", ids=f"grp:{x.group}", search=x.group.lower())
         node.children.append(x)
     if outs:
-        root.child("outputs", f"outputs\n{len(outs)} values", "ends").children.extend(outs)
+        root.child("outputs", f"outputs\n{plural(len(outs), 'value')}", "ends").children.extend(outs)
     for i, c in enumerate(root.children):
         root.children[i] = _tidy(c)
 
@@ -175,7 +168,7 @@ def _hierarchy(title: str, leaves: list[_Leaf], edges: Iterable[tuple[str, str]]
             n = _count(node)
             label = node.label
             if node.level in ("module", "group"):
-                label += f"\n{n} ops"
+                label += f"\n{plural(n, 'op')}"
             nodes.append({"id": node.id, "p": parent, "t": "c", "l": label, "k": node.key, "i": node.ids,
                           "s": node.search, "r": node.region, "n": n, "lv": node.level})
             for k in node.children:
@@ -262,7 +255,7 @@ def program_hgraph(program: Any, schedule: Any = None) -> dict[str, Any]:
                             search=target.name.lower()))
         if u.value.buffer in home:
             edges.append((home[u.value.buffer], f"upd{i}"))
-    return _hierarchy(f"program {program.name}", leaves, edges, group_kind)
+    return _hierarchy(f"program {program.name}", leaves, edges, group_kind, dict(getattr(program, "modules", {})))
 
 
 def captured_hgraph(cg: Any, schedule: Any = None) -> dict[str, Any]:
@@ -300,7 +293,8 @@ def captured_hgraph(cg: Any, schedule: Any = None) -> dict[str, Any]:
                                 region=n.region or "",
                                 module=path, module_cls=cls, group=grp))
     edges = [(f"n:{a}", f"n:{n.name}") for n in cg.nodes for a in n.args if a in names]
-    return _hierarchy(f"captured graph {cg.name} (FX, aten ops)", leaves, edges, group_kind)
+    return _hierarchy(f"captured graph {cg.name} (FX, aten ops)", leaves, edges, group_kind,
+                      dict(getattr(cg.program, "modules", {})))
 
 
 def _json_for_script(data: dict[str, Any]) -> str:
