@@ -146,8 +146,10 @@ def test_search_a_module_path_then_click_its_op(browser, reports):
             if ops.count():
                 break
             hg.locator(f'.tkx-gn.tkx-hg-c[data-id^="{fid}/"]').first.click()
-        op = hg.locator('.tkx-gn.tkx-hg-op[data-tkx-module="blocks.1.attn"]').first
-        key = op.get_attribute("data-tkx-key")
+        key = hg.locator('.tkx-gn.tkx-hg-op[data-tkx-module="blocks.1.attn"]').first.get_attribute("data-tkx-key")
+        hg.locator(".tkx-hg-search").fill(key[3:])     # its op id: centred in the view
+        hg.locator(".tkx-hg-search").press("Enter")
+        op = hg.locator(f'.tkx-gn[data-tkx-key="{key}"]')
         op.click()
         assert page.evaluate("document.body.getAttribute('data-tkx-selected')") == key
         lit = page.locator("#tkx-sec-cuda .tkx-hl")

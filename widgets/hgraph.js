@@ -183,9 +183,18 @@ var tkxHGraph = (function () {
       mini.setAttribute("viewBox", "0 " + top + " " + size.w + " " + (size.h - top));
       info.textContent = shown + " boxes drawn \u00b7 " + data.ops + " ops";
       root.setAttribute("data-tkx-hg-shown", String(shown));
-      if (before) {               // keep the clicked box where it was on screen
+      if (before) {               // keep the clicked box where it was on screen, then bring it into view
         var after = screenOf(anchor);
         if (after) { view.x += before.x - after.x; view.y += before.y - after.y; }
+        var b = boxOf(anchor), W = stage.clientWidth || 800, H = stage.clientHeight || 500;
+        if (b) {
+          var left = view.k * b.x + view.x, top = view.k * (b.y - HEAD) + view.y;
+          var right = left + view.k * b.w, bottom = top + view.k * (b.h + HEAD);
+          if (right > W - 8) view.x -= Math.min(right - W + 8, left - 8);
+          if (bottom > H - 8) view.y -= Math.min(bottom - H + 8, top - 8);
+          if (left < 8) view.x += 8 - left;
+          if (top < 8) view.y += 8 - top;
+        }
       }
       apply();
       mark();
