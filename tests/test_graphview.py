@@ -124,7 +124,8 @@ def test_explorer_first_screen(digits):
     table = e.pipeline_table.value
     for s in tkx.pipeline.STAGES:
         assert f"ex.{s.name}" in table
-    assert "not computed (needs a GPU)" in table
+    assert "not computed (needs a GPU)" in table and "from ex.passes" in table
+    assert "all defaults" in e.options_panel.titles[0]
     # every option field with a control is in exactly one group, shown with its help
     grouped = [n for names in OPTION_GROUPS.values() for n in names]
     assert len(grouped) == len(set(grouped))
@@ -138,3 +139,4 @@ def test_explorer_first_screen(digits):
     e.flush()
     assert e.headline_text.startswith("tile_m=16:"), e.headline_text
     assert "reused" in e.pipeline_table.value and "recomputed" in e.pipeline_table.value
+    assert e.options_panel.titles[0].endswith("(1 changed: tile_m)"), e.options_panel.titles

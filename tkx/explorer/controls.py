@@ -18,7 +18,7 @@ import traitlets
 
 from ..options import OPTION_GROUPS, Options, option_group
 
-__all__ = ["OptionalIntText", "make_control", "help_html", "options_panel", "SEQUENCE_FIELDS"]
+__all__ = ["OptionalIntText", "make_control", "help_html", "options_panel", "panel_title", "SEQUENCE_FIELDS"]
 
 #: Option fields that are sequences, handled by the pass / rule toggles instead of one control.
 SEQUENCE_FIELDS = ("passes", "rules")
@@ -130,8 +130,12 @@ def options_panel(options: Options, on_change: Callable[[Any], None],
         sections.append(W.GridBox(members, layout=W.Layout(grid_template_columns="repeat(3, minmax(230px, 1fr))",
                                                            grid_gap="2px 12px")))
     body = W.VBox(sections + extra)
-    names = ", ".join(g for g in OPTION_GROUPS if cells[g])
-    changed = options.changed() if hasattr(options, "changed") else {}
-    title = f"options: {names}" + (f" ({len(changed)} changed)" if changed else " (all defaults)")
-    panel = W.Accordion(children=[body], titles=(title,), selected_index=None)
+    panel = W.Accordion(children=[body], titles=(panel_title(options),), selected_index=None)
     return panel, controls, helps
+
+
+def panel_title(options: Options) -> str:
+    """The options panel's title: its groups and how many options differ from their defaults."""
+    changed = options.changed() if hasattr(options, "changed") else {}
+    return (f"options: {', '.join(OPTION_GROUPS)}" +
+            (f" ({len(changed)} changed: {', '.join(changed)})" if changed else " (all defaults)"))

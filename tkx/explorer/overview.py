@@ -43,12 +43,19 @@ def stage_figure(name: str, obj: Any) -> str:
 
 def pipeline_rows(ex: Any, upd: Any, *, first: bool = False) -> list[tuple[str, str, str, str]]:
     """``(stage, title, what the last update did, figure)`` per stage: ``"recomputed (N ms)"``,
-    ``"reused"``, ``"failed"``, ``"not computed"`` (the GPU runner, lazily)."""
+    ``"reused"``, ``"failed"``, ``"not computed"`` (the GPU runner, lazily), ``"from ex.passes"`` (a
+    stage read off another)."""
     rows = []
     done = set(upd.recomputed or ())
     ms = getattr(upd, "stage_ms", {}) or {}
     for s in pipeline.STAGES:
         obj = ex._cache.get(s.name)
+        if s.derived:   # read off another stage (the IR after the passes is the pass trace's output)
+            parents = [ex._cache.get(d) for d in s.needs]
+            obj = getattr(ex, s.name) if parents and all(p is not None for p in parents) else None
+            rows.append((s.name, s.title, f"from {', '.join(f'ex.{d}' for d in s.needs)}" if obj is not None
+                         else "not computed", stage_figure(s.name, obj) if obj is not None else ""))
+            continue
         if upd.error and s.name == upd.failed_stage:
             state = "failed"
         elif s.name in done or (first and obj is not None):
@@ -70,7 +77,7 @@ def pipeline_html(ex: Any, upd: Any, *, first: bool = False) -> str:
     cell = "padding:1px 14px 1px 0;text-align:left;vertical-align:top"
     body = []
     for name, title, state, figure in pipeline_rows(ex, upd, first=first):
-        color = {"failed": "#cf222e", "reused": "#57606a"}.get(state.split(" ")[0], "#1a7f37")
+        color = {"failed": "#cf222e", "reused": "#57606a", "from": "#57606a"}.get(state.split(" ")[0], "#1a7f37")
         if state.startswith("not"):
             color = "#8c959f"
         body.append(f'<tr><td style="{cell}"><code>ex.{html.escape(name)}</code></td>'

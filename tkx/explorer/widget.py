@@ -21,7 +21,7 @@ from .. import display, pipeline
 from ..explore import Exploration
 from ..options import Options
 from .benchtab import BenchmarkTab
-from .controls import OptionalIntText, make_control, options_panel
+from .controls import OptionalIntText, make_control, options_panel, panel_title
 from .core import (
     CPU_STAGES,
     HAS_RULES_OPTION,
@@ -307,6 +307,7 @@ class Explorer(BenchmarkTab, W.VBox):
             self.headline_text = headline(upd.changed, None if first else before, self.facts)
             self.headline.value = headline_html(self.headline_text)
         self.pipeline_table.value = pipeline_html(self.session.current, upd, first=first)
+        self.options_panel.set_title(0, panel_title(ex.options))
         if upd.error and not first:
             return  # the previous good state stays on screen
         t0 = time.perf_counter()
