@@ -3,7 +3,9 @@
 // (the JupyterLab widget concatenates dagre, this file and its glue). Data: tkx/render/hgraph.py.
 var tkxHGraph = (function () {
   "use strict";
-  var NS = "http://www.w3.org/2000/svg";
+  // The SVG namespace, read off an element the HTML parser makes (the file names no URL at all).
+  var NS = (function () { var d = document.createElement("div"); d.innerHTML = "<svg></svg>";
+                          return d.firstChild.namespaceURI; })();
   var FONT = 12, LINE = 15, CHAR = 7.3, PAD = 8, HEAD = 18;
 
   function svg(tag, attrs, parent) {
@@ -167,8 +169,16 @@ var tkxHGraph = (function () {
         var d = g.edge(e), pts = d.points || [];
         if (!pts.length) return;
         var path = "M" + pts.map(function (q) { return q.x.toFixed(1) + "," + q.y.toFixed(1); }).join("L");
-        svg("path", { d: path, "class": "tkx-hg-edge", "marker-end": "url(#" + arrowId + ")",
-                      "stroke-width": Math.min(1 + d.count / 6, 4).toFixed(2) }, edges);
+        svg("path", { d: path, "class": "tkx-hg-edge", "stroke-width": Math.min(1 + d.count / 6, 4).toFixed(2) },
+            edges);
+        if (pts.length > 1) {     // the arrow head: a triangle along the last segment
+          var q = pts[pts.length - 1], r = pts[pts.length - 2];
+          var dx = q.x - r.x, dy = q.y - r.y, len = Math.sqrt(dx * dx + dy * dy) || 1;
+          var ux = dx / len, uy = dy / len;
+          var head = [[q.x, q.y], [q.x - 8 * ux - 4 * uy, q.y - 8 * uy + 4 * ux], [q.x - 8 * ux + 4 * uy, q.y - 8 * uy - 4 * ux]];
+          svg("path", { d: "M" + head.map(function (h) { return h[0].toFixed(1) + "," + h[1].toFixed(1); }).join("L") + "Z",
+                        "class": "tkx-hg-arrow" }, edges);
+        }
         if (d.count > 1) {
           var m = d.x !== undefined ? { x: d.x, y: d.y } : pts[Math.floor(pts.length / 2)];
           var t = svg("text", { x: m.x, y: m.y + 4, "class": "tkx-hg-count", "font-size": 11,
@@ -200,11 +210,6 @@ var tkxHGraph = (function () {
       mark();
     }
 
-    var arrowId = "tkx-hg-arrow-" + Math.random().toString(36).slice(2, 9);
-    var defs = svg("defs", {}, main);
-    var marker = svg("marker", { id: arrowId, viewBox: "0 0 10 10", refX: 9, refY: 5, markerWidth: 7,
-                                 markerHeight: 7, orient: "auto-start-reverse" }, defs);
-    svg("path", { d: "M0,0L10,5L0,10z", fill: "#8c959f" }, marker);
 
     function boxOf(id) {
       for (var i = 0; i < boxes.length; i++) if (boxes[i].id === id) return boxes[i];
