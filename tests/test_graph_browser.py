@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from graph_steps import tiny_gpt_step
-from test_browser import ARGS, CHROMIUM
+from test_browser import browser  # noqa: F401 - the module-scoped browser fixture, one per module
 
 import tkx
 from tkx.render.hgraph import FIRST_VIEW_NODES
@@ -42,21 +42,6 @@ IN_VIEW_BOX = """(el) => {
 }"""
 
 
-@pytest.fixture(scope="module")
-def browser():
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
-    import os
-
-    if not (os.path.exists(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
-        pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium); no browser is downloaded")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
-
-
 def _report(tmp_path_factory, name: str) -> Path:
     path = tmp_path_factory.mktemp("graphs") / f"{name}.html"
     if name == "tiny_gpt":
@@ -81,7 +66,7 @@ def reports(tmp_path_factory):
     return get
 
 
-def _open(browser, path: Path):
+def _open(browser, path: Path):  # noqa: F811 - the fixture imported above
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     errors: list[str] = []
     requests: list[str] = []
@@ -97,7 +82,7 @@ EXAMPLES = ["gpt_block", "tiny_gpt",
 
 
 @pytest.mark.parametrize("name", EXAMPLES)
-def test_first_view_is_readable_and_expands_on_click(browser, reports, name):
+def test_first_view_is_readable_and_expands_on_click(browser, reports, name):  # noqa: F811
     page, errors, requests = _open(browser, reports(name))
     try:
         for sec in SECTIONS:
@@ -124,7 +109,7 @@ def test_first_view_is_readable_and_expands_on_click(browser, reports, name):
         page.close()
 
 
-def test_search_a_module_path_then_click_its_op(browser, reports):
+def test_search_a_module_path_then_click_its_op(browser, reports):  # noqa: F811
     """Find blocks.1.attn, see it drawn and marked, expand it, click one of its ops: the op's CUDA
     lines light up in the CUDA section (the report's linked views)."""
     page, errors, _ = _open(browser, reports("tiny_gpt"))
@@ -160,7 +145,7 @@ def test_search_a_module_path_then_click_its_op(browser, reports):
         page.close()
 
 
-def test_search_by_op_id_and_aten_name(browser, reports):
+def test_search_by_op_id_and_aten_name(browser, reports):  # noqa: F811
     page, errors, _ = _open(browser, reports("gpt_block"))
     try:
         hg = page.locator("#tkx-sec-captured .tkx-hg").first

@@ -176,8 +176,8 @@ def test_explorer_flips_fuse_epilogues_in_jupyterlab(lab, browser):  # noqa: F81
         page.wait_for_selector(".jp-OutputArea .tkx-hg .tkx-gn", timeout=UPDATE_S * 1000)
         hg = page.locator(".jp-OutputArea .tkx-hg").first
         m = hg.evaluate("""(el) => { const t = Array.from(el.querySelectorAll('.tkx-gn text'));
-            return {boxes: el.querySelectorAll('.tkx-gn').length,
-                    minPx: Math.min(...t.map(x => parseFloat(getComputedStyle(x).fontSize) * x.getScreenCTM().a))}; }""")
+            const px = t.map(x => parseFloat(getComputedStyle(x).fontSize) * x.getScreenCTM().a);
+            return {boxes: el.querySelectorAll('.tkx-gn').length, minPx: Math.min(...px)}; }""")
         assert 1 <= m["boxes"] <= 60 and m["minPx"] >= 11, m
         hg.locator(".tkx-hg-search").fill("mm")
         hg.locator(".tkx-hg-search").press("Enter")

@@ -185,7 +185,8 @@ def _hierarchy(title: str, leaves: list[_Leaf], edges: Iterable[tuple[str, str]]
 
 
 def first_view(nodes: list[dict[str, Any]], limit: int = FIRST_VIEW_NODES) -> list[str]:
-    """Cluster ids to expand, breadth first, while at most ``limit`` boxes are drawn."""
+    """Cluster ids to expand, breadth first, while at most ``limit`` boxes are drawn (inputs,
+    outputs and runs of consecutive ops stay closed)."""
     kids: dict[str, list[dict[str, Any]]] = {}
     for n in nodes:
         kids.setdefault(n["p"], []).append(n)
@@ -196,7 +197,8 @@ def first_view(nodes: list[dict[str, Any]], limit: int = FIRST_VIEW_NODES) -> li
         nxt = []
         for c in frontier:
             more = len(kids.get(c["id"], [])) - 1
-            if c["lv"] != "ends" and shown + more <= limit:
+            if c["lv"] not in ("ends", "chunk") and shown + more <= limit:   # runs stay closed: a row of
+                # consecutive ops reads worse than the region's next level
                 shown += more
                 opened.append(c["id"])
                 nxt += [k for k in kids.get(c["id"], []) if k["t"] == "c"]
