@@ -148,6 +148,35 @@ def test_batch_norm_eval_uses_running_stats():
     assert not exp.program.updates
 
 
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+def test_cudnn_batch_norm_decomposes_like_native_batch_norm(training):
+    """On CUDA, batch norm under autograd dispatches to aten.cudnn_batch_norm (and its backward): the
+    decomposition table turns it into native_batch_norm's math; the reference interpreter's loss,
+    gradients and running statistics equal eager native_batch_norm's (cuDNN has no CPU kernel)."""
+    from pipeline import clone
+
+    def step_with(op):
+        def step(w, b, running_mean, running_var, x):
+            def loss(w, b):
+                y = op(x, w, b, running_mean, running_var, training, 0.1, 1e-5)[0]
+                ramp = torch.arange(y.numel(), dtype=y.dtype).reshape(y.shape) / y.numel()
+                return (y * ramp).sin().sum()
+            (gw, gb), value = torch.func.grad_and_value(loss, argnums=(0, 1))(w, b)
+            return value, gw, gb
+        return step
+
+    inputs = (f(3) + 1, f(3), f(3), torch.rand(3, generator=g) + 0.5, f(8, 3, 2, 2))
+    exp = tkx.explore(step_with(torch.ops.aten.cudnn_batch_norm), inputs)
+    mine, want_inputs = clone(inputs), clone(inputs)
+    result = tkx.reference.run(exp.optimized, mine, update_inputs=True)
+    want = step_with(torch.ops.aten.native_batch_norm)(*want_inputs)
+    for got, expected in zip(result.outputs, want, strict=True):
+        torch.testing.assert_close(got, expected)
+    for got, expected in zip(mine, want_inputs, strict=True):  # the running statistics
+        torch.testing.assert_close(got, expected)
+    assert bool(exp.program.updates) == training
+
+
 def rms_norm(x, w, eps=1e-6):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 

@@ -76,6 +76,8 @@ TORCH_DECOMPOSED = [
     aten._native_batch_norm_legit_functional, aten._batch_norm_with_update,
     aten._batch_norm_with_update_functional, aten._batch_norm_no_update, aten.native_batch_norm_backward,
     aten.batch_norm_backward,
+    # cuDNN's BatchNorm, which batch norm reaches under autograd on CUDA (as native_batch_norm, and its backward)
+    aten.cudnn_batch_norm, aten.cudnn_batch_norm_backward,
     # GroupNorm (nn.GroupNorm, F.group_norm) and its backward
     aten.native_group_norm, aten.native_group_norm_backward,
 ]
