@@ -191,3 +191,35 @@ def test_a_poisoned_dag_reaches_the_generated_kernel(monkeypatch):
     w = next(w for w in dag.waits[g] if w.threshold > dag.items[dag.counters[w.counter].group])
     producer = dag.counters[w.counter].group
     assert f", {w.counter}, {w.threshold}u, " in src.text and f"wait for {producer} ({w.threshold} tiles)" in src.text
+
+
+def test_a_stalled_wait_is_explained_by_the_poisoned_threshold():
+    """The message the GPU test checks: the kernel names the first wait to reach the spin limit, the
+    poisoned one or one on a group it holds up (tests/test_puzzles_gpu.py); an unrelated or inconsistent
+    wait is rejected."""
+    from types import SimpleNamespace
+
+    from stalled_wait import check_stalled_wait, downstream
+
+    from tkx.runtime.status import wait_error
+
+    dag = puzzles.poison("threshold-one-too-high").broken()
+    pos = {g: i for i, g in enumerate(dag.order)}
+    schedule = SimpleNamespace(stages=[list(dag.order)])
+    g, w = next((g, w) for g in dag.order for w in dag.waits[g]
+                if w.threshold > dag.items[dag.counters[w.counter].group])
+
+    def message(task, counter, value, threshold):
+        return str(wait_error(0, 2, (pos[task] << 16) | counter, value, threshold, schedule))
+
+    producer = dag.counters[w.counter].group
+    assert check_stalled_wait(dag, message(g, w.counter, dag.items[producer], w.threshold)) == "poisoned"
+    held = next(t for t in dag.order if t != g and any(dag.counters[v.counter].group == g for v in dag.waits[t]))
+    v = next(v for v in dag.waits[held] if dag.counters[v.counter].group == g)
+    assert check_stalled_wait(dag, message(held, v.counter, 0, v.threshold)) == "downstream"
+    assert producer not in downstream(dag, g)
+    for bad in (message(held, v.counter, v.threshold, v.threshold),  # a met wait
+                message(held, v.counter, 0, v.threshold + 1),  # a threshold the DAG does not have
+                message(g, w.counter, dag.items[producer] + 1, w.threshold)):  # more tiles than the producer has
+        with pytest.raises(AssertionError):
+            check_stalled_wait(dag, bad)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from stalled_wait import check_stalled_wait
 
 import tkx
 import tkx.dataflow
@@ -36,17 +37,11 @@ def test_threshold_too_high_is_named_by_the_spin_limit(monkeypatch):
     q = puzzles.poison("threshold-one-too-high")
     assert q.caught_by_checker() and q.caught_by_vm()
     runner, ex = _poisoned_runner(q, monkeypatch)
-    dag = runner.source.dag
-    g = next(g for g in dag.order if any(w.threshold > dag.items[dag.counters[w.counter].group]
-                                         for w in dag.waits[g]))
-    w = next(w for w in dag.waits[g] if w.threshold > dag.items[dag.counters[w.counter].group])
     with pytest.raises(tkx.runtime.KernelError) as info:
         runner(*ex.make_inputs(0, DEV))
     err = info.value
-    text = str(err)
-    assert err.code == 4, text
-    assert f"counter c{w.counter} of {dag.counters[w.counter].group}" in text
-    assert f"of threshold {w.threshold}" in text and f"task {g} item" in text
+    assert err.code == 4, str(err)
+    check_stalled_wait(runner.source.dag, str(err))  # the poisoned wait, or one on a group it holds up
     runner.check_status()  # the error words were cleared: the next call may run
 
 
