@@ -1,5 +1,6 @@
 # make tour  - build the virtual environment (first run only) and walk an example through tkx
 # make test  - build the virtual environment (first run only) and run the CPU test suite
+# make test-full - the same plus the option x arch matrix of the largest examples (marker `full`)
 # make lint  - ruff
 #
 # The browser test (tests/test_browser.py) drives Debian's chromium through Playwright for Python:
@@ -13,7 +14,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.make-stamp
 INCOMPLETE := $(VENV)/.make-incomplete
 
-.PHONY: venv tour test test-fast lab lint docs student-notebooks apt-package
+.PHONY: venv tour test test-full test-fast lab lint docs student-notebooks apt-package
 
 venv: $(STAMP)
 
@@ -69,11 +70,17 @@ tour: venv
 # outputs compared after notebooks/sanitize.cfg), the benchmark notebook, whose numbers depend on the
 # machine, with --nbval-lax (cells must run; outputs are not compared). GPU cells are tagged nbval-skip.
 # scripts/store-notebook-outputs.py re-stores the compared outputs after a deliberate change.
+# `make test` leaves out the tests marked `full` (the option x arch matrix of the largest examples,
+# minutes of NVRTC on 2 cores); `make test-full` runs them too.
 LAX_NOTEBOOKS := notebooks/06_run_and_benchmark.ipynb
+TEST_MARKS ?= not gpu and not full
 test: venv
 	$(PY) -m pytest -q -p no:cacheprovider $(LAX_NOTEBOOKS) --nbval-lax --nbval-current-env
-	$(PY) -m pytest -q -m "not gpu" tests notebooks --nbval --nbval-current-env \
+	$(PY) -m pytest -q -m "$(TEST_MARKS)" tests notebooks --nbval --nbval-current-env \
 		--nbval-sanitize-with notebooks/sanitize.cfg $(foreach nb,$(LAX_NOTEBOOKS),--ignore=$(nb))
+
+test-full: venv
+	$(MAKE) --no-print-directory test TEST_MARKS="not gpu"
 
 # A quick check of every stage (aimed at < 3 minutes on 2 cores): capture and IR, passes, schedule, arena,
 # CUDA source map and NVRTC, the views, the exported report, the CLI and the package structure, on every
