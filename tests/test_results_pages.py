@@ -31,7 +31,7 @@ def results_pages():
 
 
 def test_results_hold_one_page_per_benchmark_and_its_json():
-    names = {p.name for p in RESULTS.iterdir()}
+    names = {p.name for p in RESULTS.iterdir() if p.is_file()}
     assert names == {f"{n}.{ext}" for n in PAGES for ext in ("json", "md")} | NOTEBOOK_DATA
 
 
