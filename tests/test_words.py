@@ -117,8 +117,8 @@ REPO = Path(__file__).resolve().parents[1]
 #: Words about the making of tkx: work sessions, run names (s5-...), device calls, issue numbers, the
 #: people and branches involved.
 HISTORY_WORDS = re.compile(
-    r"\bsessions? \d|\bs\d-[a-z]|\bcall \d\b|\b(?-i:call [A-D])\b|\bissues? #?\d+|\bthe lead\b|\blead's\b|\bworktrees?\b"
-    r"|\bhelper'?s? (?:session|branch|call)|\bdevice calls?\b", re.IGNORECASE)
+    r"\bsessions? \d|\bs\d-[a-z]|\bcall \d\b|\b(?-i:call [A-D])\b|\bissues? #?\d+|\bthe lead\b|\blead's\b"
+    r"|\bworktrees?\b|\bhelper'?s? (?:session|branch|call)|\bdevice calls?\b", re.IGNORECASE)
 #: Files whose comments are being rewritten on another branch (the GEMM/GEMV emitters and the target
 #: table): the lead empties this set after merging it; the test fails on an entry that is clean.
 HISTORY_ALLOWED = {"tkx/codegen/cuda_prelude.py", "tkx/codegen/gemm.py", "tkx/codegen/intfacts.py",
@@ -137,7 +137,8 @@ def product_files() -> list[Path]:
 def test_history_words_match_what_they_should():
     hits = ["session 5's calls", "results in s5-final-a/", "device call 1", "call B ran", "issue 12",
             "the lead's check", "in the worktree"]
-    misses = ["the Explorer session", "to call a function", "calls 3 times", "a helper function", "lead dimensions", "sm_90a", "s_5"]
+    misses = ["the Explorer session", "to call a function", "calls 3 times", "a helper function", "lead dimensions",
+              "sm_90a", "s_5"]
     assert all(HISTORY_WORDS.search(h) for h in hits)
     assert not any(HISTORY_WORDS.search(m) for m in misses)
 
