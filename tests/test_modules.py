@@ -164,3 +164,22 @@ def test_views_show_modules_next_to_the_source_line():
         assert "region, module" in str(e)
     else:
         raise AssertionError("group_by='layer' was accepted")
+
+
+def test_schedule_and_source_map_carry_modules():
+    step, inputs = gpt_step_inputs(layers=2)
+    exp = tkx.explore(step, inputs)
+    sched = exp.schedule
+    text = str(sched)
+    assert "[blocks.1.attn" in text and "[blocks.0.mlp.0" in text
+    html = sched._repr_mimebundle_()["text/html"]
+    assert "mod:blocks.1.attn" in html
+    # passes keep the attribution: every scheduled op that came from a module still names it
+    captured = {op.id: op.module for op in exp.captured.program.ops}
+    assert all(op.module == captured[op.id] for op in sched.program.ops if op.id in captured)
+    cuda = exp.cuda
+    lines = cuda.module_lines
+    assert set(lines) >= {"blocks.0.attn", "blocks.1.attn", "head"}
+    ops_at = {n for op in sched.program.ops if op.module == "blocks.1.attn" for n in cuda.op_lines.get(op.id, ())}
+    assert set(lines["blocks.1.attn"]) == ops_at
+    assert "blocks.1.attn" not in cuda.text  # the kernel text itself is unchanged

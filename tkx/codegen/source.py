@@ -159,6 +159,17 @@ class CudaSource:
                             out[sl.buffer].append(no)
         return {k: tuple(v) for k, v in out.items()}
 
+    @cached_property
+    def module_lines(self) -> Mapping[str, tuple[int, ...]]:
+        """``nn.Module`` path (as :attr:`tkx.ir.Op.module`; ``""`` the root module) -> the sorted 1-based
+        lines that compute or store its ops (from :attr:`op_lines`; the kernel text carries no module
+        names)."""
+        out: dict[str, set[int]] = {}
+        for op in self.program.ops if self.schedule is not None else ():
+            if op.module is not None and op.id in self.op_lines:
+                out.setdefault(op.module, set()).update(self.op_lines[op.id])
+        return {m: tuple(sorted(v)) for m, v in out.items()}
+
     def lines_of(self, op_or_group: str) -> tuple[int, ...]:
         """The line numbers implementing an IR op or a schedule group (``()`` for one with no
         lines of its own); :class:`~tkx.errors.UnknownOpError` for any other name."""
