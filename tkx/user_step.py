@@ -107,7 +107,6 @@ def report_command(step: str, inputs: str, output: str | None, options: Sequence
     or raises; a step tkx cannot compile raises its :class:`tkx.TkxError` (the message names the
     op and the source line)."""
     from .options import Options
-    from .render.report import report
 
     try:
         step_fn = load_function(step, "the step")
@@ -130,6 +129,15 @@ def report_command(step: str, inputs: str, output: str | None, options: Sequence
         example = (example,)
     path_part, _, name = step.rpartition(":")
     out = output or f"{Path(path_part).stem}-{name}.html"
-    written = report(step_fn, example, out, name=name, loss=loss, options=opts)
+    from rich.console import Console
+
+    from .explore import explore
+    from .render.cuda import compile_table
+    from .render.report import write_report
+
+    exp = explore(step_fn, example, name=name, loss=loss, options=opts)
+    written = write_report(exp, out)
+    console = Console(soft_wrap=True)
+    console.print(compile_table(exp.cuda))
     print(f"tkx report of {name} ({Path(path_part).name}): {os.fspath(written)}")
     return 0
