@@ -30,7 +30,8 @@ class CudaSource:
       same names are properties of the source (``source.threads`` ...);
     * ``op_lines``: IR op id -> 1-based line numbers that compute or store it;
       ``group_lines``: schedule group id -> (first, last) line of its code;
-    * ``schedule``/``arena``: the stages this source implements (provenance).
+    * ``schedule``/``arena``: the stages this source implements (provenance); ``dag``: the task DAG
+      (counters or a recorded timeline), ``work_items``: group id -> its tasks.
     """
 
     text: str
@@ -48,6 +49,8 @@ class CudaSource:
     sync_words: int = 8
     timeline_tasks: int = 0
     dag: Any = field(default=None, repr=False, compare=False)
+    #: Schedule group id -> the work items (tasks) its emitter deals over the grid.
+    work_items: Mapping[str, int] = field(default_factory=dict, repr=False, compare=False)
 
     # -- the launch contract, by its old names ---------------------------------------------------
     @property
