@@ -87,3 +87,18 @@ def test_pass_diff_keeps_the_after_column_in_view():
         finally:
             b.close()
     assert box["n"] >= 2 and box["after"] <= box["view"] + 1, box
+
+
+def test_readme_and_the_tour_list_every_notebook():
+    import json
+
+    root = Path(__file__).resolve().parents[1]
+    books = sorted(p.stem for p in (root / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    tour = json.loads((root / "notebooks" / "00_tour.ipynb").read_text(encoding="utf-8"))
+    table = "".join(tour["cells"][0]["source"])
+    for stem in books[1:]:
+        assert f"| {stem[:2]} |" in table, stem
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    assert f"`{books[0]}` ... `{books[-1]}`" in readme.replace("notebooks/", "")
+    words = {8: "eight", 9: "nine", 10: "ten", 11: "eleven", 12: "twelve"}
+    assert f"the {words[len(books)]} notebooks" in readme
