@@ -24,7 +24,7 @@ from typing import Any
 
 from .dtypes import DTYPE_BYTES, DTYPE_SHORT, FLOAT_DTYPES, INT_DTYPES  # noqa: F401 (re-exported)
 from .errors import SourceLine, TkxError
-from .ops import COMPARISONS, OPS, POINTWISE, Kind, OpDef, row  # noqa: F401 (re-exported)
+from .ops import OPS, POINTWISE, Kind, OpDef, row  # noqa: F401 (re-exported)
 
 REGIONS = ("forward", "backward", "optimizer")
 

@@ -9,12 +9,15 @@ Three kinds come from three sources, all drawn by one renderer (:mod:`tkx.render
 * ``"events"``: the task VM's interleaving (:meth:`Timeline.from_vm`, times are VM event numbers).
 
 :meth:`Timeline.compare` puts a prediction beside a measurement, group by group.
+
+``svg()`` draws it as a Gantt chart; :meth:`Timeline.to_chrome_trace` writes it for Perfetto and
+``chrome://tracing`` (:mod:`tkx.dataflow.trace`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .dag import TaskDAG
@@ -51,13 +54,20 @@ class GroupTime:
 class Timeline:
     """Spans of one launch (``unit``: ``"ns"`` measured or predicted, ``"events"`` from the VM).
 
-    ``kind``: ``"measured"``, ``"predicted"`` or ``"events"`` (see the module text); ``critical``: the
-    task numbers on the critical path (a prediction knows it); ``note``: where the times come from.
+    ``origin``: the clock reading of time 0 in ``unit``, an int (the kernel's ``%globaltimer`` in ns,
+    exact; 0 for the VM and a prediction); ``kernel``: the kernel's entry name (what profilers call it);
+    ``dag``: the :class:`~tkx.dataflow.dag.TaskDAG` the spans belong to (``None`` when unknown, e.g. after
+    :meth:`from_json`): the trace export takes waits, modules and arena bytes from it. ``kind``:
+    ``"measured"``, ``"predicted"`` or ``"events"`` (see the module text); ``critical``: the task numbers on
+    the critical path (a prediction knows it); ``note``: where the times come from.
     """
 
     name: str
     spans: tuple[Span, ...]
     unit: str = "ns"
+    origin: int = 0
+    kernel: str = ""
+    dag: Any = field(default=None, repr=False, compare=False)
     kind: str = "measured"
     critical: tuple[int, ...] = ()
     note: str = ""
@@ -76,8 +86,9 @@ class Timeline:
         return sum(s.end - s.start for s in self.spans) / total if total else 0.0
 
     @classmethod
-    def from_records(cls, dag: TaskDAG, rows: Sequence[Sequence[int]]) -> Timeline:
-        """From the kernel's buffer: rows ``(block << 32 | task, start, end, wait)``."""
+    def from_records(cls, dag: TaskDAG, rows: Sequence[Sequence[int]], *, kernel: str = "") -> Timeline:
+        """From the kernel's buffer: rows ``(block << 32 | task, start, end, wait)`` (``%globaltimer`` ns);
+        ``origin`` is the earliest ``start - wait``, the time every span is measured from."""
         tasks = dag.tasks
         rows = [r for r in rows if r[1] and r[2]]
         t0 = min((r[1] - r[3] for r in rows), default=0)
@@ -88,7 +99,7 @@ class Timeline:
             spans.append(Span(block, task, t.group if t else "?", t.item if t else -1, float(r[1] - t0),
                               float(r[2] - t0), float(r[3])))
         return cls(dag.schedule.program.name, tuple(sorted(spans, key=lambda s: (s.block, s.start))), "ns",
-                   "measured", (), "the kernel's %globaltimer")
+                   int(t0), kernel, dag, "measured", (), "the kernel's %globaltimer")
 
     @classmethod
     def from_vm(cls, vm_run: Any, launch: int = 0) -> Timeline:
@@ -97,7 +108,8 @@ class Timeline:
         t0 = min((r.ready for r in recs), default=0)
         spans = tuple(Span(r.block, r.task, r.group, r.item, float(r.start - t0), float(r.end - t0),
                            float(r.start - r.ready)) for r in recs)
-        return cls(vm_run.dag.schedule.program.name, spans, "events", "events", (), "task VM event numbers")
+        return cls(vm_run.dag.schedule.program.name, spans, "events", dag=vm_run.dag, kind="events",
+                   note="task VM event numbers")
 
     def groups(self) -> dict[str, GroupTime]:
         """Group id -> its :class:`GroupTime`, in order of the group's first start."""
@@ -125,17 +137,31 @@ class Timeline:
         return timeline_svg(self, span=span)
 
     def to_json(self) -> dict[str, Any]:
-        """The spans as plain data (``{"name", "unit", "kind", "critical", "note", "blocks", "makespan", "busy",
-        "spans": [...]}``, each span a dict of :class:`Span`'s fields; times in :attr:`unit`)."""
-        return {"name": self.name, "unit": self.unit, "kind": self.kind, "critical": list(self.critical),
-                "note": self.note, "blocks": self.blocks, "makespan": self.makespan,
-                "busy": self.busy(), "spans": [dict(vars(s)) for s in self.spans]}
+        """The spans as plain data (``{"name", "unit", "origin", "kernel", "kind", "critical", "note", "blocks",
+        "makespan", "busy", "spans": [...]}``, each span a dict of :class:`Span`'s fields; times in :attr:`unit`)."""
+        return {"name": self.name, "unit": self.unit, "origin": self.origin, "kernel": self.kernel,
+                "kind": self.kind, "critical": list(self.critical), "note": self.note,
+                "blocks": self.blocks, "makespan": self.makespan, "busy": self.busy(),
+                "spans": [dict(vars(s)) for s in self.spans]}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Timeline:
         """The inverse of :meth:`to_json`."""
         return cls(data["name"], tuple(Span(**s) for s in data["spans"]), data.get("unit", "ns"),
-                   data.get("kind", "measured"), tuple(data.get("critical", ())), data.get("note", ""))
+                   int(data.get("origin", 0)), str(data.get("kernel", "")), None, data.get("kind", "measured"),
+                   tuple(data.get("critical", ())), data.get("note", ""))
+
+    def chrome_trace(self, **options: Any) -> dict[str, Any]:
+        """The timeline as a Trace Event Format object (Perfetto, ``chrome://tracing``); ``options`` and
+        the layout: :func:`tkx.dataflow.trace.chrome_trace`."""
+        from .trace import chrome_trace
+        return chrome_trace(self, **options)
+
+    def to_chrome_trace(self, path: Any, **options: Any) -> str:
+        """Write :meth:`chrome_trace` as JSON to ``path`` (gzip-compressed when it ends in ``.gz``; Perfetto
+        UI opens both); returns the path. Raises ``OSError`` when it cannot be written."""
+        from .trace import write_trace
+        return write_trace(self.chrome_trace(**options), path)
 
     def write(self, folder: Any, stem: str | None = None) -> tuple[str, str]:
         """Write ``<stem>.svg`` (the Gantt chart) and ``<stem>.json`` (:meth:`to_json`) into ``folder``
@@ -157,9 +183,27 @@ class Timeline:
         text = repr(self)
         try:
             from ..render.timeline import timeline_html
-            return {"text/plain": text, "text/html": timeline_html(self)}
+            return {"text/plain": text, "text/html": timeline_html(self, extra=self._download_link())}
         except Exception:  # never a traceback in a notebook cell
             return {"text/plain": text}
+
+    def _download_link(self) -> str:
+        """`` · <a download>`` of :meth:`chrome_trace` as a data URI (empty above 4 MB of JSON or on failure:
+        then :meth:`to_chrome_trace` writes the file)."""
+        import base64
+        import json
+        from html import escape
+
+        try:
+            data = json.dumps(self.chrome_trace(), separators=(",", ":")).encode()
+        except Exception:  # a timeline the export cannot convert: the chart alone
+            return ""
+        if len(data) > 4 << 20:
+            return " · trace too large to embed: <code>tl.to_chrome_trace(path)</code> writes it"
+        name = escape(f"timeline-{self.name}.json", quote=True)
+        return (f' · <a download="{name}" href="data:application/json;base64,{base64.b64encode(data).decode()}" '
+                f'title="Trace Event Format JSON: open it in Perfetto UI or chrome://tracing">'
+                f"download the trace (Perfetto)</a>")
 
     def __repr__(self) -> str:
         label = f"{self.kind} " if self.kind != "events" else ""
@@ -245,7 +289,9 @@ def predicted_timeline(source: Any, *, blocks: int | None = None, sync: str | No
     where = "tkx/data/costs.json" if costs.source() == str(costs.SHIPPED) else costs.source()
     note = (f"predicted by the cost model ({where}), {sync}"
             f"{' (__syncthreads)' if sync == 'barrier' and s.mode == 'block' else ''}, {blocks} blocks")
-    return Timeline(s.program.name, spans, "ns", "predicted", tuple(critical_path(tasks)), note)
+    kernel = getattr(source, "kernel_name", "") if not isinstance(source, TaskDAG) else ""
+    return Timeline(s.program.name, spans, "ns", dag=dag, kernel=kernel, kind="predicted",
+                    critical=tuple(critical_path(tasks)), note=note)
 
 
 def vm_timeline(schedule: Any, arena: Any, inputs: Any, *, blocks: int | None = None) -> Timeline:

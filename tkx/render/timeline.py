@@ -143,11 +143,12 @@ def _inline(svg: str) -> str:
     return svg.replace(' xmlns="http://www.w3.org/2000/svg"', "", 1)
 
 
-def timeline_html(tl: Any) -> str:
-    """The chart inline (hovering a bar shows its task), its summary and the time of every group."""
+def timeline_html(tl: Any, extra: str = "") -> str:
+    """The chart inline (hovering a bar shows its task), its summary and the time of every group;
+    ``extra``: HTML appended to the summary line (a download link)."""
     note = f' <span style="color:#57606a">({escape(tl.note)})</span>' if getattr(tl, "note", "") else ""
     return (f'<div class="tkx-timeline" style="overflow:auto;max-height:70vh">'
-            f"<p>{escape(repr(tl).strip('<>'))}{note}</p>{_inline(timeline_svg(tl))}{_group_table(tl)}</div>")
+            f"<p>{escape(repr(tl).strip('<>'))}{note}{extra}</p>{_inline(timeline_svg(tl))}{_group_table(tl)}</div>")
 
 
 def comparison_html(cmp: Any) -> str:
