@@ -99,7 +99,7 @@ def test_prediction_of_the_largest_kernel_is_aggregated_not_dropped():
 
 def test_tens_of_thousands_of_tasks_are_drawn_per_group():
     spans = tuple(Span(k % 132, k, f"g{k // 10000}", k, float(k), float(k) + 50.0, 0.0) for k in range(30000))
-    tl = Timeline("big", spans, "ns", "predicted", (29999,))
+    tl = Timeline("big", spans, "ns", kind="predicted", critical=(29999,))
     html = tl._repr_mimebundle_()["text/html"]
     assert html.count("<rect") < 50 and ">g2 ×10000</text>" in html and "predicted" in html
 
@@ -121,7 +121,7 @@ def test_comparison_gives_the_error_of_every_group(digits):
     predicted = digits.timeline
     # a measurement twice as slow as predicted: every group's error is -50%
     spans = tuple(Span(s.block, s.task, s.group, s.item, 2 * s.start, 2 * s.end, 2 * s.wait) for s in predicted.spans)
-    measured = Timeline(predicted.name, spans, "ns", "measured")
+    measured = Timeline(predicted.name, spans, "ns", kind="measured")
     cmp = predicted.compare(measured)
     assert isinstance(cmp, TimelineComparison)
     rows = cmp.rows()
@@ -131,7 +131,7 @@ def test_comparison_gives_the_error_of_every_group(digits):
     html = cmp._repr_mimebundle_()["text/html"]
     assert html.count("<svg") == 2 and "-50%" in html and "predicted µs" in html
     with pytest.raises(ValueError, match="events"):
-        predicted.compare(Timeline("x", (), "events", "events"))
+        predicted.compare(Timeline("x", (), "events", kind="events"))
 
 
 def test_explorer_timeline_tab_works_on_the_cpu(digits):
