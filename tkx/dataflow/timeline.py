@@ -206,9 +206,12 @@ class Timeline:
                 f"download the trace (Perfetto)</a>")
 
     def __repr__(self) -> str:
+        from ..words import plural
+
         label = f"{self.kind} " if self.kind != "events" else ""
-        return (f"<tkx.Timeline {self.name}: {label}{len(self.spans)} tasks on {self.blocks} blocks, makespan "
-                f"{_amount(self.makespan, self.unit)}, {100 * self.busy():.0f}% busy>")
+        return (f"<tkx.Timeline {self.name}: {label}{plural(len(self.spans), 'task')} on "
+                f"{plural(self.blocks, 'block')}, makespan {_amount(self.makespan, self.unit)}, "
+                f"{100 * self.busy():.0f}% busy>")
 
 
 def _amount(x: float, unit: str) -> str:

@@ -15,6 +15,8 @@ import math
 from html import escape
 from typing import Any
 
+from ..words import plural
+
 PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7",
            "#9c755f", "#bab0ac")
 #: Above this many tasks (or :data:`MAX_ROWS` blocks) a chart draws one row per group.
@@ -69,7 +71,8 @@ def timeline_svg(tl: Any, width: int = 900, row: int = 14, span: float | None = 
     height = axis_y + 12 + 16 * legend_rows + 6
     kind = getattr(tl, "kind", "")
     label = {"predicted": "predicted", "measured": "measured"}.get(kind, "")
-    head = (f"{escape(tl.name)}: {label + ' - ' if label else ''}{len(tl.spans)} tasks on {tl.blocks} blocks, "
+    head = (f"{escape(tl.name)}: {label + ' - ' if label else ''}{plural(len(tl.spans), 'task')} on "
+            f"{plural(tl.blocks, 'block')}, "
             f"makespan {_fmt(tl.makespan, tl.unit)}" + (" (one row per group)" if agg else "")
             + (", critical path outlined" if critical else ""))
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
