@@ -162,9 +162,12 @@ def test_prediction_beside_the_measurement_on_the_gpu(name, kw):
     for _ in range(3):
         runner(*args)
     measured = runner.timeline()
-    predicted = predicted_timeline(runner.source, blocks=measured.blocks)
+    cmp = runner.timeline_vs_predicted()
+    predicted = cmp.predicted
+    assert predicted.kind == "predicted" and cmp.measured.kind == "measured"
     assert sorted(s.task for s in predicted.spans) == sorted(s.task for s in measured.spans)
-    cmp = predicted.compare(measured)
+    # the same grid-stride deal: every task on the block that ran it
+    assert {s.task: s.block for s in predicted.spans} == {s.task: s.block for s in measured.spans}
     rows = cmp.rows()
     assert {g for g, *_ in rows} == set(runner.source.dag.order)
     assert all(p is not None and m is not None and p > 0 and m > 0 for _, p, m, _ in rows)
