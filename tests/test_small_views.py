@@ -68,8 +68,12 @@ def test_pass_diff_keeps_the_after_column_in_view():
     from test_modules import gpt_step_inputs
 
     step, inputs = gpt_step_inputs(layers=2)
-    html = tkx.explore(step, inputs).passes._repr_mimebundle_()["text/html"]
+    trace = tkx.explore(step, inputs).passes
+    html = trace._repr_mimebundle_()["text/html"]
     assert "table-layout:fixed" in html and "<colgroup>" in html
+    from tkx.explorer.stepper import side_by_side_html  # the Explorer's pass stepper: lines wrap in their column
+    stepped = side_by_side_html(next(s for s in trace.steps if s.modified))
+    assert "white-space:pre;" not in stepped and "white-space:pre-wrap" in stepped
     sync_api = pytest.importorskip("playwright.sync_api")
     if not os.access("/usr/bin/chromium", os.X_OK):
         pytest.skip("no chromium")
