@@ -170,9 +170,12 @@ def test_prediction_beside_the_measurement_on_the_gpu(name, kw):
     assert {s.task: s.block for s in predicted.spans} == {s.task: s.block for s in measured.spans}
     rows = cmp.rows()
     assert {g for g, *_ in rows} == set(runner.source.dag.order)
-    assert all(p is not None and m is not None and p > 0 and m > 0 for _, p, m, _ in rows)
+    # %globaltimer ticks coarsely: a short group may measure 0 ns (then it has no error figure)
+    assert all(p is not None and m is not None and p > 0 and m >= 0 for _, p, m, _ in rows)
+    assert all((err is None) == (m == 0) for _, _, m, err in rows)
     html = cmp._repr_mimebundle_()["text/html"]
     assert 'data-tkx-timeline="predicted"' in html and 'data-tkx-timeline="measured"' in html
     print(f"\n{name} {kw}: {cmp!r}")
     for g, p, m, err in rows:
-        print(f"  {g:>6} predicted {p:8.2f} µs  measured {m:8.2f} µs  error {100 * err:+6.0f}%")
+        print(f"  {g:>6} predicted {p:8.2f} µs  measured {m:8.2f} µs  error "
+              + (f"{100 * err:+6.0f}%" if err is not None else "-"))
