@@ -540,6 +540,8 @@ def decomposition_table() -> dict[torch._ops.OpOverload, Callable]:
                    (aten._amp_update_scale.default, _amp_update_scale),
                    (aten.embedding_dense_backward.default, _embedding_dense_backward)):
         table[op] = fn
+    from .foreach import foreach_decompositions
+    table.update({op: fn for op, fn in foreach_decompositions().items() if op not in table})
     table.update(USER_DECOMPOSITIONS)
     return table
 
