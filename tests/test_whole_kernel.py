@@ -58,7 +58,7 @@ def test_whole_view_jumps_to_modules():
 
     step, inputs = gpt_step_inputs(layers=2)
     cuda = tkx.explore(step, inputs).cuda
-    page = cuda_view.cuda_html(cuda, check=False, whole=True)
+    page = cuda.html(check=False, whole=True)
     assert "Modules → lines" in page
     first = cuda.module_lines["blocks.1.attn"][0]
     chip = rf'data-tkx-key="mod:blocks\.1\.attn"[^<]*</span> <a class="tkx-jump" href="#tkx-cu-[0-9a-f]+-L{first}"'

@@ -209,11 +209,12 @@ class CudaSource:
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
         return display.mimebundle(self, include, exclude)
 
-    def html(self, check: bool = True, start: int = 1, limit: int | None = None) -> str:
+    def html(self, check: bool = True, start: int = 1, limit: int | None = None, *, whole: bool = False) -> str:
         """The HTML view; ``check=False`` leaves out the NVRTC report (no compile). A kernel
         longer than ``limit`` lines (default 2000) is shown from line ``start``, one piece at a
-        time (see :meth:`page`)."""
-        return display.html_of(self, check=check, start=start, limit=limit)
+        time (see :meth:`page`); ``whole=True`` shows every line with a line, group and module index
+        (what the exported report shows)."""
+        return display.html_of(self, check=check, start=start, limit=limit, whole=whole)
 
     def page(self, n: int = 1, *, lines: int | None = None) -> Any:
         """Piece ``n`` (1-based) of a long kernel's view, ``lines`` source lines each (default: the

@@ -195,7 +195,8 @@ def cuda_html(c: Any, check: bool = True, start: int = 1, limit: int | None = No
         pages = -(-(n_lines - prelude_end) // max(limit, 1))
         more = (f"; the next piece: <code>cuda.page({page + 1})</code>" if last < n_lines else "")
         main += (f'<div class="tkx-dim tkx-more">showing lines {first}–{last} of {n_lines} (page {page} of '
-                 f'{pages}){more}; <code>cuda.text</code> holds it all</div>')
+                 f'{pages}){more}; every line at once, with a line, group and module index: the exported report '
+                 f'(<code>tkx.report(...)</code>, <code>tkx report</code>)</div>')
     if check:
         note, reports = compile_reports(c, whole=whole)
         report = _report_table(note, reports)
