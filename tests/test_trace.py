@@ -57,8 +57,11 @@ def validate(trace):
 
 @pytest.fixture(scope="module")
 def vm_tl():
+    from tkx.dataflow.timeline import vm_timeline
+
     ex = tkx.examples.get("digits_mlp")
-    return tkx.explore(ex.step_fn, ex.example_inputs, mode="grid", sync="counters").timeline
+    exp = tkx.explore(ex.step_fn, ex.example_inputs, mode="grid", sync="counters")
+    return vm_timeline(exp.schedule, exp.arena, ex.example_inputs)  # the task VM's, in events
 
 
 def kernel_like(tl, origin=1_700_000_000_123_456_789):

@@ -634,7 +634,8 @@ class _Emitter:
         ptr, _ = self.home_pointer(self.s.homes[op.id], op.id)
         if op.kind == "attention":
             mask = loader(op.inputs[3]) if plan.mask != "none" else None
-            code = fa.forward(plan, threads=self.threads, ld_q=q, ld_k=k, ld_v=v, ld_mask=mask, out=ptr, name=g.id)
+            code = fa.forward(plan, threads=self.threads, ld_q=q, ld_k=k, ld_v=v, ld_mask=mask, out=ptr, name=g.id,
+                              zero_empty_rows=op.attr("empty_rows", "zero") == "zero")
         else:
             mask = loader(op.inputs[6]) if plan.mask != "none" else None
             code = fa.backward(plan, threads=self.threads, ld_q=q, ld_k=k, ld_v=v, ld_mask=mask,
@@ -652,7 +653,8 @@ class _Emitter:
         scratch, _ = self.pointer(plan.partials)
         if g.kind == "attention":
             out, _ = self.home_pointer(self.s.homes[op.id], op.id)
-            code = fa.decode_combine(plan, threads=self.threads, partials=scratch, out=out, name=g.id)
+            code = fa.decode_combine(plan, threads=self.threads, partials=scratch, out=out, name=g.id,
+                                     zero_empty_rows=op.attr("empty_rows", "zero") == "zero")
             self.plan.notes[g.id] = {"variant": "flash_decode combine", "k_tiles": plan.k_tiles}
             return code.code, code.work_items, code.shared_bytes
 
@@ -1035,19 +1037,19 @@ def _stage_loop(parts: list[tuple[Group, str, int]], paired: frozenset[str] | se
 
 
 
-def _sync_plan(s: FusedSchedule, arena: ArenaPlan, stage_code: list) -> tuple[str, str, Any]:
-    """(sync, reason, task DAG or None): the DAG (with the emitters' work item counts) is built
+def _sync_plan(s: FusedSchedule, arena: ArenaPlan, stage_code: list) -> tuple[str, str, Any, dict[str, int]]:
+    """(sync, reason, task DAG or None, the emitters' work item count of each group): the DAG is built
     when counters or a timeline need it."""
+    items = {g.id: n for _, parts in stage_code for g, _, n in parts}
     want_dag = getattr(s.options, "sync", "barrier") != "barrier" or getattr(s.options, "timeline", False)
     if not want_dag:
-        return "barrier", "sync='barrier' (the default): a barrier between stages", None
+        return "barrier", "sync='barrier' (the default): a barrier between stages", None, items
     from ..dataflow import build
     from ..dataflow.cost import choose_sync
 
-    items = {g.id: n for _, parts in stage_code for g, _, n in parts}
     dag = build(s, arena, work_items=items)
     sync, reason = choose_sync(dag, s.options, s.mode, s.blocks)
-    return sync, reason, dag
+    return sync, reason, dag, items
 
 
 def _tile_counter_base(sync: str, dag: Any) -> int:
@@ -1159,7 +1161,7 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
         params.append(abi.Param("tmaps", "const unsigned char* __restrict__", "tensormaps"))
     mode = s.mode
     spin = s.options.spin_limit
-    sync, sync_reason, dag = _sync_plan(s, arena, stage_code)
+    sync, sync_reason, dag, work_items = _sync_plan(s, arena, stage_code)
     timeline = bool(getattr(s.options, "timeline", False))
     pointers = [p for p in params if p.role in ("input", "output", "arena", "status")]
     body: list[str] = [
@@ -1270,4 +1272,4 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
                       tensor_cores=em.plan.tensor_cores, notes=em.plan.notes, sync=sync, sync_reason=sync_reason,
                       sync_words=_sync_words(sync, dag, em.plan.tile_counter_words),
                       timeline_tasks=dag.num_tasks if timeline and dag else 0,
-                      dag=dag)
+                      dag=dag, work_items=work_items)

@@ -50,12 +50,13 @@ from .rules import (
     keep,
     remove_fusion_rule,
 )
+from .stages import predicted_us
 from .work import Graph, Work, is_identity
 
 __all__ = [
     "schedule", "FusedSchedule", "Group", "Home", "FusionDecision", "Barrier", "CopyTask",
     "FusionRule", "Candidate", "Verdict", "fuse", "keep", "fusion_rule", "remove_fusion_rule",
-    "BUILTIN_RULES", "is_identity", "SM_COUNT",
+    "BUILTIN_RULES", "is_identity", "SM_COUNT", "predicted_us",
 ]
 
 

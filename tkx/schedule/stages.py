@@ -25,7 +25,7 @@ from ..ir import Op, TensorSpec
 from ..target import SM_COUNT, CopyPlan, PointwisePlan, pointwise_per_thread
 from .fusion import group_reads, member_reads
 from .groups import replace_plan
-from .model import Barrier, CopyTask, FusionDecision, Group, Home
+from .model import Barrier, CopyTask, FusedSchedule, FusionDecision, Group, Home
 from .work import Work, is_identity
 
 
@@ -207,9 +207,33 @@ def _slice_write_ok(w: Work, group: Group, scatter: Op, inp_buf: str, root: Tens
 
 
 def choose_mode(groups: dict[str, Group], stages: tuple[tuple[str, ...], ...],
-                 options: Any) -> tuple[str, int, str]:
-    """One block or the whole grid: estimated µs of each, from :func:`tkx.costs.constants` (DESIGN.md's
-    anchors, or the calibrated JSON when one is shipped)."""
+                options: Any) -> tuple[str, int, str]:
+    """One block or the whole grid: estimated µs of each (:func:`_mode_costs`) -> (mode, blocks, why)."""
+    want = max((sum(groups[g].work_items for g in s) for s in stages), default=1)
+    cap = options.max_blocks or SM_COUNT * options.blocks_per_sm
+    blocks_grid = max(1, min(want, cap))
+    t_block, t_grid = _mode_costs(groups, stages, blocks_grid)
+    numbers = f"estimated {t_block:.1f} µs on one block vs {t_grid:.1f} µs on {blocks_grid} blocks"
+    if options.mode == "block":
+        return "block", 1, f"mode='block' requested ({numbers})"
+    if options.mode == "grid":
+        return "grid", blocks_grid, f"mode='grid' requested ({numbers})"
+    if t_block <= t_grid:
+        return "block", 1, f"auto: one block is cheaper: {numbers}"
+    return "grid", blocks_grid, f"auto: the grid is cheaper: {numbers}"
+
+
+def predicted_us(schedule: FusedSchedule) -> float:
+    """The cost model's µs for one step of ``schedule`` in its mode on its blocks: the figure
+    ``mode='auto'`` compares (:func:`tkx.costs.constants`; an estimate, not a measurement)."""
+    t_block, t_grid = _mode_costs(schedule.groups, schedule.stages, max(schedule.blocks, 1))
+    return t_block if schedule.mode == "block" else t_grid
+
+
+def _mode_costs(groups: dict[str, Group], stages: tuple[tuple[str, ...], ...],
+                blocks_grid: int) -> tuple[float, float]:
+    """(µs on one block, µs on ``blocks_grid`` blocks) of one step, from :func:`tkx.costs.constants`
+    (DESIGN.md's anchors, or the calibrated JSON when one is shipped)."""
     from .. import costs
 
     c = costs.constants()
@@ -219,18 +243,8 @@ def choose_mode(groups: dict[str, Group], stages: tuple[tuple[str, ...], ...],
         return c["item_overhead_us"] * 0.1 + max(grp.flops / c["sm_flops_per_us"],
                                                  grp.bytes / c["sm_bytes_per_us"]) / items
 
-    want = max((sum(groups[g].work_items for g in s) for s in stages), default=1)
-    cap = options.max_blocks or SM_COUNT * options.blocks_per_sm
-    blocks_grid = max(1, min(want, cap))
     t_block = sum(sum(groups[g].work_items * item_us(groups[g]) for g in s) for s in stages) \
         + c["block_barrier_us"] * (len(stages) - 1)
     t_grid = sum(max(math.ceil(groups[g].work_items / blocks_grid) * item_us(groups[g]) for g in s)
                  for s in stages) + c["grid_barrier_us"] * (len(stages) - 1)
-    numbers = f"estimated {t_block:.1f} µs on one block vs {t_grid:.1f} µs on {blocks_grid} blocks"
-    if options.mode == "block":
-        return "block", 1, f"mode='block' requested ({numbers})"
-    if options.mode == "grid":
-        return "grid", blocks_grid, f"mode='grid' requested ({numbers})"
-    if t_block <= t_grid:
-        return "block", 1, f"auto: one block is cheaper: {numbers}"
-    return "grid", blocks_grid, f"auto: the grid is cheaper: {numbers}"
+    return t_block, t_grid
