@@ -70,6 +70,7 @@ FAMILY_KNOBS: dict[str, dict[str, tuple]] = {
               "batch": (1, 2, 3, 5), "inner": (1, 2, 3, 4, 7, 16), "width": (2, 3, 6, 8, 9, 17, 33)},
     "random": {"op": ("dropout", "dropout_eval", "randn_like", "bernoulli", "rand", "alpha_dropout"),
                "p": (0.1, 0.5, 0.9, 0.0), "batch": (1, 2, 5, 8), "width": (1, 3, 8, 17), "hidden": (2, 5, 16, 33)},
+    "mlp": {"config": tuple(range(400))},
     "module": {"optimizer": ("SGD", "SGD_momentum", "SGD_nesterov", "Adam", "Adam_amsgrad", "AdamW", "RMSprop",
                              "RMSprop_centered", "Adagrad"),
                "foreach": (False, True), "weight_decay": (0.0, 0.01), "norm": ("none", "layer", "batch"),
@@ -77,8 +78,15 @@ FAMILY_KNOBS: dict[str, dict[str, tuple]] = {
 }
 
 FAMILIES = tuple(FAMILY_KNOBS)
-#: Families whose loss uses no optimizer knobs of the functional step.
+#: Families passing ``state=(model, optimizer)`` to tkx.
 STATEFUL = ("module",)
+#: Families writing their own step (no optimizer or mixed-precision knobs): ``mlp`` is the MLP
+#: generator of :mod:`fuzz` (its config number a knob), ``module`` the stateful step.
+OWN_STEP = ("mlp", *STATEFUL)
+
+#: Knobs whose first (simplest) value is drawn with this probability, the rest evenly: mixed precision in
+#: about a third of the steps; grouped convolution and rows that see no key not in most of them.
+FIRST_VALUE = {"amp": 0.65, "groups": 0.6, "empty_rows": 0.7}
 
 #: Options fields drawn (the rest - passes, rules, backend, timeline, spin_limit - stay default).
 SKIPPED_OPTIONS = ("passes", "rules", "backend", "timeline", "spin_limit")
@@ -117,7 +125,7 @@ def families_available() -> tuple[str, ...]:
 
 def knob_space(family: str) -> dict[str, tuple]:
     """Every knob of ``family`` with its values, simplest first."""
-    return dict(FAMILY_KNOBS[family]) if family in STATEFUL else {**FAMILY_KNOBS[family], **STEP_KNOBS}
+    return dict(FAMILY_KNOBS[family]) if family in OWN_STEP else {**FAMILY_KNOBS[family], **STEP_KNOBS}
 
 
 def random_options(rng: random.Random, p: float = 0.35) -> tuple[tuple[str, Any], ...]:
@@ -147,8 +155,8 @@ def random_case(seed: int, family: str | None = None, *, options: bool = True) -
     family = family or rng.choice(families_available())
     knobs = {}
     for name, values in knob_space(family).items():
-        if name == "amp":  # mixed precision in about a third of the steps
-            knobs[name] = values[0] if rng.random() < 0.65 else rng.choice(values[1:])
+        if name in FIRST_VALUE:
+            knobs[name] = values[0] if rng.random() < FIRST_VALUE[name] else rng.choice(values[1:])
         else:
             knobs[name] = rng.choice(values)
     return Case(family, seed, tuple(sorted(knobs.items())), random_options(rng) if options else ())
@@ -156,6 +164,8 @@ def random_case(seed: int, family: str | None = None, *, options: bool = True) -
 
 def compute_dtype(case: Case) -> str:
     """The dtype the case computes in: ``float32``, ``bfloat16`` or ``float16``."""
+    if case.family == "mlp":
+        return "bfloat16" if _mlp_config(case).dtype == "bfloat16_mixed" else "float32"
     amp = case.k.get("amp", "none")
     return {"none": "float32", "bf16": "bfloat16"}.get(amp, "float16")
 
@@ -214,7 +224,7 @@ def _sdpa(k: dict) -> tuple[list[str], list[str], list[str]]:
     else:
         rep = [f"    k = k[:, :, None].expand({b}, {hk}, {grp}, {lk}, {d}).reshape({b}, {h}, {lk}, {d})",
                f"    v = v[:, :, None].expand({b}, {hk}, {grp}, {lk}, {d}).reshape({b}, {h}, {lk}, {d})"]
-    kwargs = [f"attn_mask=mask" if "mask" in data else "", "is_causal=True" if mask == "causal" else "",
+    kwargs = ["attn_mask=mask" if "mask" in data else "", "is_causal=True" if mask == "causal" else "",
               f"dropout_p={k['dropout']}" if k["dropout"] else "", f"scale={k['scale']}" if k["scale"] else ""]
     loss = [f"    q = (x @ p['wq']).reshape({b}, {lq}, {h}, {d}).transpose(1, 2)",
             f"    k = ({kv} @ p['wk']).reshape({b}, {lk}, {hk}, {d}).transpose(1, 2)",
@@ -316,7 +326,8 @@ def _index(k: dict) -> tuple[list[str], list[str], list[str]]:
     elif op == "advanced":
         lines = ["    h = p['table'][tokens]"]
     elif op == "gather":
-        lines = [f"    h = torch.gather(p['table'], 0, tokens.reshape(-1, 1).expand({b * n}, {d})).reshape({b}, {n}, {d})"]
+        index = f"tokens.reshape(-1, 1).expand({b * n}, {d})"
+        lines = [f"    h = torch.gather(p['table'], 0, {index}).reshape({b}, {n}, {d})"]
     else:
         init.append(f"P['src'] = r({b * n}, {d})")
         flat = "tokens.reshape(-1)"
@@ -346,7 +357,8 @@ def _views(k: dict) -> tuple[list[str], list[str], list[str]]:
         lines += ["    parts = h.chunk(2, dim=1)", "    h = torch.stack([t.sum(1) for t in parts], dim=1)",
                   f"    h = torch.cat([h, x @ p['w'][:, :1]], dim=1).repeat(1, {w})[:, :{w}]"]
     elif pattern == "slices":
-        lines += ["    h = torch.cat([h[:, 1:], h[:, :1] * 3], dim=1)", "    h = h[..., -1:] + h[:, ::2].sum(1, keepdim=True) + h"]
+        lines += ["    h = torch.cat([h[:, 1:], h[:, :1] * 3], dim=1)",
+                  "    h = h[..., -1:] + h[:, ::2].sum(1, keepdim=True) + h"]
     elif pattern == "narrow_flip":
         lines += [f"    h = h.narrow(1, {w - first}, {first}).flip(1).repeat(1, {w // first + 1})[:, :{w}] * h"]
     elif pattern == "strided":
@@ -355,7 +367,7 @@ def _views(k: dict) -> tuple[list[str], list[str], list[str]]:
         lines += ["    h = torch.stack(h.unbind(1)[::-1], 1) + h.t().contiguous().t()"]
     else:
         lines += [f"    h = h.reshape({b}, {w}, 1).transpose(0, 1)[1:].transpose(0, 1).reshape({b}, {w - 1})",
-                  f"    h = F.pad(h, (0, 1))"]
+                  "    h = F.pad(h, (0, 1))"]
     lines += ["    loss = (torch.tanh(h) * p['u']).sum() / " + str(b)]
     return init, ["x"], lines
 
@@ -444,7 +456,8 @@ def _step_lines(k: dict, data: list[str], random_ops: bool) -> list[str]:
         lines += ["    norm = torch.sqrt(sum((g * g).sum() for g in grads.values()))",
                   "    grads = {key: g * torch.clamp(1.0 / (norm + 1e-6), max=1.0) for key, g in grads.items()}"]
     names = _STATE_OF[k["optimizer"]]
-    lines += ["    t = state['t'] + 1", "    new_params, new_state = {}, {" + ", ".join(f"'{n}': {{}}" for n in names) + "}",
+    lines += ["    t = state['t'] + 1",
+              "    new_params, new_state = {}, {" + ", ".join(f"'{n}': {{}}" for n in names) + "}",
               "    for key, p in params.items():", "        g, new = grads[key], {}"]
     lines += ["        " + x for x in _update_lines(k)]
     keep = (lambda new, old: f"torch.where(ok, {new}, {old})") if scaler else (lambda new, old: new)
@@ -461,7 +474,8 @@ def _step_lines(k: dict, data: list[str], random_ops: bool) -> list[str]:
         lines.append("    return loss, new_params, new_state")
     else:
         lines += ["    for key, p in params.items():", "        p.copy_(new_params[key])",
-                  "        for n, s in state.items():", "            if n != 't':", "                s[key].copy_(new_state[n][key])",
+                  "        for n, s in state.items():", "            if n != 't':",
+                  "                s[key].copy_(new_state[n][key])",
                   "    state['t'].copy_(new_state['t'])", "    return loss"]
     return lines
 
@@ -506,7 +520,8 @@ _MODULE_OPT = {"SGD": "torch.optim.SGD(model.parameters(), lr=0.05{wd}{fe})",
                "Adam_amsgrad": "torch.optim.Adam(model.parameters(), lr=0.01, amsgrad=True{wd}{fe})",
                "AdamW": "torch.optim.AdamW(model.parameters(), lr=0.01{wd}{fe})",
                "RMSprop": "torch.optim.RMSprop(model.parameters(), lr=0.01{wd}{fe})",
-               "RMSprop_centered": "torch.optim.RMSprop(model.parameters(), lr=0.01, centered=True, momentum=0.5{wd}{fe})",
+               "RMSprop_centered": "torch.optim.RMSprop(model.parameters(), lr=0.01, centered=True, "
+                                   "momentum=0.5{wd}{fe})",
                "Adagrad": "torch.optim.Adagrad(model.parameters(), lr=0.05{wd}{fe})"}
 
 
@@ -537,7 +552,24 @@ def _module_source(case: Case) -> str:
     ]) + "\n"
 
 
+def _mlp_config(case: Case) -> Any:
+    """The :class:`fuzz.Config` of an ``mlp`` case (its options are the case's own)."""
+    import dataclasses
+
+    import fuzz
+    return dataclasses.replace(fuzz.random_config(case.k["config"]), seed=case.seed, options=())
+
+
+def _mlp_source(case: Case) -> str:
+    config = _mlp_config(case)
+    import fuzz
+    return "\n".join([fuzz.source_of(config).rstrip(), "", "", "def make_inputs(seed=0):",
+                      "    import fuzz  # tests/fuzz.py", f"    return fuzz.inputs_of(fuzz.{config!r}, seed)", ""])
+
+
 def source_of(case: Case) -> str:
     """The case as a module's source: ``step`` and ``make_inputs(seed)`` (the module family:
     ``make(seed)`` returning the step, its ``(model, optimizer)`` and its inputs)."""
+    if case.family == "mlp":
+        return _mlp_source(case)
     return _module_source(case) if case.family in STATEFUL else _functional_source(case)

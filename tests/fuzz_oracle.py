@@ -4,9 +4,9 @@ through tkx's reference interpreter and schedule interpreter, and compile its ke
 Verdicts (:class:`Outcome.status`):
 
 * ``ok``; ``invalid``: eager PyTorch itself raised (the generator drew an illegal program; not a finding);
-* ``refused``: :class:`tkx.UnsupportedError` naming the user's source line, or :class:`tkx.OptionsError`
-  (counted per message, not a failure); ``unnamed-refusal``: an UnsupportedError without the user's
-  line (counted apart, not a failure);
+* ``refused``: :class:`tkx.UnsupportedError` naming a line of the step's own source, or
+  :class:`tkx.OptionsError` (counted per message, not a failure); ``unnamed-refusal``: an
+  UnsupportedError naming no line of the step (counted apart, not a failure);
 * ``wrong``: a value where tkx is further from float64 than eager float32 is, by more than the dtype's
   factor (``tkx_err > max(FACTOR * eager_err, FLOOR)``, errors as ``||a - b|| / ||b||``); NaN/inf where
   eager is finite or the reverse; an integer that differs from eager; an input eager updates in place
@@ -28,10 +28,9 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
+import fuzz_families as fam
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
-
-import fuzz_families as fam
 
 #: How much further from float64 than eager tkx may be, and the relative error always allowed.
 FACTOR = {"float32": 8.0, "bfloat16": 4.0, "float16": 4.0}
@@ -146,7 +145,8 @@ def _refusal(e: Exception) -> tuple[str, str]:
     if isinstance(e, tkx.OptionsError):
         return "refused", f"OptionsError: {e}"
     op = getattr(e, "op", None) or "-"
-    status = "refused" if getattr(e, "source", None) is not None else "unnamed-refusal"
+    source = getattr(e, "source", None)
+    status = "refused" if source is not None and str(source.file).startswith("<fuzz-") else "unnamed-refusal"
     return status, f"{e.kind}: {op}: {e.what}"
 
 
@@ -218,7 +218,8 @@ def _eager_pair(run: Any) -> tuple[Any, Any]:
     try:
         return run(False), run(True)
     except Exception as e:  # noqa: BLE001 - eager raised: an illegal program, not a finding
-        raise _Verdict("invalid", f"eager raised {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}")
+        text = str(e).splitlines()[0][:160] if str(e) else ""
+        raise _Verdict("invalid", f"eager raised {type(e).__name__}: {text}") from e
 
 
 def _check_functional(case: fam.Case, ns: dict, state: dict, errors: dict, nvrtc: bool) -> None:
