@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import linecache
+import os
 import signal
 import time
 import traceback
@@ -72,11 +73,20 @@ class _Hang(Exception):
 
 
 def load(case: fam.Case) -> dict[str, Any]:
-    """Execute the case's source under a file name ``linecache`` knows (tkx's errors quote its lines)."""
+    """Execute the case's source from a file of its own (in the temporary folder), as a user's module:
+    tkx names that file's lines in its errors."""
+    import hashlib
+    import tempfile
     text = fam.source_of(case)
-    filename = f"<fuzz-{case.label()}-{abs(hash(text)) % 10**8}>"
-    linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
-    namespace: dict[str, Any] = {}
+    folder = os.path.join(tempfile.gettempdir(), "tkx-fuzz-programs")
+    os.makedirs(folder, exist_ok=True)
+    filename = os.path.join(folder, f"{case.label()}-{hashlib.sha1(text.encode()).hexdigest()[:10]}.py")
+    if not os.path.exists(filename):
+        with open(filename + ".tmp", "w") as f:
+            f.write(text)
+        os.replace(filename + ".tmp", filename)
+    linecache.checkcache(filename)
+    namespace: dict[str, Any] = {"__file__": filename, "__name__": f"fuzz_{case.family}"}
     exec(compile(text, filename, "exec"), namespace)
     return namespace
 
@@ -140,13 +150,17 @@ def _compare_all(stage: str, got: list[Any], want: list[torch.Tensor], exact: li
         errors[f"{stage} {name}"] = compare(name, g, w, x, dtype)
 
 
-def _refusal(e: Exception) -> tuple[str, str]:
+def _refusal(e: Exception, filename: str | None) -> tuple[str, str]:
+    """``refused`` for an OptionsError or an UnsupportedError naming a line of ``filename`` (the
+    step's source), else ``unnamed-refusal``; with the message."""
     import tkx
     if isinstance(e, tkx.OptionsError):
         return "refused", f"OptionsError: {e}"
     op = getattr(e, "op", None) or "-"
     source = getattr(e, "source", None)
-    status = "refused" if source is not None and str(source.file).startswith("<fuzz-") else "unnamed-refusal"
+    named = source is not None and filename is not None and os.path.realpath(str(source.file)) == \
+        os.path.realpath(filename)
+    status = "refused" if named else "unnamed-refusal"
     return status, f"{e.kind}: {op}: {e.what}"
 
 
@@ -182,6 +196,7 @@ def check(case: fam.Case, *, nvrtc: bool = True, timeout_s: float = 0.0,
         signal.setitimer(signal.ITIMER_REAL, timeout_s)
     try:
         ns = namespace if namespace is not None else load(case)
+        state["file"] = ns.get("__file__")
         if case.family in fam.STATEFUL:
             _check_stateful(case, ns, state, errors)
         else:
@@ -197,7 +212,7 @@ def check(case: fam.Case, *, nvrtc: bool = True, timeout_s: float = 0.0,
     except Exception as e:  # noqa: BLE001 - every other exception is a finding
         import tkx
         if isinstance(e, (tkx.UnsupportedError, tkx.OptionsError)):
-            status, detail = _refusal(e)
+            status, detail = _refusal(e, state.get("file"))
             return done(status, detail, _key(detail))
         text = str(e).splitlines()[0] if str(e) else ""
         return done("crash", f"{type(e).__name__}: {text[:200]} ({_where(e)})", f"{type(e).__name__} at {_where(e)}")

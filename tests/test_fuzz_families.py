@@ -149,10 +149,11 @@ def test_adam_on_a_zero_gradient_is_no_false_alarm():
 def test_refusal_without_the_steps_line_is_counted_apart():
     import tkx
     from tkx.errors import SourceLine
-    named = tkx.UnsupportedError("unsupported-op", "x", op="aten.foo", source=SourceLine("<fuzz-a-1-2>", 3, "y"))
+    named = tkx.UnsupportedError("unsupported-op", "x", op="aten.foo", source=SourceLine("/a/step.py", 3, "y"))
     elsewhere = tkx.UnsupportedError("unsupported-op", "x", op="aten.foo", source=SourceLine("/a/tkx/b.py", 3, "y"))
-    assert oracle._refusal(named)[0] == "refused"
-    assert oracle._refusal(elsewhere)[0] == oracle._refusal(tkx.UnsupportedError("k", "x"))[0] == "unnamed-refusal"
+    assert oracle._refusal(named, "/a/step.py")[0] == "refused"
+    assert oracle._refusal(elsewhere, "/a/step.py")[0] == "unnamed-refusal"
+    assert oracle._refusal(tkx.UnsupportedError("k", "x"), "/a/step.py")[0] == "unnamed-refusal"
 
 
 def test_time_limit_gives_a_hang():
