@@ -184,3 +184,20 @@ def test_generator_draws_every_family_and_knob_value():
             assert {c.k[name] for c in cases} == set(values), (family, name)
     options = {k for s in range(60) for k, _ in fam.random_options(__import__("random").Random(s))}
     assert {"tile_m", "mode", "fuse_attention", "split_k", "sync", "threads_per_block"} <= options
+
+
+def test_campaign_script_writes_results_and_resumes(tmp_path, capsys):
+    from script_module import load_script
+    campaign = load_script("fuzz-campaign")
+    with pytest.raises(SystemExit):
+        campaign.main(["--help"])
+    assert "--seconds" in capsys.readouterr().out
+    argv = ["--out", str(tmp_path), "--count", "2", "--families", "views,index", "--no-nvrtc", "--quiet"]
+    assert campaign.main(argv) == 0
+    import json
+    first = json.loads((tmp_path / "results.json").read_text())
+    assert first["programs"] == 2 and sum(first["counts"].values()) == 2 and first["next_seed"] == 1002
+    assert set(first["per_family"]) == {"views", "index"} and first["torch"] == torch.__version__
+    assert campaign.main(argv + ["--resume"]) == 0
+    second = json.loads((tmp_path / "results.json").read_text())
+    assert second["programs"] == 4 and second["next_seed"] == 1004
