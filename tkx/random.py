@@ -16,7 +16,7 @@ torch's generator: element ``i`` of the ``n``-th number drawn in the block (coun
 order) is a pure function of (seed, offset, n + i). Leaving the block advances the offset by one in place
 (``state[1] += 1``), so consecutive steps draw fresh numbers and the same state gives the same numbers.
 
-Eager PyTorch runs the same code through :func:`tkx.ops.philox_uniform` (a bit-exact torch implementation),
+Eager PyTorch runs the same code through :func:`tkx.philox.philox_uniform` (a bit-exact torch implementation),
 so eager, both interpreters and the CUDA kernel (``tkx_philox_uniform``) give the same uniforms bit for
 bit: a masked value differs only by ordinary float rounding. Against torch's own stream (the same step
 without the block), which no counter-based generator can reproduce, compare statistics instead: the keep
@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from .ops import philox_uniform
+from .philox import philox_uniform
 
 
 @torch.library.custom_op("tkx::philox_uniform", mutates_args=())

@@ -100,14 +100,18 @@ def parse_options(pairs: Sequence[str]) -> dict[str, Any]:
 
 
 def report_command(step: str, inputs: str, output: str | None, options: Sequence[str], *,
-                   loss: int | None = None, error: Callable[[str], Any] | None = None) -> int:
-    """What ``tkx report`` does: load the step and its inputs, write the report, print its path.
+                   loss: int | None = None, error: Callable[[str], Any] | None = None,
+                   trace: str | None = None) -> int:
+    """What ``tkx report`` does: load the step and its inputs, write the report, print its path;
+    ``trace``: also write the task VM's predicted timeline there as a Chrome / Perfetto trace
+    (:meth:`tkx.dataflow.timeline.Timeline.to_chrome_trace`).
 
     Returns 0; a mistake in the arguments goes to ``error`` (argparse's, which exits with code 2)
     or raises; a step tkx cannot compile raises its :class:`tkx.TkxError` (the message names the
     op and the source line)."""
+    from .explore import explore
     from .options import Options
-    from .render.report import report
+    from .render.report import write_report
 
     try:
         step_fn = load_function(step, "the step")
@@ -130,6 +134,10 @@ def report_command(step: str, inputs: str, output: str | None, options: Sequence
         example = (example,)
     path_part, _, name = step.rpartition(":")
     out = output or f"{Path(path_part).stem}-{name}.html"
-    written = report(step_fn, example, out, name=name, loss=loss, options=opts)
+    exp = explore(step_fn, example, name=name, loss=loss, options=opts)
+    written = write_report(exp, out)
     print(f"tkx report of {name} ({Path(path_part).name}): {os.fspath(written)}")
+    if trace:
+        print(f"tkx report: the predicted timeline (task VM) as a trace for Perfetto: "
+              f"{exp.timeline.to_chrome_trace(trace)}")
     return 0

@@ -31,6 +31,7 @@ from ..errors import SourceLine, TkxError, UnsupportedError
 from ..ir import Program, validate
 from .decompositions import decomposition_table
 from .lower import TORCH_DTYPES, Lowering
+from .modules import attribute
 from .trace import SourceTagMode, TorchStateGuard, node_tag, user_frame, user_frame_of_traceback
 
 __all__ = ["capture", "CapturedGraph", "FxNodeInfo"]
@@ -38,7 +39,8 @@ __all__ = ["capture", "CapturedGraph", "FxNodeInfo"]
 
 @dataclass(frozen=True)
 class FxNodeInfo:
-    """One FX node as tkx sees it: name, aten target, region, the user's line."""
+    """One FX node as tkx sees it: name, aten target, region, the user's line, the ``nn.Module``
+    it came from (``module``: dotted path, ``module_type``: class name; see :class:`tkx.ir.Op`)."""
 
     name: str
     op: str
@@ -48,6 +50,8 @@ class FxNodeInfo:
     shape: tuple[int, ...] | None
     dtype: str | None
     args: tuple[str, ...]
+    module: str | None = None
+    module_type: str | None = None
 
 
 @dataclass(frozen=True)
@@ -453,10 +457,11 @@ def capture(step_fn: Callable[..., Any], example_inputs: Sequence[Any], *, loss:
     except UnsupportedError as e:  # point at the user's capture call
         raise UnsupportedError(e.kind, e.what, source=user_frame(sys._getframe(1)), hint=e.hint) from None
     out_tree_box: list[Any] = []
+    tag_mode = SourceTagMode()
 
     def flat_step(*leaves: torch.Tensor) -> list[torch.Tensor]:
         args = tree_unflatten(list(leaves), in_tree)
-        with SourceTagMode():
+        with tag_mode, tag_mode.modules:
             out = step_fn(*args)
         if out is None:  # a step that only updates its inputs in place: no outputs (the runner returns ())
             out = ()
@@ -525,9 +530,13 @@ def capture(step_fn: Callable[..., Any], example_inputs: Sequence[Any], *, loss:
     _refuse_imperative_optimizer(gm)
     _refuse_overlapping_writes(gm, flat, flat_names)
     regions = _label_regions(gm, loss_node)
+    modules = attribute(gm, regions, flat_names, output_names, {n.name: node_tag(n) for n in gm.graph.nodes})
+    known = dict(tag_mode.modules.seen)
+    for path, kind in modules.values():
+        known.setdefault(path, kind)
 
-    program = Lowering(gm, flat_names, output_names, regions, name).run()
-    program = program.replace(in_tree=in_tree, out_tree=out_tree)
+    program = Lowering(gm, flat_names, output_names, regions, name, modules).run()
+    program = program.replace(in_tree=in_tree, out_tree=out_tree, modules=known)
     validate(program)
 
     infos = []
@@ -538,6 +547,7 @@ def capture(step_fn: Callable[..., Any], example_inputs: Sequence[Any], *, loss:
             name=node.name, op=node.op,
             target=str(node.target) if node.op == "call_function" else node.op,
             region=regions.get(node.name), source=node_tag(node).get("source"),
+            module=modules.get(node.name, (None, None))[0], module_type=modules.get(node.name, (None, None))[1],
             shape=tuple(int(d) for d in val.shape) if is_t else None,
             dtype=TORCH_DTYPES.get(val.dtype) if is_t else None,
             args=tuple(a.name for a in node.all_input_nodes)))

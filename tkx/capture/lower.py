@@ -101,8 +101,10 @@ class Lowering:
     """One FX graph -> one Program. See the module docstring for the rules."""
 
     def __init__(self, gm: torch.fx.GraphModule, input_names: list[str], output_names: list[str],
-                 regions: dict[str, str], name: str) -> None:
+                 regions: dict[str, str], name: str,
+                 modules: dict[str, tuple[str, str | None]] | None = None) -> None:
         self.gm = gm
+        self.modules = modules or {}
         self.input_names = input_names
         self.output_names = output_names
         self.regions = regions
@@ -116,6 +118,11 @@ class Lowering:
     @property
     def source(self) -> SourceLine | None:
         return node_tag(self.node).get("source") if self.node is not None else None
+
+    @property
+    def module(self) -> tuple[str, str | None] | None:
+        """(path, class) of the ``nn.Module`` the current node came from (see :mod:`tkx.capture.modules`)."""
+        return self.modules.get(self.node.name) if self.node is not None else None
 
     def fail(self, kind: str, what: str, hint: str) -> UnsupportedError:
         node = self.node
@@ -183,9 +190,10 @@ class Lowering:
                             f"compute it in float32 (e.g. x.float()); {kind} is not exact on integers in tkx")
         op_id = self.fresh_id(base or self.node.name)
         out = TensorSpec.dense(op_id, shape, dtype)
+        module, module_type = self.module or (None, None)
         self.ops.append(Op(op_id, kind, tuple(inputs), out, dict(attrs or {}),
                            region=self.regions.get(self.node.name, "optimizer"),
-                           source=self.source, fx_node=self.node.name))
+                           source=self.source, fx_node=self.node.name, module=module, module_type=module_type))
         return out
 
     def tensor(self, arg: Any) -> TensorSpec:

@@ -24,6 +24,7 @@ from torch.overrides import TorchFunctionMode
 from ..errors import SourceLine
 from .attention import HandWrittenAttention
 from .decompositions import FUNCTION_OVERRIDES
+from .modules import ModuleStack
 
 _SKIP_DIRS = (os.path.dirname(os.path.realpath(torch.__file__)) + os.sep,) + tuple(
     os.path.realpath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib")
@@ -75,25 +76,33 @@ class SourceTagMode(TorchFunctionMode):
     ``grad_fn`` is remembered with its line, and while ``torch.autograd.grad`` runs, a pre-hook
     on each of those autograd nodes switches the tag to that line before the node's backward
     formula is traced (ops autograd adds on its own keep the ``grad(...)`` line).
+
+    Forward tags also carry the innermost ``nn.Module`` being called (``module``: path and class, from
+    :class:`~tkx.capture.modules.ModuleStack`) and the number of the torch call (``call``); a backward
+    node's tag names the call it differentiates (``differentiates_call``) and that call's module.
     """
 
     def __init__(self) -> None:
         super().__init__()
-        self.grad_fn_sources: dict[Any, tuple[SourceLine | None, str]] = {}
+        self.grad_fn_sources: dict[Any, tuple[SourceLine | None, str, Any, int]] = {}
+        self.modules = ModuleStack()
+        self.calls = 0
         self.attention = HandWrittenAttention()  # hand-written attention -> the tkx::attention composite
 
-    def _remember(self, result: Any, src: SourceLine | None, name: str) -> None:
+    def _remember(self, result: Any, tag: dict[str, Any]) -> None:
         for t in result if isinstance(result, (tuple, list)) else (result,):
             fn = getattr(t, "grad_fn", None) if isinstance(t, torch.Tensor) else None
             if fn is not None and fn not in self.grad_fn_sources:
-                self.grad_fn_sources[fn] = (src, name)
+                self.grad_fn_sources[fn] = (tag["source"], tag["torch_fn"], tag.get("module"), tag["call"])
 
     def _hooks(self) -> list[Any]:
         handles = []
-        for fn, (src, name) in list(self.grad_fn_sources.items()):
-            def hook(grad_outputs: Any, src: SourceLine | None = src, name: str = name) -> None:
+        for fn, (src, name, module, call) in list(self.grad_fn_sources.items()):
+            def hook(grad_outputs: Any, src: SourceLine | None = src, name: str = name, module: Any = module,
+                     call: int = call) -> None:
                 custom = dict(fx_traceback.current_meta.get("custom") or {})
                 tag = dict(custom.get(TAG, {}))
+                tag.update(module=module, differentiates_call=call)
                 if src is not None:
                     tag.update(source=src, backward=True, differentiates=name)
                 custom[TAG] = tag
@@ -113,6 +122,9 @@ class SourceTagMode(TorchFunctionMode):
         name = getattr(func, "__name__", str(func))
         tag = {"backward": in_backward, "source": src if src is not None else prev_tag.get("source"),
                "torch_fn": name}
+        if not in_backward:
+            self.calls += 1
+            tag.update(module=self.modules.current, call=self.calls)
         custom = dict(previous or {})
         custom[TAG] = tag
         fx_traceback.current_meta["custom"] = custom
@@ -122,7 +134,7 @@ class SourceTagMode(TorchFunctionMode):
             result = replaced if replaced is not None else FUNCTION_OVERRIDES.get(func, func)(*args, **kwargs)
             if not in_backward:
                 self.attention.after(func, args, kwargs, result)
-                self._remember(result, tag["source"], name)
+                self._remember(result, tag)
             return result
         finally:
             for h in handles:
@@ -134,7 +146,8 @@ class SourceTagMode(TorchFunctionMode):
 
 
 def node_tag(node: torch.fx.Node) -> dict[str, Any]:
-    """The tkx tag of an FX node: ``{"backward": bool, "source": SourceLine | None}``."""
+    """The tkx tag of an FX node: ``{"backward": bool, "source": SourceLine | None, "module": (path, class) | None,
+    ...}`` (see :class:`SourceTagMode`)."""
     custom = node.meta.get("custom") or {}
     return custom.get(TAG, {})
 
