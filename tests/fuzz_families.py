@@ -291,13 +291,25 @@ def _norm(k: dict) -> tuple[list[str], list[str], list[str]]:
     return init, data, lines
 
 
+def _legal_size(n: int, k: dict, stride: int) -> int:
+    """The smallest image side from ``n`` up whose convolution and pooling outputs are not empty."""
+    pad = 0 if k["padding"] == "same" else k["padding"]
+    pool_pad = min(k["pool_padding"], k["pool_kernel"] // 2)
+    while True:
+        out = n if k["padding"] == "same" else (n + 2 * pad - k["dilation"] * (k["kernel"] - 1) - 1) // stride + 1
+        if out >= 1 and (k["pool"] == "none" or out + 2 * pool_pad >= k["pool_kernel"]):
+            return n
+        n += 1
+
+
 def _conv(k: dict) -> tuple[list[str], list[str], list[str]]:
     g_, cin, cout = k["groups"], k["in_group"] * k["groups"], k["out_group"] * k["groups"]
     kk, pad = k["kernel"], k["padding"]
     padding = "'same'" if pad == "same" else pad
     stride = 1 if pad == "same" else k["stride"]
+    sizes = [_legal_size(n, k, stride) for n in (k["height"], k["width"])]
     init = [f"P['w'] = r({cout}, {k['in_group']}, {kk}, {kk}) / {(k['in_group'] * kk * kk) ** 0.5:.4f}",
-            f"x = r({k['batch']}, {cin}, {k['height']}, {k['width']})"]
+            f"x = r({k['batch']}, {cin}, {sizes[0]}, {sizes[1]})"]
     bias = ""
     if k["bias"]:
         init.append(f"P['b'] = 0.1 * r({cout})")
