@@ -60,6 +60,10 @@ def _parser() -> argparse.ArgumentParser:
                              "for Perfetto UI or chrome://tracing")
     report.add_argument("--loss", type=int, default=None, metavar="N",
                         help="flat index of the loss among the step's outputs (default: found by capture)")
+    report.add_argument("--state", metavar="FILE.py:NAME", default=None,
+                        help="the modules and optimizers of a step that calls loss.backward() and opt.step(): "
+                             "a name in the file bound to them (a tuple such as (model, opt)) or a function "
+                             "returning them")
     bench = commands.add_parser(
         "bench", help="time the megakernel against eager, CUDA graphs and torch.compile (needs a GPU)")
     bench.add_argument("suite", nargs="?", default="mlp", choices=sorted(SUITES))
@@ -87,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         try:
             return report_command(args.step, args.inputs, args.output, args.option, loss=args.loss,
-                                  error=parser.error, trace=args.trace)
+                                  error=parser.error, trace=args.trace, state=args.state)
         except TkxError as exc:  # the step itself: one message naming the op and line, no traceback
             print(f"tkx report: {type(exc).__name__}: {exc}", file=sys.stderr)
             return 1

@@ -185,7 +185,10 @@ class Program:
     ``in_tree``/``out_tree`` are the torch pytree specs of the step's inputs (a tuple of
     positional arguments) and outputs; ``modules`` maps the path of every ``nn.Module`` the step
     called (or named in its parameters) to its class name (``None`` when unknown), in call order.
-    None of the three takes part in equality.
+    None of the three takes part in equality. ``rng_input``: the index of the implicit Philox state
+    input (int64 ``[seed, offset]``) of a step that draws random numbers, which the caller does not
+    pass: every run draws a fresh one from torch's generator (:func:`tkx.random.next_state`); ``None``
+    when the step draws none.
     """
 
     inputs: tuple[InputSpec, ...]
@@ -196,6 +199,7 @@ class Program:
     in_tree: Any = field(default=None, compare=False, repr=False)
     out_tree: Any = field(default=None, compare=False, repr=False)
     modules: Mapping[str, str | None] = field(default_factory=dict, compare=False, repr=False)
+    rng_input: int | None = None
 
     # -- queries --------------------------------------------------------------------
     def op(self, op_id: str) -> Op:

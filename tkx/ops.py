@@ -76,6 +76,7 @@ class Kind(str, enum.Enum):
     FLOOR = "floor"
     CEIL = "ceil"
     TRUNC = "trunc"
+    ROUND = "round"
     ISNAN = "isnan"
     ISINF = "isinf"
     LOGICAL_NOT = "logical_not"
@@ -94,6 +95,8 @@ class Kind(str, enum.Enum):
     POW = "pow"
     XLOGY = "xlogy"
     MAXIMUM = "maximum"
+    FMAX = "fmax"
+    FMIN = "fmin"
     MINIMUM = "minimum"
     EQ = "eq"
     NE = "ne"
@@ -316,7 +319,8 @@ def _attention_ref(op: Any, args: list[Any], device: torch.device) -> torch.Tens
 
     q, k, v = args[:3]
     mask = args[3] if op.attr("mask", "none") != "none" else None
-    return attention_ref.packed_forward(q, k, v, mask, bool(op.attr("causal")), float(op.attr("scale")))
+    return attention_ref.packed_forward(q, k, v, mask, bool(op.attr("causal")), float(op.attr("scale")),
+                                        str(op.attr("empty_rows", "zero")))
 
 
 def _attention_backward_ref(op: Any, args: list[Any], device: torch.device) -> torch.Tensor:
@@ -481,6 +485,8 @@ ROWS: tuple[OpDef, ...] = (
           int_exact=True),
     OpDef(Kind.TRUNC, "pointwise", 1, "round toward zero", ("trunc.default",), torch.trunc,
           _int_or_float("{0}", "truncf({0})"), int_exact=True),
+    OpDef(Kind.ROUND, "pointwise", 1, "round to the nearest integer, halves to even (as torch.round)",
+          ("round.default",), torch.round, _int_or_float("{0}", "rintf({0})"), int_exact=True),
     OpDef(Kind.ISNAN, "pointwise", 1, "x is NaN", ("isnan.default",), torch.isnan,
           _int_or_float("0.0f", "({1} != {1} ? 1.0f : 0.0f)"), boolean=True, int_exact=True, dtype="bool"),
     OpDef(Kind.ISINF, "pointwise", 1, "x is +-infinity", ("isinf.default",), torch.isinf,
@@ -524,6 +530,12 @@ ROWS: tuple[OpDef, ...] = (
           commutative=True, int_exact=True, ref_takes_op=True),
     OpDef(Kind.MINIMUM, "pointwise", 2, "elementwise min (NaN-propagating)", ("minimum.default",),
           _binary_ref(torch.minimum, tensors=True), _int_or_float("tkx_imin({0}, {1})", "tkx_min({0}, {1})"),
+          commutative=True, int_exact=True, ref_takes_op=True),
+    OpDef(Kind.FMAX, "pointwise", 2, "elementwise max ignoring NaN (NaN only where both are NaN)", ("fmax.default",),
+          _binary_ref(torch.fmax, tensors=True), _int_or_float("tkx_imax({0}, {1})", "fmaxf({0}, {1})"),
+          commutative=True, int_exact=True, ref_takes_op=True),
+    OpDef(Kind.FMIN, "pointwise", 2, "elementwise min ignoring NaN (NaN only where both are NaN)", ("fmin.default",),
+          _binary_ref(torch.fmin, tensors=True), _int_or_float("tkx_imin({0}, {1})", "fminf({0}, {1})"),
           commutative=True, int_exact=True, ref_takes_op=True),
     OpDef(Kind.EQ, "pointwise", 2, "x == y", ("eq",), torch.eq, _compare("=="),
           commutative=True, boolean=True, int_exact=True, dtype="bool"),
@@ -595,8 +607,9 @@ ROWS: tuple[OpDef, ...] = (
     # attention composites
     OpDef(Kind.ATTENTION, "attention", None,
           "softmax(q @ k^T * attrs['scale'] + mask) @ v over operands (q [*B,L,E], k [*B,S,E], v [*B,S,Ev], mask "
-          "[*B,L,S] when attrs['mask'] is 'bool' or 'additive'), attrs['causal']; float32 root [out | lse] "
-          "(tkx.attention_ref)", (), _attention_ref, cost=_F, dtype="float", ref_takes_op=True),
+          "[*B,L,S] when attrs['mask'] is 'bool' or 'additive'), attrs['causal']; a row that sees no key is 0 "
+          "(NaN with attrs['empty_rows'] == 'nan'); float32 root [out | lse] (tkx.attention_ref)", (),
+          _attention_ref, cost=_F, dtype="float", ref_takes_op=True),
     OpDef(Kind.ATTENTION_BACKWARD, "attention", None,
           "gradients of attention from operands (q, k, v, out, lse, dout[, mask]); the probabilities recomputed "
           "from q, k and lse; float32 root [dq | dk | dv] (tkx.attention_ref)", (), _attention_backward_ref,

@@ -56,7 +56,7 @@ VIEW_OPS = {
 }
 
 RANDOM_OPS = {"rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "bernoulli",
-              "normal", "uniform", "native_dropout", "dropout", "multinomial", "randperm",
+              "normal", "normal_functional", "uniform", "native_dropout", "dropout", "multinomial", "randperm",
               "exponential", "geometric", "cauchy", "log_normal", "poisson", "rrelu_with_noise"}
 
 #: torch functions whose internals fail lowering, with what to tell the user instead.
@@ -144,9 +144,9 @@ class Lowering:
         if transform is not None and transform.group(1) in ("jvp", "jacfwd", "hessian", "linearize"):
             name = transform.group(1)
             return UnsupportedError(
-                "unsupported-transform", f"forward-mode differentiation (torch.func.{name}) is not supported; "
-                f"it made the internal op {e.op}", op=e.op, node=e.node, source=e.source,
-                hint="tkx compiles reverse-mode steps: use torch.func.grad / grad_and_value / vjp (a Hessian-vector "
+                e.kind, f"{e.what} (made by torch.func.{name}'s forward-mode rule for an op on this line, "
+                "not written by you)", op=e.op, node=e.node, source=e.source,
+                hint=f"{e.hint}; or take the derivative in reverse mode (torch.func.grad / vjp: a Hessian-vector "
                      "product is grad of (grad(f)(w) * v).sum())")
         if transform is not None and transform.group(1) in ("vmap", "jacrev"):
             name = transform.group(1)
@@ -155,6 +155,17 @@ class Lowering:
                 "not written by you)", op=e.op, node=e.node, source=e.source,
                 hint=f"{e.hint}; or compute the batch without {name} (most per-example steps have a batched form)")
         return e
+
+    def scalar_literal(self, node: torch.fx.Node) -> TensorSpec | None:
+        """A ``fill`` for a 0-d constant that tracing made from a Python number (``y[:, 0] = 1.0``,
+        ``torch.tensor(2.0)``: read only through ``lift_fresh_copy``); ``None`` for any other constant."""
+        value = getattr(self.gm, str(node.target), None)
+        if not (isinstance(value, torch.Tensor) and value.dim() == 0 and node.users
+                and all(u.target is aten.lift_fresh_copy.default for u in node.users)):
+            return None
+        dtype = ir_dtype(value.dtype, what=f"the constant {node.target}", node=node, source=self.source)
+        number = value.item()
+        return self.emit("fill", (), (), dtype, {"value": number})
 
     def fresh_id(self, base: str) -> str:
         candidate, i = base, 1
@@ -273,9 +284,11 @@ class Lowering:
             packet = getattr(node.target, "_overloadpacket", None)
             if node.op == "call_function" and packet is not None and packet.__name__ in RANDOM_OPS:
                 self.node = node
-                raise self.fail("random-op", f"random-number op {packet.__name__} drawn from torch's generator",
-                                "draw inside `with tkx.random.philox(state):` (state = tkx.random.philox_state(seed), "
-                                "an input of the step; see tkx.random), or pass random tensors in as inputs")
+                raise self.fail("random-op", f"random-number op {packet.__name__}, which tkx's Philox generator "
+                                "does not draw", "tkx draws F.dropout, torch.rand/randn/rand_like/randn_like, "
+                                "torch.bernoulli and SDPA's dropout inside the step (see tkx.random); make "
+                                f"{packet.__name__}'s numbers from those, or draw them outside the step and pass "
+                                "them in as inputs")
         for node in self.gm.graph.nodes:
             self.node = node
             if node.op == "placeholder":
@@ -289,6 +302,8 @@ class Lowering:
                 self.values[node] = spec
                 placeholder_index[node] = i
                 inputs.append(InputSpec(self.input_names[i], spec))
+            elif node.op == "get_attr" and (literal := self.scalar_literal(node)) is not None:
+                self.values[node] = literal  # y[:, 0] = 1.0 and torch.tensor(1.0): a number written in the step
             elif node.op == "get_attr":
                 user = next(iter(node.users), None)
                 self.node = user

@@ -36,11 +36,23 @@ _KEY = re.compile(r"\['((?:[^'\\]|\\.)*)'\]|\[\"((?:[^\"\\]|\\.)*)\"\]")
 def module_of_name(name: str) -> str | None:
     """The module path in a parameter's pytree name: ``params['blocks.1.attn.qkv.weight']`` ->
     ``"blocks.1.attn"``, ``params['fc.bias']`` -> ``"fc"``; ``None`` when the last string key has no dot
-    (``params['w1']``)."""
+    (``params['w1']``). The names of a step captured with ``state=`` are ``state_dict`` names:
+    ``fc1.weight``, ``fc1.weight.grad`` and ``opt.state[fc1.weight].exp_avg`` -> ``"fc1"``."""
     keys = [a or b for a, b in _KEY.findall(name)]
-    if not keys or "." not in keys[-1]:
+    if not keys:
+        lifted = _LIFTED.fullmatch(name)
+        param = lifted and (lifted.group(1) or lifted.group(2))
+        if not param or "." not in param:
+            return None
+        return param.rsplit(".", 1)[0]
+    if "." not in keys[-1]:
         return None
     return keys[-1].rsplit(".", 1)[0]
+
+
+#: A lifted tensor's name (:mod:`tkx.capture.stateful`): the parameter's, its gradient's, or its optimizer
+#: state's ``OPT.state[PARAM].KEY``.
+_LIFTED = re.compile(r"\w+\.state\[([\w.]+)\]\.\w+|([\w.]+?)(?:\.grad)?")
 
 
 class ModuleStack:

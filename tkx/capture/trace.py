@@ -50,10 +50,29 @@ def _source_of(filename: str, lineno: int, function: str) -> SourceLine:
     return SourceLine(filename, lineno, code, function)
 
 
+#: Frames that replay a traced graph (``torch.fx.Interpreter.run``): below them the nodes' own tags
+#: name the user's line, and the frames above (the caller of ``tkx.capture``) are not the step.
+_REPLAY_CODES = {torch.fx.Interpreter.run.__code__}
+#: The torch functions that run autograd's backward pass.
+BACKWARD_FUNCTIONS = (torch.autograd.grad, torch.autograd.backward, torch.Tensor.backward)
+
+
 def user_frame(start: FrameType | None) -> SourceLine | None:
-    """The innermost user frame at or above ``start``."""
+    """The innermost user frame at or above ``start`` (``None`` inside a graph replay)."""
+    found = _frame_or_replay(start)
+    return None if found is REPLAY else found
+
+
+#: What :func:`_frame_or_replay` returns inside a graph replay.
+REPLAY = object()
+
+
+def _frame_or_replay(start: FrameType | None) -> Any:
+    """The innermost user frame at or above ``start``, :data:`REPLAY` when a graph replay comes first."""
     f = start
     while f is not None:
+        if f.f_code in _REPLAY_CODES:
+            return REPLAY
         if is_user_file(f.f_code.co_filename):
             return _source_of(f.f_code.co_filename, f.f_lineno, f.f_code.co_name)
         f = f.f_back
@@ -117,18 +136,21 @@ class SourceTagMode(TorchFunctionMode):
         kwargs = kwargs or {}
         previous = fx_traceback.current_meta.get("custom")
         prev_tag = (previous or {}).get(TAG, {})
-        in_backward = prev_tag.get("backward", False) or func is torch.autograd.grad
-        src = user_frame(sys._getframe(1))
+        in_backward = prev_tag.get("backward", False) or func in BACKWARD_FUNCTIONS
+        src = _frame_or_replay(sys._getframe(1))
         name = getattr(func, "__name__", str(func))
-        tag = {"backward": in_backward, "source": src if src is not None else prev_tag.get("source"),
-               "torch_fn": name}
-        if not in_backward:
-            self.calls += 1
-            tag.update(module=self.modules.current, call=self.calls)
+        if src is REPLAY:  # a node of a traced graph run again: its own tag (line, module, call) holds
+            tag = {**prev_tag, "torch_fn": name}
+        else:
+            tag = {"backward": in_backward, "source": src if src is not None else prev_tag.get("source"),
+                   "torch_fn": name}
+            if not in_backward:
+                self.calls += 1
+                tag.update(module=self.modules.current, call=self.calls)
         custom = dict(previous or {})
         custom[TAG] = tag
         fx_traceback.current_meta["custom"] = custom
-        handles = self._hooks() if func is torch.autograd.grad else []
+        handles = self._hooks() if func in BACKWARD_FUNCTIONS else []
         try:
             replaced = None if in_backward else self.attention.before(func, args, kwargs)
             result = replaced if replaced is not None else FUNCTION_OVERRIDES.get(func, func)(*args, **kwargs)

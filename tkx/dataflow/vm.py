@@ -8,7 +8,13 @@ interleaving chosen by ``policy``:
   group is met: ``(int32)(counter - base) >= threshold`` with 32-bit wrap-around, where
   ``base = epoch * threshold`` (counters are never reset; each launch raises the epoch);
 * a running task may **finish** at any later event; finishing bumps its group's counter by one;
-* after the last block finishes, the epoch advances (the kernel's exit count does this).
+* after the last block finishes, the epoch advances (the kernel's exit count does this) by
+  ``dag.epoch_step``.
+
+Planted protocol faults (:meth:`TaskDAG.with_faults`): a task of an ``unfenced`` group bumps its
+counter when it starts (without a release fence the bump may overtake the tile's stores: the
+VM takes the adversary's side); a block of a ``skips`` pair starts that group's tasks without
+waiting.
 
 Policies: ``"random"`` (uniform over enabled events), ``"eager"`` (start whatever can start,
 finish a random running task only when nothing can: tasks overlap as much as possible),
@@ -175,7 +181,7 @@ def run(dag: TaskDAG, inputs: Sequence[Any], *, blocks: int = 4, policy: str = "
     clock = 0
     def one_launch(launch: int) -> bool:
         nonlocal clock
-        base_epoch = epoch + launch
+        base_epoch = epoch + launch * dag.epoch_step
         copies = [in_captured_layout(t, spec.value, copy=True) for spec, t in zip(s.program.inputs, flat)]
         m = _Machine(s, dag.arena, copies, splitk, seed)
         started = {g: 0 for g in dag.order}
@@ -193,6 +199,8 @@ def run(dag: TaskDAG, inputs: Sequence[Any], *, blocks: int = 4, policy: str = "
             if running[b] is not None or pc[b] >= len(lists[b]):
                 return False
             t = lists[b][pc[b]]
+            if (b, t.group) in dag.skips:
+                return True
             for w in dag.waits[t.group]:
                 c = dag.counters[w.counter] if 0 <= w.counter < len(dag.counters) else None
                 if c is None or not _met(counters[w.counter], base_epoch * c.threshold, w.threshold):
@@ -221,6 +229,9 @@ def run(dag: TaskDAG, inputs: Sequence[Any], *, blocks: int = 4, policy: str = "
                     if not any(w.overlaps(r) for r in reads):
                         _poison(m, w)
             started[g] += 1
+            if g in dag.unfenced:  # the bump overtakes the stores
+                c = dag.counter_of[g]
+                counters[c] = (counters[c] + 1) & MASK
             clock += 1
             running[b] = (t, ready_at[b], clock)
 
@@ -236,8 +247,9 @@ def run(dag: TaskDAG, inputs: Sequence[Any], *, blocks: int = 4, policy: str = "
                     fault("unwritten-read", f"{g}: {e}")
                 except Exception as e:  # noqa: BLE001 - a poisoned value may break an op; record it
                     fault("interpreter", f"{g}: {type(e).__name__}: {e}")
-            c = dag.counter_of[g]
-            counters[c] = (counters[c] + 1) & MASK
+            if g not in dag.unfenced:
+                c = dag.counter_of[g]
+                counters[c] = (counters[c] + 1) & MASK
             clock += 1
             out.records.append(TaskRecord(b, t.index, g, t.item, ready, begin, clock, launch))
             running[b] = None

@@ -365,7 +365,7 @@ def split_at_gradients(program: Program, *, loss_index: int | None = None, batch
         ops=tuple(a_ops),
         outputs=tuple(OutputSpec(c.name if c.kind != "local" else f"{c.name} (local)", roots[c.buffer]) for c in cut),
         updates=(), name=f"{program.name}.forward_backward", in_tree=program.in_tree, out_tree=None,
-        modules=program.modules)
+        modules=program.modules, rng_input=program.rng_input)
     b = Program(
         inputs=program.inputs + tuple(InputSpec(f"{c.name} ({'averaged' if c.reduce == 'average' else 'local'})",
                                                 roots[c.buffer]) for c in cut),

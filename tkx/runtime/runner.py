@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from ..errors import TkxError
+from ..random import next_state
 from . import inputs as _inputs
 from . import ranges as _ranges
 from . import status as _status
@@ -247,7 +248,9 @@ class CompiledRunner:
         For each seed: inputs from ``make_inputs(seed)`` (``device=`` passed when accepted)
         or random ones shaped like the compiled inputs (normal floats; integers in the range
         the step accepts: the classes or rows they index, else ``[0, int_high)``, else the
-        example inputs' range, see :func:`~tkx.runtime.verify.integer_ranges`); outputs and
+        example inputs' range, see :func:`~tkx.runtime.verify.integer_ranges`; masks, bool or
+        holding ``-inf``, are the example inputs' own, so a padding mask that leaves an attention
+        row without keys is verified as the step will meet it); outputs and
         workspace are poisoned with NaN before the launch. Integer inputs outside that range
         (from ``make_inputs``) raise :class:`~tkx.runtime.verify.InputRangeError` before
         anything runs on the GPU, since eager would trip a device-side assert.
@@ -374,7 +377,11 @@ class GraphRunner:
 
     def replay(self) -> Any:
         """Replay the step on the current stream; returns the outputs in the step's pytree. Inside a range
-        named ``runner.range_name("graph replay")`` while a profiler listens (:mod:`tkx.runtime.ranges`)."""
+        named ``runner.range_name("graph replay")`` while a profiler listens (:mod:`tkx.runtime.ranges`). A
+        step that draws random numbers gets a fresh Philox state first (:func:`tkx.random.next_state`)."""
+        rng = self.runner.program.rng_input
+        if rng is not None:
+            self.inputs[rng].copy_(next_state(), non_blocking=True)
         if _ranges.listening():
             with _ranges.annotate(self.runner.range_name("graph replay")):
                 self.graph.replay()

@@ -110,8 +110,10 @@ def _math(op: Op) -> Any:
     causal, scale = bool(op.attr("causal")), float(op.attr("scale"))
     masked = op.attr("mask", "none") != "none"
     if op.kind == "attention":
+        empty_rows = str(op.attr("empty_rows", "zero"))
+
         def fwd(q, k, v, *mask):
-            return list(ref.forward(q, k, v, mask[0] if masked else None, causal, scale))
+            return list(ref.forward(q, k, v, mask[0] if masked else None, causal, scale, empty_rows))
         return fwd
 
     def bwd(q, k, v, out, lse, dout, *mask):
