@@ -74,6 +74,7 @@ FAMILY_KNOBS: dict[str, dict[str, tuple]] = {
     "module": {"optimizer": ("SGD", "SGD_momentum", "SGD_nesterov", "Adam", "Adam_amsgrad", "AdamW", "RMSprop",
                              "RMSprop_centered", "Adagrad"),
                "foreach": (False, True), "weight_decay": (0.0, 0.01), "norm": ("none", "layer", "batch"),
+               "mode": ("train", "eval"), "clip": ("none", "clip_grad_norm"),
                "batch": (2, 3, 8), "width": (3, 5, 16), "hidden": (4, 7, 32), "classes": (2, 3, 10)},
 }
 
@@ -550,10 +551,12 @@ def _module_source(case: Case) -> str:
         f"    model = torch.nn.Sequential(torch.nn.Linear({k['width']}, {k['hidden']}), {norm}torch.nn.GELU(), "
         f"torch.nn.Linear({k['hidden']}, {k['classes']}))",
         f"    opt = {opt}",
+        *(["    model.eval()"] if k["mode"] == "eval" else []),
         "",
         "    def train_step(x, y):",
         "        loss = F.cross_entropy(model(x), y)",
         "        loss.backward()",
+        *(["        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)"] if k["clip"] != "none" else []),
         "        opt.step()",
         "        opt.zero_grad()",
         "        return loss",

@@ -220,7 +220,7 @@ def check(case: fam.Case, *, nvrtc: bool = True, timeout_s: float = 0.0,
         ns = namespace if namespace is not None else load(case)
         state["file"] = ns.get("__file__")
         if case.family in fam.STATEFUL:
-            _check_stateful(case, ns, state, errors)
+            _check_stateful(case, ns, state, errors, nvrtc)
         else:
             _check_functional(case, ns, state, errors, nvrtc)
         state["stage"] = ""
@@ -281,11 +281,7 @@ def _check_functional(case: fam.Case, ns: dict, state: dict, errors: dict, nvrtc
         r = make()
         got = list(r.outputs) + [r.updates.get(i) for i in range(n_in)]
         _compare_all(stage, got, want, exact, noisy, originals, n_out, dtype, errors)
-    state["stage"] = "codegen"
-    source = exp.cuda
-    if nvrtc:
-        state["stage"] = "nvrtc"
-        source.check(options.arch if options.arch != "auto" else "sm_90")
+    _nvrtc_check(exp, state, nvrtc)
 
 
 def _module_values(model: Any, opt: Any) -> list[torch.Tensor]:
@@ -297,7 +293,7 @@ def _module_values(model: Any, opt: Any) -> list[torch.Tensor]:
     return out
 
 
-def _check_stateful(case: fam.Case, ns: dict, state: dict, errors: dict) -> None:
+def _check_stateful(case: fam.Case, ns: dict, state: dict, errors: dict, nvrtc: bool) -> None:
     import tkx
 
     step, (model, opt), inputs = ns["make"](case.seed)
@@ -320,6 +316,17 @@ def _check_stateful(case: fam.Case, ns: dict, state: dict, errors: dict) -> None
         raise _Wrong(f"{len(got)} state tensors after the step, eager {len(want)}", "state count")
     for i, (g, w, x) in enumerate(zip(got, want, exact)):
         errors[f"run value {i}"] = compare(f"value {i}", g, w, x, fam.compute_dtype(case))
+    _nvrtc_check(exp, state, nvrtc)
+
+
+def _nvrtc_check(exp: Any, state: dict, nvrtc: bool) -> None:
+    """Generate the kernel and (``nvrtc``) compile it for the options' arch (sm_90 for ``auto``)."""
+    state["stage"] = "codegen"
+    source = exp.cuda
+    if nvrtc:
+        state["stage"] = "nvrtc"
+        arch = exp.options.arch
+        source.check(arch if arch != "auto" else "sm_90")
 
 
 # -- shrinking and reproductions --------------------------------------------------------------------------
