@@ -34,6 +34,8 @@ $(STAMP): pyproject.toml
 	@for ext in formgrader validate_assignment assignment_list course_list; do \
 		$(VENV)/bin/jupyter server extension disable --sys-prefix nbgrader.server_extensions.$$ext >/dev/null 2>&1 || true; \
 	done
+	@# JupyterLab's defaults for this venv (binder/overrides.json): no Jupyter news pop-up, no update check.
+	@mkdir -p $(VENV)/share/jupyter/lab/settings && cp binder/overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json
 	@rm -f $(INCOMPLETE)
 	@$(MAKE) --no-print-directory apt-package PKG=graphviz CHECK="command -v dot" WHY="graphs will show as text and DOT source"
 	@$(MAKE) --no-print-directory apt-package PKG=chromium CHECK="test -x /usr/bin/chromium" WHY="the browser tests will skip"

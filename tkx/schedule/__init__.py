@@ -76,7 +76,7 @@ from .rules import (
 __all__ = [
     "schedule", "FusedSchedule", "Group", "Home", "FusionDecision", "Barrier", "CopyTask",
     "FusionRule", "Candidate", "Verdict", "fuse", "keep", "fusion_rule", "remove_fusion_rule",
-    "BUILTIN_RULES", "is_identity", "SM_COUNT",
+    "BUILTIN_RULES", "is_identity", "SM_COUNT", "predicted_us",
 ]
 
 def is_identity(view: TensorSpec, root: TensorSpec) -> bool:
@@ -801,10 +801,10 @@ def schedule(program: Program, options: Any = None, *, rules: tuple[FusionRule, 
         threads=threads, options=options, arch=arch)
 
 
-def _choose_mode(groups: dict[str, Group], stages: tuple[tuple[str, ...], ...],
-                 options: Any) -> tuple[str, int, str]:
-    """One block or the whole grid: estimated µs of each, from :func:`tkx.costs.constants` (DESIGN.md's
-    anchors, or the calibrated JSON when one is shipped)."""
+def _mode_costs(groups: dict[str, Group], stages: tuple[tuple[str, ...], ...],
+                blocks_grid: int) -> tuple[float, float]:
+    """(µs on one block, µs on ``blocks_grid`` blocks) of one step, from :func:`tkx.costs.constants`
+    (DESIGN.md's anchors, or the calibrated JSON when one is shipped)."""
     from .. import costs
 
     c = costs.constants()
@@ -814,13 +814,27 @@ def _choose_mode(groups: dict[str, Group], stages: tuple[tuple[str, ...], ...],
         return c["item_overhead_us"] * 0.1 + max(grp.flops / c["sm_flops_per_us"],
                                                  grp.bytes / c["sm_bytes_per_us"]) / items
 
-    want = max((sum(groups[g].work_items for g in s) for s in stages), default=1)
-    cap = options.max_blocks or SM_COUNT * options.blocks_per_sm
-    blocks_grid = max(1, min(want, cap))
     t_block = sum(sum(groups[g].work_items * item_us(groups[g]) for g in s) for s in stages) \
         + c["block_barrier_us"] * (len(stages) - 1)
     t_grid = sum(max(math.ceil(groups[g].work_items / blocks_grid) * item_us(groups[g]) for g in s)
                  for s in stages) + c["grid_barrier_us"] * (len(stages) - 1)
+    return t_block, t_grid
+
+
+def predicted_us(schedule: FusedSchedule) -> float:
+    """The cost model's µs for one step of ``schedule`` in its mode on its blocks: the figure
+    ``mode='auto'`` compares (:func:`tkx.costs.constants`; an estimate, not a measurement)."""
+    t_block, t_grid = _mode_costs(schedule.groups, schedule.stages, max(schedule.blocks, 1))
+    return t_block if schedule.mode == "block" else t_grid
+
+
+def _choose_mode(groups: dict[str, Group], stages: tuple[tuple[str, ...], ...],
+                 options: Any) -> tuple[str, int, str]:
+    """One block or the whole grid: estimated µs of each (:func:`_mode_costs`)."""
+    want = max((sum(groups[g].work_items for g in s) for s in stages), default=1)
+    cap = options.max_blocks or SM_COUNT * options.blocks_per_sm
+    blocks_grid = max(1, min(want, cap))
+    t_block, t_grid = _mode_costs(groups, stages, blocks_grid)
     numbers = f"estimated {t_block:.1f} µs on one block vs {t_grid:.1f} µs on {blocks_grid} blocks"
     if options.mode == "block":
         return "block", 1, f"mode='block' requested ({numbers})"
