@@ -2,6 +2,7 @@
 # make test  - build the virtual environment (first run only) and run the CPU test suite
 # make test-full - the same plus the option x arch matrix of the largest examples (marker `full`)
 # make lint  - ruff
+# make fuzz  - an hour of the differential fuzzer (scripts/fuzz-campaign), resumed where the last run stopped
 #
 # The browser test (tests/test_browser.py) drives Debian's chromium through Playwright for Python:
 # as root with apt-get, `make venv` installs the chromium package when /usr/bin/chromium is missing
@@ -14,7 +15,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.make-stamp
 INCOMPLETE := $(VENV)/.make-incomplete
 
-.PHONY: venv tour test test-full test-fast lab lint docs student-notebooks apt-package
+.PHONY: venv tour test test-full test-fast lab lint docs student-notebooks apt-package fuzz
 
 venv: $(STAMP)
 
@@ -105,6 +106,11 @@ docs: venv
 # The notebooks with every exercise's solution cleared (nbgrader's markers), for a class.
 student-notebooks: venv
 	$(PY) scripts/student-notebooks.py build/student-notebooks
+
+FUZZ_OUT ?= fuzz-out
+FUZZ_SECONDS ?= 3600
+fuzz: venv
+	PYTHONPATH=$(CURDIR) $(PY) scripts/fuzz-campaign --out $(FUZZ_OUT) --seconds $(FUZZ_SECONDS) --resume --quiet
 
 lint: venv
 	$(VENV)/bin/ruff check .

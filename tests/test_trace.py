@@ -381,7 +381,7 @@ def test_runner_launches_and_replays_inside_named_ranges(monkeypatch):
     monkeypatch.setattr(torch.cuda.nvtx, "range_pop", lambda: calls.append("pop"))
     monkeypatch.setattr(ranges, "_OFF", False)
     runner = object.__new__(CompiledRunner)
-    runner.program = SimpleNamespace(name="digits_step")
+    runner.program = SimpleNamespace(name="digits_step", rng_input=None)
     runner.options = tkx.Options(mode="grid")
     runner._mutated = []
     monkeypatch.setattr(runner, "_launch", lambda *a: calls.append("kernel"), raising=False)
