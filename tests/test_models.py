@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from pipeline import check_step
+from pipeline import LARGE_EXAMPLES, check_step
 
 import tkx
 
@@ -340,6 +340,8 @@ def test_sdpa_with_dropout_inside_the_block():
 #: llama_block's hand-written attention is captured as the attention composite (float32 inside, rounded
 #: once, as FlashAttention), where eager rounds scores and probabilities to bf16: its gradients differ from
 #: eager's by a few bf16 roundings (~2e-3 absolute at ~0.2), see tests/test_attention.py.
+#: The largest examples' default kernels are compiled for sm_80 here; sm_90 is in ``make test-full``.
+LARGE_ARCHS = ("sm_80",)
 ZOO_TOLERANCES = {"gpt_block": (5e-3, 5e-4), "llama_block": (5e-3, 3e-3)}
 
 
@@ -347,7 +349,7 @@ ZOO_TOLERANCES = {"gpt_block": (5e-3, 5e-4), "llama_block": (5e-3, 3e-3)}
 def test_transformer_blocks_through_every_cpu_stage(name):
     ex = tkx.examples.get(name)
     rtol, atol = ZOO_TOLERANCES[name]
-    exp = check_step(ex.step_fn, ex.make_inputs(0), rtol=rtol, atol=atol)
+    exp = check_step(ex.step_fn, ex.make_inputs(0), rtol=rtol, atol=atol, archs=LARGE_ARCHS)
     kinds = {op.kind for op in exp.program.ops}
     assert {"gather", "amax", "exp"} <= kinds and ("bmm" in kinds or "attention" in kinds)
     if name == "llama_block":
@@ -562,9 +564,21 @@ def test_conv2d_with_groups_that_do_not_divide_is_refused_with_the_line():
 
 def test_cnn_digits_through_every_cpu_stage():
     ex = tkx.examples.get("cnn_digits")
-    exp = check_step(ex.step_fn, ex.make_inputs(0), rtol=1e-3, atol=1e-4)
+    exp = check_step(ex.step_fn, ex.make_inputs(0), rtol=1e-3, atol=1e-4, archs=LARGE_ARCHS)
     kinds = [op.kind for op in exp.program.ops]
     assert "philox" in kinds and "gather" in kinds
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("name", sorted(LARGE_EXAMPLES))
+def test_large_examples_portable_kernels_compile_for_sm_90_without_spills(name):
+    """The other cell of the largest examples' portable-code matrix (``make test-full``): ``make test``
+    compiles their default kernels for sm_80 (above) and their Hopper kernels for sm_90a
+    (tests/test_codegen_examples.py)."""
+    ex = tkx.examples.get(name)
+    cuda = tkx.explore(ex.step_fn, ex.make_inputs(0), name=name).cuda
+    report = cuda.check("sm_90")
+    assert report.registers > 0 and report.spill_bytes == 0, report.summary()
 
 
 def test_verify_accepts_any_philox_state_but_refuses_a_label_out_of_range():

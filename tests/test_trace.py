@@ -57,8 +57,11 @@ def validate(trace):
 
 @pytest.fixture(scope="module")
 def vm_tl():
+    from tkx.dataflow.timeline import vm_timeline
+
     ex = tkx.examples.get("digits_mlp")
-    return tkx.explore(ex.step_fn, ex.example_inputs, mode="grid", sync="counters").timeline
+    exp = tkx.explore(ex.step_fn, ex.example_inputs, mode="grid", sync="counters")
+    return vm_timeline(exp.schedule, exp.arena, ex.example_inputs)  # the task VM's, in events
 
 
 def kernel_like(tl, origin=1_700_000_000_123_456_789):
@@ -409,7 +412,7 @@ def test_runner_launches_and_replays_inside_named_ranges(monkeypatch):
     monkeypatch.setattr(torch.cuda.nvtx, "range_pop", lambda: calls.append("pop"))
     monkeypatch.setattr(ranges, "_OFF", False)
     runner = object.__new__(CompiledRunner)
-    runner.program = SimpleNamespace(name="digits_step")
+    runner.program = SimpleNamespace(name="digits_step", rng_input=None)
     runner.options = tkx.Options(mode="grid")
     runner._mutated = []
     monkeypatch.setattr(runner, "_launch", lambda *a: calls.append("kernel"), raising=False)

@@ -147,8 +147,8 @@ def task_events(tl: Any, *, pid: int = 1, t0_us: float = 0.0, us_per_unit: float
     ``tl.dag``; flows get ids from ``flow_id`` on. See the module text for the layout."""
     scale = _us_per_unit(tl) if us_per_unit is None else float(us_per_unit)
     dag = tl.dag if dag is None else dag
-    title = name or (f"tkx {tl.name}: kernel {tl.kernel}" if tl.kernel else f"tkx {tl.name}") + \
-        f" ({_SOURCE.get(tl.unit, tl.unit)})"
+    source = "predicted by the cost model" if getattr(tl, "kind", "") == "predicted" else _SOURCE.get(tl.unit, tl.unit)
+    title = name or (f"tkx {tl.name}: kernel {tl.kernel}" if tl.kernel else f"tkx {tl.name}") + f" ({source})"
     events: list[dict[str, Any]] = [{"name": "process_name", "ph": "M", "pid": pid, "tid": 0,
                                      "args": {"name": title}}]
     if sort_index is not None:

@@ -297,7 +297,7 @@ class Explorer(BenchmarkTab, W.VBox):
             self.status.value = ""
         elif first or upd.changed:
             changed = ", ".join(f"{k}={v!r}" for k, v in upd.changed.items()) or "start"
-            reused = [s for s in CPU_STAGES if s not in upd.recomputed]
+            reused = [s for s in CPU_STAGES if s not in upd.recomputed and s in ex._cache]
             text = (f"{changed}: recomputed {', '.join(upd.recomputed) or 'nothing'} in {upd.ms:.1f} ms"
                     + (f"; reused {', '.join(reused)}" if reused and not first else ""))
             self.status.value = ('<div style="font-family:system-ui,sans-serif;color:#57606a;font-size:12px">'
@@ -312,7 +312,8 @@ class Explorer(BenchmarkTab, W.VBox):
             return  # the previous good state stays on screen
         t0 = time.perf_counter()
         for title, stage in STAGE_TABS:
-            if first or stage in upd.recomputed or self.diff_toggles[title].value or stage == "runner":
+            if (first or stage in upd.recomputed or self.diff_toggles[title].value or stage == "runner"
+                    or stage in CPU_STAGES and stage not in ex._cache):  # computed when its tab shows
                 self._invalidate(title)
         self._refresh_extras(list(CPU_STAGES) if first else upd.recomputed)
         self.last_update["render_ms"] = round((time.perf_counter() - t0) * 1e3, 3)
@@ -355,6 +356,11 @@ class Explorer(BenchmarkTab, W.VBox):
 
     def _stage_display(self, title: str, stage: str) -> Any:
         ex = self.session.current
+        if stage not in ex._cache and self.session.error is None:
+            try:  # a stage the updates do not compute (the predicted timeline): computed when its tab shows
+                getattr(ex, stage)
+            except Exception as exc:
+                return Note(f"{stage}: not available ({error_text(exc)})", "error")
         if stage not in ex._cache:
             err = self.session.error or "not computed"
             return Note(f"{stage}: not available ({err})", "error")

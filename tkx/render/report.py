@@ -144,6 +144,15 @@ def stage_html(obj: Any, kind: str, title: str) -> str:
     return view(kind, title, f"{notice}<pre>{esc(text)}</pre>", "")
 
 
+def _whole_kernel(cuda: Any, title: str) -> str:
+    """The CUDA view with every line of the kernel (:func:`tkx.render.cuda.cuda_html` ``whole=True``)."""
+    try:
+        from .cuda import cuda_html
+        return cuda_html(cuda, whole=True)
+    except Exception:  # a broken view must not lose the report: the plain view, or the text
+        return stage_html(cuda, "cuda", title)
+
+
 def _versions(gpu_name: str | None) -> list[tuple[str, str]]:
     import torch
 
@@ -254,6 +263,8 @@ def report_html(exploration: Any, *, description: str | None = None, timings: bo
         anchor = f"tkx-sec-{sid}"
         if sid == "runner":
             body, present = runner_view, gpu_name is not None
+        elif sid == "cuda":  # every line of the kernel, with its line, group and module index
+            body, present = _whole_kernel(stages[sid], title), True
         else:
             body, present = graph_view(sid, stages) + stage_html(stages[sid], sid, title), True
         ms = exp.timings.get(sid) if timings else None
