@@ -244,3 +244,16 @@ def test_dropout_in_a_stateful_module_step():
     model.load_state_dict(saved)
     torch.manual_seed(5)
     assert torch.equal(a, exp.run(x, y))
+
+
+def test_aten_bernoulli_without_p_draws_with_its_default_one_half():
+    """A traced ``bernoulli_(x)`` leaves out p = 0.5 (the schema default): it is not x's own values."""
+    from tkx.random import drawing, philox_state
+    state = philox_state(3)
+    x = torch.full((4096,), float("nan"))
+    with drawing(state):
+        default = torch.ops.aten.bernoulli_.float(x.clone())
+    with drawing(state):
+        half = torch.ops.aten.bernoulli.p(x, 0.5)
+    assert torch.equal(default, half)
+    assert 0.45 < default.mean().item() < 0.55

@@ -269,3 +269,95 @@ def test_cli_state_argument_loads_the_objects(tmp_path):
         load_state(f"{path}:nothing")
     args = _parser().parse_args(["report", f"{path}:step", "--inputs", f"{path}:step", "--state", f"{path}:state"])
     assert args.state == f"{path}:state"
+
+
+# -- random numbers in a module step: nn.Dropout ----------------------------------------------------
+def _dropout_step(lr: float):
+    """An MLP with nn.Dropout(0.5) and SGD: p = 0.5 is bernoulli's default, which a trace leaves out."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Dropout(0.5),
+                                torch.nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+
+    def step(x, y):
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+    return model, opt, step
+
+
+def _eager_loss_with(model, x, y, seed: int) -> float:
+    """The loss of ``model`` in eager PyTorch with the random numbers a run after manual_seed(seed) draws."""
+    from tkx.random import drawing, next_state
+    torch.manual_seed(seed)
+    with torch.no_grad(), drawing(next_state()):
+        return F.cross_entropy(model(x), y).item()
+
+
+def test_dropout_draws_fresh_masks_on_every_run_of_a_module_step():
+    model, opt, step = _dropout_step(lr=0.0)  # the weights never change: only the mask changes the loss
+    x, y = BATCHES[0]
+    exp = tkx.explore(step, (x, y), state=(model, opt))
+    losses = [exp.run(x, y).item() for _ in range(4)]
+    assert len(set(losses)) == 4
+    with torch.no_grad():
+        model.eval()
+        no_dropout = F.cross_entropy(model(x), y).item()
+        model.train()
+    seeded = []
+    for seed in (7, 7, 8):
+        torch.manual_seed(seed)
+        seeded.append(exp.run(x, y).item())
+    assert seeded[0] == seeded[1] != seeded[2]  # torch.manual_seed reproduces a run
+    for seed in (7, 8):  # eager under the same Philox state: the same mask (keep when u >= p)
+        torch.manual_seed(seed)
+        got = exp.run(x, y).item()
+        assert got != pytest.approx(no_dropout, abs=1e-3)
+        assert got == pytest.approx(_eager_loss_with(model, x, y, seed), rel=1e-6)
+
+
+def test_stateful_runner_draws_a_fresh_mask_on_every_call():
+    """StatefulRunner.__call__ on the CPU, the kernel's part played by the schedule interpreter."""
+    from tkx.runtime.stateful import StatefulRunner
+    from tkx.schedule.interpreter import run as run_schedule
+
+    model, opt, step = _dropout_step(lr=0.0)
+    x, y = BATCHES[1]
+
+    def make(inputs):
+        exp = tkx.explore(step, inputs, state=(model, opt))
+        return (lambda *args, check=True: run_schedule(exp.schedule, exp.arena, args, update_inputs=True)
+                .output_tree()), exp.captured.stateful
+
+    runner = StatefulRunner(make, (x, y))
+    assert len({runner(x, y).item() for _ in range(3)}) == 3
+    torch.manual_seed(11)
+    got = runner(x, y).item()
+    assert got == pytest.approx(_eager_loss_with(model, x, y, 11), rel=1e-6)
+
+
+def test_verify_of_a_dropout_step_compares_with_eager_float32_on_the_same_numbers():
+    model, opt, step = _dropout_step(lr=0.1)
+    x, y = BATCHES[2]
+    exp = tkx.explore(step, (x, y), state=(model, opt))
+    result = exp.verify(show=False)
+    assert result.passed
+    names = {c.name for c in result.comparisons}
+    assert {"out", "0.weight", "3.bias"} <= names
+    # eager float32 ran with tkx's random numbers: it agrees without the float64 arbitration
+    assert all(c.vs_eager is not None and c.vs_eager < 1e-5 for c in result.comparisons)
+
+
+def test_verify_of_a_dropout_step_sees_eager_on_other_numbers(monkeypatch):
+    """The check above can fail: eager run on torch's own stream (not tkx's numbers) is far off."""
+    import contextlib
+
+    import tkx.runtime.verify_cpu as verify_cpu
+    model, opt, step = _dropout_step(lr=0.1)
+    x, y = BATCHES[2]
+    exp = tkx.explore(step, (x, y), state=(model, opt))
+    monkeypatch.setattr(verify_cpu, "drawing", lambda state: contextlib.nullcontext())
+    result = exp.verify(show=False)
+    assert max(c.vs_eager for c in result.comparisons) > 1e-2

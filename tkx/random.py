@@ -184,7 +184,9 @@ class _Philox(TorchFunctionMode):
         aten = torch.ops.aten
         if func in (aten.bernoulli.p, aten.bernoulli.default, aten.bernoulli_.float, aten.bernoulli_.Tensor):
             x = args[0]
-            prob = _argument(args, kwargs, 1, "p", None)
+            # bernoulli.default draws with probability x itself; the .p/.float/.Tensor forms take p, whose
+            # schema default (0.5) a traced node leaves out: dropout(p=0.5) traces as bernoulli_(empty)
+            prob = None if func is aten.bernoulli.default else _argument(args, kwargs, 1, "p", 0.5)
             u = self.uniform(x.shape).to(x.device)
             draw = (u < (x if prob is None else prob)).to(x.dtype)
             return x.copy_(draw) if func in (aten.bernoulli_.float, aten.bernoulli_.Tensor) else draw
@@ -240,6 +242,14 @@ def drawing(state: torch.Tensor) -> Iterator[None]:
         yield
 
 
+def active_state() -> torch.Tensor | None:
+    """The Philox state of the innermost :func:`drawing` or :func:`philox` block around the caller, or
+    ``None`` outside every such block."""
+    from torch.overrides import _get_current_function_mode_stack
+    modes = [m for m in _get_current_function_mode_stack() if isinstance(m, _Philox)]
+    return modes[-1].state if modes else None
+
+
 #: The name of the implicit Philox state input in a captured step (``program.rng_input``).
 IMPLICIT_NAME = "rng_state"
 
@@ -262,4 +272,4 @@ def with_state(program: Any, flat: list[Any]) -> list[Any]:
     return [*flat, next_state(device)]
 
 
-__all__ = ["philox", "philox_state", "drawing", "next_state", "with_state", "IMPLICIT_NAME"]
+__all__ = ["philox", "philox_state", "drawing", "active_state", "next_state", "with_state", "IMPLICIT_NAME"]

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from .. import random as _random
 from ..errors import UnsupportedError
 
 __all__ = ["StatefulStep", "Slot", "STATE_HINT"]
@@ -192,6 +193,7 @@ class StatefulStep:
         self.device: torch.device | None = None
         self.mirrors: dict[str, torch.Tensor] = {}
         self.captured_structure: Any = None
+        self.draws = False  # whether the traced step draws random numbers (a trailing Philox state input)
 
     # -- naming and structure ----------------------------------------------------------------------
     def _state_name(self, oname: str, p: torch.Tensor, key: str) -> str:
@@ -481,7 +483,11 @@ class StatefulStep:
 
         def step(*args: Any) -> Any:
             user = tree_flatten(tuple(args[n:]))[0]
-            outs = torch.fx.Interpreter(graph).run(*args[:n], *user)
+            rng = []
+            if self.draws:  # the state of the enclosing drawing() block (capture's implicit input), else a fresh one
+                state = _random.active_state()
+                rng = [state if state is not None else _random.next_state(self.device)]
+            outs = torch.fx.Interpreter(graph).run(*args[:n], *user, *rng)
             return tree_unflatten(list(outs), out_tree)
 
         step.__name__ = getattr(self.step_fn, "__name__", "step")
@@ -506,10 +512,13 @@ class StatefulStep:
         box: list[Any] = []
 
         def lifted_step(*leaves: torch.Tensor) -> list[torch.Tensor]:
+            *leaves, rng = leaves
             values = dict(zip(names, leaves[:n]))
             args = tree_unflatten(list(leaves[n:]), user_tree)
             tags = SourceTagMode()
-            with tags, tags.modules:
+            # random ops draw from Philox keyed by the trailing state input, as the eager step does
+            # inside drawing(): tkx.random's dropout, not aten's decomposition of it
+            with tags, tags.modules, _random.drawing(rng):
                 out = self.run_bound(values, args, trace=True)
             flat, tree = tree_flatten(out)
             box.append(tree)
@@ -520,7 +529,7 @@ class StatefulStep:
             with fx_traceback.preserve_node_meta():
                 gm = make_fx(lifted_step, decomposition_table=decomposition_table(), tracing_mode="fake")(
                     *(t.detach() for t in examples), *(t.detach() if isinstance(t, torch.Tensor) else t
-                                                      for t in user_flat))
+                                                      for t in user_flat), _random.philox_state(device=self.device))
         except BaseException as e:
             error = _tracing_error(e, self.step_fn, example_inputs, caller)
             traceback.clear_frames(e.__traceback__)
@@ -530,6 +539,11 @@ class StatefulStep:
             raise error from (e if error.kind in ("unsupported-op", "step-raised", "bad-input") else None)
         guard.__exit__(None, None, None)
         _drop_profiler_nodes(gm)
+        rng = [nd for nd in gm.graph.nodes if nd.op == "placeholder"][-1]
+        self.draws = bool(rng.users)
+        if not self.draws:  # a step that draws no random number: no state input
+            gm.graph.erase_node(rng)
+            gm.recompile()
         return gm, box[-1]
 
     # -- around each compiled call -----------------------------------------------------------------
