@@ -73,6 +73,39 @@ def test_cuda_body_starts_at_the_kernel_entry():
     assert src.body(numbered=False).splitlines()[0].startswith('extern "C"')
 
 
+def test_compile_table_says_when_the_disk_cache_served_the_report(tmp_path, monkeypatch):
+    """A report from the on-disk compile cache shows "cached", not the first compile's seconds as if now."""
+    import io
+    import re
+
+    from rich.console import Console
+
+    import tkx
+    from tkx.codegen import nvrtc
+    from tkx.render import cuda as view
+
+    ok, why = nvrtc.nvrtc_available()
+    if not ok:
+        pytest.skip(why)
+    monkeypatch.setenv("TKX_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(nvrtc, "_REPORTS", {})
+    ex = tkx.examples.get("linear_regression")
+    src = tkx.explore(ex.step_fn, ex.example_inputs).cuda
+
+    def table() -> str:  # as a new process renders it: nothing remembered in memory
+        monkeypatch.setattr(view, "_COMPILE_CACHE", {})
+        monkeypatch.setattr(view, "_FROM_DISK", set())
+        out = io.StringIO()
+        Console(file=out, width=200).print(view.compile_table(src, ("sm_80",)))
+        return out.getvalue()
+
+    first = table()
+    row = next(line for line in first.splitlines() if "sm_80" in line)
+    assert "cached" not in row and re.search(r"\d+\.\d\d s", row)
+    row = next(line for line in table().splitlines() if "sm_80" in line)
+    assert re.search(r"cached \(\d+\.\d\d s when compiled\)", row)
+
+
 # -- tkx report FILE.py:STEP --inputs FILE.py:MAKE_INPUTS --------------------------------------------
 STEP_FILE = """
 import torch
@@ -110,6 +143,15 @@ def test_report_command_writes_the_report(step_file, capsys):
     assert "Options(tile_m=32, mode=&#x27;grid&#x27;)" in page and "tkx_step" in page
     assert main(["report", f"{step_file}:step", "--inputs", f"{step_file}:make_inputs", "-o", "x.html"]) == 0
     assert (step_file.parent / "x.html").exists()
+    # --html PATH, as in tkx tour --html, is the same as -o PATH
+    assert main(["report", "mystep.py:step", "--inputs", "mystep.py:make_inputs", "--html", "y.html"]) == 0
+    assert (step_file.parent / "y.html").read_text().startswith("<!DOCTYPE html>")
+
+
+def test_report_help_names_the_html_alias(capsys):
+    with pytest.raises(SystemExit):
+        main(["report", "--help"])
+    assert "--html PATH" in capsys.readouterr().out
 
 
 def test_report_command_writes_the_predicted_timeline_as_a_trace(step_file, capsys):

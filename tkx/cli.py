@@ -51,8 +51,9 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--inputs", metavar="FILE.py:MAKE_INPUTS", required=True,
                         help="a function returning the step's example inputs (a tuple of its positional "
                              "arguments); called with no arguments")
-    report.add_argument("-o", "--output", metavar="PATH", default=None,
-                        help="where to write the report (default: <FILE>-<STEP>.html)")
+    report.add_argument("-o", "--output", "--html", metavar="PATH", default=None, dest="output",
+                        help="where to write the report (default: <FILE>-<STEP>.html); --html PATH is the same, "
+                             "as in tkx tour --html")
     report.add_argument("--option", metavar="K=V", action="append", default=[],
                         help="a tkx.Options field, e.g. --option mode=grid --option tile_m=32 (repeatable)")
     report.add_argument("--trace", metavar="PATH", default=None,

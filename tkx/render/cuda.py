@@ -15,6 +15,9 @@ from .stage_common import _kib, _view
 #: Highlighting the kernel text takes a fraction of a second for ~1000 lines; an NVRTC check ~1 s
 #: per architecture. Reports are cached by (source hash, arch, exact) so a re-display is instant.
 _COMPILE_CACHE: dict[tuple[str, str, bool], Any] = {}
+#: The keys of :data:`_COMPILE_CACHE` whose report the on-disk compile cache served: NVRTC did not run
+#: now, and the report's ``compile_seconds`` is the time of the compile that made the entry.
+_FROM_DISK: set[tuple[str, str, bool]] = set()
 
 def highlight_lines(text: str) -> list[str]:
     """The source as HTML, one string per line (one pygments pass, inline styles)."""
@@ -70,23 +73,40 @@ def compile_reports(c: Any, arches: Sequence[str] = ("sm_90", "sm_80"), *,
                 return (f"not compiled for the view: a kernel of {c.num_lines} lines; cuda.check('{arch}') "
                         f"(or running it) compiles it, and the view then shows the report"), []
             _COMPILE_CACHE[key] = cached
+            _FROM_DISK.add(key)
         return f"{why}; {arch}, from the compile cache", [_COMPILE_CACHE[key]]
     for arch in arches:
         key = (digest, arch, exact)
         if key not in _COMPILE_CACHE:
             try:
-                _COMPILE_CACHE[key] = _compile_through_disk_cache(c, arch) if whole else c.check(arch)
+                if whole:
+                    _COMPILE_CACHE[key], hit = _compile_through_disk_cache(c, arch)
+                    if hit:
+                        _FROM_DISK.add(key)
+                else:
+                    _COMPILE_CACHE[key] = c.check(arch)
             except Exception as exc:
                 _COMPILE_CACHE[key] = exc
         reports.append(_COMPILE_CACHE[key])
     return why, reports
 
 
-def _compile_through_disk_cache(c: Any, arch: str) -> Any:
-    """The NVRTC report of ``c`` for ``arch``, compiled once through the on-disk compile cache (a long
-    kernel takes NVRTC tens of seconds; the next report or run reuses the entry)."""
+def _compile_through_disk_cache(c: Any, arch: str) -> tuple[Any, bool]:
+    """``(report, cache_hit)``: the NVRTC report of ``c`` for ``arch``, compiled once through the on-disk
+    compile cache (a long kernel takes NVRTC tens of seconds; the next report or run reuses the entry),
+    and whether the entry served it."""
     from ..runtime.kernel import compile_cubin
-    return compile_cubin(c, arch).report
+    binary = compile_cubin(c, arch)
+    return binary.report, binary.cache_hit
+
+
+def compile_time(report: Any) -> str:
+    """The "compile" cell of a report: ``"12.34 s"`` for a compile NVRTC ran in this process, or
+    ``"cached (12.34 s when compiled)"`` when the on-disk compile cache served the report (the seconds
+    are those of the compile that made the entry, not of now)."""
+    cached = any(_COMPILE_CACHE.get(k) is report for k in _FROM_DISK)
+    seconds = f"{report.compile_seconds:.2f} s"
+    return f"cached ({seconds} when compiled)" if cached else seconds
 
 
 def _disk_cached_report(c: Any, arch: str, exact: bool) -> Any:
@@ -303,7 +323,7 @@ def compile_table(c: Any, arches: Sequence[str] = ("sm_80", "sm_90")) -> Any:
             continue
         spills = Text(f"{r.spill_bytes} B", style="red" if r.spill_bytes else "")
         t.add_row(r.arch, str(r.registers), spills, f"{r.shared_bytes} B", f"{r.stack_bytes} B",
-                  f"{r.compile_seconds:.2f} s")
+                  compile_time(r))
     return t
 
 
