@@ -1,0 +1,46 @@
+"""The generated CUDA source of every zoo and decode example, under the option sets and code-generation
+switches of ``tests/codegen_hashes.py``, hashes to the values recorded in ``tests/golden/codegen_hashes.json``.
+
+A change meant to keep the kernels byte-identical must pass unchanged; a change meant to alter them
+refreshes the record with ``scripts/codegen-hashes --update`` (and says so). Source only, no NVRTC.
+"""
+
+from __future__ import annotations
+
+import codegen_hashes as H
+import pytest
+
+
+def _diff(got: dict, want: dict) -> list[str]:
+    return [f"{name}/{key}: {got.get(name, {}).get(key)} != recorded {h}"
+            for name, row in want.items() for key, h in row.items()
+            if got.get(name, {}).get(key) != h]
+
+
+def test_fast_matrix_is_byte_identical():
+    want = H.load()["fast"]
+    got = H.source_hashes(H.FAST)
+    assert set(got) == set(want), "the examples changed: refresh with scripts/codegen-hashes --update"
+    assert not _diff(got, want), "\n".join(_diff(got, want))
+
+
+def test_switches_are_byte_identical():
+    want = H.load()["switches"]
+    got = H.switch_hashes()
+    assert not _diff(got, want), "\n".join(_diff(got, want))
+
+
+def test_switches_select_different_code():
+    """Each switch changes the kernel of at least one example (else it selects nothing)."""
+    rec = H.load()["switches"]
+    for key in H.SWITCHES:
+        assert any(rec[n][key] != H.load()["fast"][n]["sm_90a"] for n in rec), key
+
+
+@pytest.mark.slow
+def test_slow_matrix_is_byte_identical():
+    want = H.load().get("slow")
+    if want is None:
+        pytest.skip("no slow record: scripts/codegen-hashes --update --slow")
+    got = H.source_hashes(H.SLOW)
+    assert not _diff(got, want), "\n".join(_diff(got, want))
