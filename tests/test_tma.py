@@ -91,9 +91,8 @@ def test_pipeline_keeps_one_mma_group_in_flight(copy):
         assert 'cp.async.wait_group 5;' in loop
 
 
-def test_pipeline_without_mma_in_flight_is_the_serial_one(monkeypatch):
-    monkeypatch.setattr(G, "WGMMA_MMA_IN_FLIGHT", 0)
-    src = _cuda("medium", gemm_copy="cp.async")
+def test_pipeline_without_mma_in_flight_is_the_serial_one():
+    src = _cuda("medium", gemm_copy="cp.async", wgmma_in_flight=0)
     text = src.text[src.text.index("stage 0: g0"):src.text.index("stage 1:")]
     assert "wgmma.wait_group.sync.aligned 1" not in text and src.notes["g0"]["mma_in_flight"] == 0
     assert "cp.async.wait_group 6;" in text and "issue((kt + 7) % 8, k0 + 7 * TK)" in text

@@ -111,11 +111,10 @@ def test_wgmma_128x256_tile_matches_torch(p):
 
 @pytest.mark.parametrize("split", ["auto", 4])
 @pytest.mark.parametrize("name", ["small", "medium", "mixed_precision", "online"])
-def test_examples_verify_with_wgmma(name, split, monkeypatch):
-    from tkx import target
-    monkeypatch.setattr(target, "WGMMA_MIN_MACS", 0)  # mixed_precision's tiny GEMMs take wgmma too
+def test_examples_verify_with_wgmma(name, split):
     ex = get(name)
-    options = Options(arch="sm_90a", split_k=split, fp32_math="tf32" if split == 4 else "simt")
+    # wgmma_min_macs=0: mixed_precision's tiny GEMMs take wgmma too
+    options = Options(arch="sm_90a", split_k=split, fp32_math="tf32" if split == 4 else "simt", wgmma_min_macs=0)
     runner = tkx.runtime.build(ex.step_fn, ex.make_inputs(0, "cuda"), options, name=name, loss=ex.loss_output)
     if split == 4 and name != "online":  # online's tiled GEMMs are fp32 with K = 8 or too narrow for wgmma
         assert any(g.plan.get("split_k", 1) > 1 for g in runner.source.schedule.groups.values()
@@ -165,16 +164,15 @@ def _same_bits(a, b):
 
 
 @pytest.mark.parametrize("name", ["small", "medium"])
-def test_last_slice_split_k_matches_the_stage_final_bit_for_bit(name, monkeypatch):
-    """The split-K final in the last slice of each tile (``tkx.target.SPLIT_K_LAST_SLICE``) gives the bits of
+def test_last_slice_split_k_matches_the_stage_final_bit_for_bit(name):
+    """The split-K final in the last slice of each tile (``Options.split_k_final``) gives the bits of
     the separate final stage in every launch, and leaves every tile arrival counter (sync words 12 on) at 0
     after launches and CUDA-graph replays."""
-    from tkx import target
     ex = get(name)
     results = {}
     for last in (False, True):
-        monkeypatch.setattr(target, "SPLIT_K_LAST_SLICE", last)
-        r = tkx.runtime.build(ex.step_fn, ex.make_inputs(0, "cuda"), Options(arch="sm_90a", split_k=4),
+        options = Options(arch="sm_90a", split_k=4, split_k_final="last-slice" if last else "stage")
+        r = tkx.runtime.build(ex.step_fn, ex.make_inputs(0, "cuda"), options,
                               name=f"{name}_last{int(last)}", loss=ex.loss_output)
         split = [g for g in r.source.schedule.groups.values() if g.kind == "gemm" and g.plan.split_k > 1]
         assert split and all(g.plan.split_final == ("last-slice" if last else "stage") for g in split)

@@ -266,7 +266,7 @@ class GemmPlan(Plan):
     slices, the ``gemm`` group of the next stage adds them and runs the epilogue) or
     ``"last-slice"`` (one ``gemm`` group: each work item writes its slice and bumps its tile's
     arrival counter; the item that arrives last adds the slices in slice order and runs the
-    epilogue, :data:`SPLIT_K_LAST_SLICE`); ``None`` without split-K.
+    epilogue, ``Options.split_k_final``); ``None`` without split-K.
     """
 
     impl: str
@@ -287,7 +287,7 @@ class GemmPlan(Plan):
     partials: str | None = None
     split_final: str | None = None
     #: CTAs per thread-block cluster (2: work items in pairs sharing the B tile by TMA multicast,
-    #: :data:`GEMM_CLUSTER`); ``None``: no cluster (the default).
+    #: ``Options.gemm_cluster``); ``None``: no cluster (the default).
     cluster: int | None = None
 
     @property
@@ -466,12 +466,10 @@ class _Wmma(GemmEmitter):
         return _fit_tiles(p, options, threads, multiple=(16, 16, self.fk), name=self.name, regs=regs)
 
 
-#: The smallest GEMM (batch x M x N x K multiply-adds) the wgmma emitters take; smaller ones go to wmma
-#: (16x16 fragments). Measured on the H200 (session 5, ``scripts/s5-arch-probe.py``, one run, µs per step,
-#: verified): mixed_precision (five GEMMs of 0.26-1.05 M MACs) 28.9 with wgmma, 21.9 with wmma;
-#: llama_block (24 GEMMs of 32x32x32 to 32x64x32) 110.3 / 82.7; small (8.4-33.6 M MACs) 21.6 / 55.8.
-#: 0 lets wgmma take every GEMM it supports.
-WGMMA_MIN_MACS = 1 << 22
+#: ``Options.wgmma_min_macs`` (default ``1 << 22``): the smallest GEMM (batch x M x N x K multiply-adds) the
+#: wgmma emitters take; smaller ones go to wmma (16x16 fragments). Measured on the H200 (µs per step,
+#: verified): mixed_precision (five GEMMs of 0.26-1.05 M MACs) 28.9 with wgmma, 21.9 with wmma; llama_block
+#: (24 GEMMs of 32x32x32 to 32x64x32) 110.3 / 82.7; small (8.4-33.6 M MACs) 21.6 / 55.8.
 
 
 class _Wgmma(GemmEmitter):
@@ -493,9 +491,9 @@ class _Wgmma(GemmEmitter):
         if p.m < 32 or p.n < 32:
             return f"{self.name} tiles are 64 rows by at least 32 columns; {p.m}x{p.n} would be mostly empty"
         macs = p.batch * p.m * p.n * p.k
-        if macs < WGMMA_MIN_MACS:
+        if macs < options.wgmma_min_macs:
             return (f"{self.name}: a tiny GEMM ({p.batch}x{p.m}x{p.n}x{p.k} = {macs:,} MACs < "
-                    f"tkx.target.WGMMA_MIN_MACS = {WGMMA_MIN_MACS:,}): a 64-row wgmma tile's fixed cost per work "
+                    f"wgmma_min_macs = {options.wgmma_min_macs:,}): a 64-row wgmma tile's fixed cost per work "
                     "item (shared C tile, mbarriers, swizzled staging) exceeds its math")
         if self._best(p, options, options.threads_per_block) is None:
             return (f"{self.name}: no tile of {options.threads_per_block} threads fits "
@@ -680,37 +678,34 @@ def choose_gemm(p: GemmProblem, options: Any, arch: str = "sm_80") -> GemmPlan:
 #: Emitters whose code generation implements split-K (partial tiles reduced in a fixed order).
 SPLIT_K_EMITTERS: frozenset[str] = frozenset({"wgmma_bf16", "wgmma_f16", "wgmma_tf32"})
 
-#: Switch (default off): a split-K GEMM is one group whose last slice to finish each tile adds the
-#: slices and runs the epilogue (``GemmPlan.split_final = "last-slice"``): each work item writes its fp32
-#: slice, then bumps its tile's arrival counter (a word of the kernel's ``sync`` words, an acquire-release
-#: atomic after a fence); the item that sees ``split_k - 1`` resets the counter to 0 (for the next
-#: launch or CUDA-graph replay), adds the slices in slice order (the same bits as the separate final
-#: phase) and runs the epilogue. No final stage and no grid barrier before it. Off (the default): the
-#: final is a group of its own in the next stage (``"stage"``), spread over every block. Measured on the
-#: H200 (``docs/results/gemm-s4-final-probe.txt``, one run): on it verifies bit for bit but is slower,
-#: small 29.7 vs 25.2 µs and medium 70.2 vs 69.6 µs per step: one block per tile adding all slices
-#: and running the epilogue costs more than the grid barrier it saves.
-SPLIT_K_LAST_SLICE = False
+#: ``Options.split_k_final``: ``"last-slice"`` makes a split-K GEMM one group whose last slice to finish each
+#: tile adds the slices and runs the epilogue (``GemmPlan.split_final = "last-slice"``): each work item writes
+#: its fp32 slice, then bumps its tile's arrival counter (a word of the kernel's ``sync`` words, an
+#: acquire-release atomic after a fence); the item that sees ``split_k - 1`` resets the counter to 0 (for the
+#: next launch or CUDA-graph replay), adds the slices in slice order (the same bits as the separate final
+#: phase) and runs the epilogue. No final stage and no grid barrier before it. ``"stage"`` (the default): the
+#: final is a group of its own in the next stage, spread over every block. Measured on the H200: last-slice
+#: verifies bit for bit but is slower, small 29.7 vs 25.2 µs and medium 70.2 vs 69.6 µs per step: one block
+#: per tile adding all slices and running the epilogue costs more than the grid barrier it saves.
 
 #: ``split_k="auto"`` splits a GEMM whose tiles x 2 fit the SMs only when K has at least
 #: :data:`SPLIT_K_FIRST_STEPS` steps of ``tile_k`` (a split adds a final stage and a grid barrier, about
 #: 1.6 µs on the H200, which the K steps it takes off each item must outweigh: ~0.3-0.45 µs per step of a
 #: 64x128 tile), then doubles the split while the tiles x slices still fit the SMs and each slice keeps at
-#: least :data:`SPLIT_K_MIN_STEPS` steps (was 4). Measured on the H200 (``docs/results/lat-s5-probe.txt``,
-#: one run, whole steps, CUDA-graph replays): a split-K item's time is mostly fixed (a 4-step 64x128 slice
+#: least ``Options.split_k_min_steps`` steps (default 2). Measured on the H200 (whole steps, CUDA-graph
+#: replays): a split-K item's time is mostly fixed (a 4-step 64x128 slice
 #: takes 3.5 µs, 2.9 µs of it without any copies), so more, shorter slices win while they fit one wave:
 #: small's 64x128x1024 GEMM (16 steps) split 1 / 2 / 4 / 8 / 16 ways: 25.3 / 24.0 / 22.5 / 21.8 / 21.9 µs
 #: per step; its 64x1024x512 (8 steps) 1 / 2 / 4 / 8 ways: 22.2 / 22.5 / 22.3 / 22.3 (break-even); both at
 #: 2 steps per slice 21.6; medium's 256x1024x4096 (32 tiles) keeps 4 ways (2: 71.8, 8 = two waves: 72.1,
 #: 4: 66.7).
 SPLIT_K_FIRST_STEPS = 8
-SPLIT_K_MIN_STEPS = 2
 
 
 def _plan_split_k(plan: GemmPlan, options: Any, e: GemmEmitter) -> GemmPlan:
     """Split-K: ``options.split_k`` as an integer forces it (cut to what K allows), ``"auto"``
     splits when the output tiles cannot fill the grid and K has at least :data:`SPLIT_K_FIRST_STEPS`
-    steps, doubling while the slices fit the SMs and keep :data:`SPLIT_K_MIN_STEPS` steps each;
+    steps, doubling while the slices fit the SMs and keep ``options.split_k_min_steps`` steps each;
     ``"off"`` never."""
     sk = options.split_k
     if e.name not in SPLIT_K_EMITTERS:
@@ -724,7 +719,7 @@ def _plan_split_k(plan: GemmPlan, options: Any, e: GemmEmitter) -> GemmPlan:
         return plan
     if sk == "auto":
         want = 1
-        while (tiles * want * 2 <= SM_COUNT and steps // (want * 2) >= SPLIT_K_MIN_STEPS
+        while (tiles * want * 2 <= SM_COUNT and steps // (want * 2) >= options.split_k_min_steps
                and steps >= SPLIT_K_FIRST_STEPS):
             want *= 2
         if want == 1:
@@ -742,16 +737,15 @@ def _plan_split_k(plan: GemmPlan, options: Any, e: GemmEmitter) -> GemmPlan:
     return dataclasses.replace(plan, split_k=want, why=plan.why + f"; split-K {want} (split_k={sk} requested)")
 
 
-#: Switch (default off until measured faster on the H200): a wgmma GEMM whose operands are copied with
-#: TMA, whose items pair up (:func:`cluster_pairs`) and whose items are at least
-#: :data:`CLUSTER_MIN_K_STEPS` k-tiles deep runs in 2-CTA thread-block clusters: items ``2p`` and ``2p + 1``
-#: are the row blocks ``2r``, ``2r + 1`` of one column block, each CTA copies one half of the B tile with
-#: ``.multicast::cluster`` into both CTAs' shared memory (``GemmPlan.cluster = 2``, the reason in
-#: ``GemmPlan.why``). The kernel is then launched in clusters of 2 (every block of the grid). Why: medium's
-#: 256-row GEMMs (64x128 tiles, 4 row blocks) are bound by the operand stream through L2 (48 MiB of L2 ->
-#: SM traffic for 8.5 MiB of operands, ``docs/results/gemm-s4-notes.txt``); pairing halves B's share.
-GEMM_CLUSTER = False
-#: Fewest k-tiles per work item for :data:`GEMM_CLUSTER` to pair a GEMM's items (short K: the operand
+#: ``Options.gemm_cluster`` (default ``"off"``: not measured faster on the H200): a wgmma GEMM whose operands
+#: are copied with TMA, whose items pair up (:func:`cluster_pairs`) and whose items are at least
+#: :data:`CLUSTER_MIN_K_STEPS` k-tiles deep (``"on"``; any depth with ``"all"``) runs in 2-CTA thread-block
+#: clusters: items ``2p`` and ``2p + 1`` are the row blocks ``2r``, ``2r + 1`` of one column block, each CTA
+#: copies one half of the B tile with ``.multicast::cluster`` into both CTAs' shared memory
+#: (``GemmPlan.cluster = 2``, the reason in ``GemmPlan.why``). The kernel is then launched in clusters of 2
+#: (every block of the grid). Why: medium's 256-row GEMMs (64x128 tiles, 4 row blocks) are bound by the
+#: operand stream through L2 (48 MiB of L2 -> SM traffic for 8.5 MiB of operands); pairing halves B's share.
+#: Fewest k-tiles per work item for ``gemm_cluster="on"`` to pair a GEMM's items (short K: the operand
 #: stream is not what bounds it, and each item pays two cluster barriers).
 CLUSTER_MIN_K_STEPS = 8
 
@@ -774,14 +768,14 @@ def cluster_pairs(p: GemmProblem, tm: int, tn: int, split: int, b_kmajor: bool) 
 
 
 def _plan_cluster(plan: GemmPlan, p: GemmProblem, options: Any, e: GemmEmitter) -> GemmPlan:
-    """``plan`` with ``cluster=2`` and the reason appended to ``why`` when :data:`GEMM_CLUSTER` is on and
+    """``plan`` with ``cluster=2`` and the reason appended to ``why`` when ``options.gemm_cluster`` is on and
     the GEMM qualifies (TMA copies, pairs, K deep enough); else ``plan`` unchanged."""
-    if not GEMM_CLUSTER or getattr(options, "gemm_copy", "auto") == "cp.async" or not e._direct(p):
+    if options.gemm_cluster == "off" or options.gemm_copy == "cp.async" or not e._direct(p):
         return plan
-    if p.batch != 1 or plan.threads % 128 or getattr(options, "mode", "auto") == "block":
+    if p.batch != 1 or plan.threads % 128 or options.mode == "block":
         return plan
     steps = _ceil(_ceil(plan.k, plan.tile_k), plan.split_k)
-    if steps < CLUSTER_MIN_K_STEPS:
+    if options.gemm_cluster == "on" and steps < CLUSTER_MIN_K_STEPS:
         return plan
     if cluster_pairs(p, plan.tile_m, plan.tile_n, plan.split_k, not p.b_n_contiguous) is not None:
         return plan
@@ -865,8 +859,8 @@ class CopyPlan(Plan):
 #: A final phase folds each row's partials in one thread (a serial loop in chunk order, unrolled: every load
 #: in flight) when a row has at most this many; more chunks take a warp per row (8 rows per 256-thread work
 #: item). Medium's b2 gradient (1024 rows of 9 partials): 128 work items with a warp per row, 4 with a thread
-#: per row; its b1 gradient (4096 rows of 3) took 512 items, 4 waves of ~0.65 µs on 132 SMs (3.9 µs, H200,
-#: session 5 call 1 timeline; it now takes the one-phase ``columns`` strategy).
+#: per row; its b1 gradient (4096 rows of 3) took 512 items, 4 waves of ~0.65 µs on 132 SMs (3.9 µs on the
+#: H200, from a kernel timeline; it now takes the one-phase ``columns`` strategy).
 THREAD_FINAL_CHUNKS = 16
 
 

@@ -47,6 +47,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..options import Options
 from ..target import SKINNY_MAX, GemmProblem, choose_gemm, cluster_pairs
 from . import epilogue_vector as ev
 from .text import block, indent
@@ -94,7 +95,7 @@ class GemmCode:
 
 @dataclass(frozen=True)
 class SplitFinal:
-    """The split-K final run by the last slice of each tile (:data:`tkx.target.SPLIT_K_LAST_SLICE`).
+    """The split-K final run by the last slice of each tile (``Options.split_k_final="last-slice"``).
 
     With it, a split-K wgmma work item first hands its fp32 slice of the tile to ``epilogue`` (the
     caller's slice store into the scratch), then bumps the tile's arrival counter; the item that
@@ -636,63 +637,85 @@ def _wgmma_vector_staging(p: GemmProblem, tm: int, tn: int, tk: int, threads: in
 WGMMA_STAGES = 4
 #: The most stages a budget buys (beyond this, more copies in flight no longer hide L2 latency).
 WGMMA_MAX_STAGES = 8
-#: wgmma groups (one k-tile's MMAs each) a warpgroup leaves in flight when it moves to the next k-tile
-#: (``wgmma.wait_group`` N): 0 waits for each k-tile's MMAs before the next one is issued (the tensor
-#: cores idle during the barrier, the wait for the next tile and the copy issue); 1 issues k-tile kt's
-#: MMAs and then waits only for k-tile kt - 1's, refilling the stage of k-tile kt - 2 (one stage fewer
-#: holds copies in flight).
-WGMMA_MMA_IN_FLIGHT = 1
 #: Elements per thread and pass of the wgmma tile epilogue (their loads in flight together). A 128x256
 #: tile of an SGD update took 16 passes of 8 (the target's :data:`~tkx.target.EPILOGUE_BATCH`) on 256
 #: threads, each waiting one memory latency (on the H200 its items ran 15 µs in medium's step against
 #: about 7 µs with a store-only epilogue); 16 halves the passes. Registers (sm_90a, NVRTC, no spills):
-#: small 116 -> 134, medium 155 -> 154, mixed_precision 154 -> 178 (32: 168 / 189 / 246). Set it back to
-#: 8 to undo; the probe's ``+epi=N`` variants measure it. With :data:`WGMMA_EPILOGUE_VECTOR` this is the
-#: scalar path: the fallback for misaligned pointers and epilogues without a point access.
+#: small 116 -> 134, medium 155 -> 154, mixed_precision 154 -> 178 (32: 168 / 189 / 246). With
+#: ``WgmmaKnobs.epilogue_vector`` this is the scalar path: the fallback for misaligned pointers and epilogues without a point access.
 WGMMA_EPILOGUE_BATCH = 16
-#: Switch (default off, unmeasured): at the start of a wgmma work item without split-K, the block asks L2
-#: to prefetch (``prefetch.global.L2``, one request per 128-byte line, no registers) the rows of this tile
-#: of every buffer the epilogue reads at the output's own index (an SGD update's weights), so the
-#: epilogue's passes wait an L2 hit instead of a DRAM access; the lines arrive while the k-loop runs.
-#: Only for tiles inside the matrix (no bounds guards). The probe's ``+pf=1`` variant turns it on.
-WGMMA_EPILOGUE_PREFETCH = False
 #: A tile that crosses the edge of C (M or N not a multiple of the tile) batches its epilogue too:
 #: the elements outside C get clamped coordinates (their loads read an element inside C) and are not
 #: stored. Off: such tiles keep the rolled loop, one element per iteration, each waiting a memory
 #: latency: mixed_precision's 32-row GEMMs on 64-row tiles with an SGD update (16 serial iterations of
-#: ~0.7 µs per work item; that step was 1.9x slower than torch.compile on the H200, session 4).
+#: ~0.7 µs per work item made that step 1.9x slower than torch.compile on the H200).
 WGMMA_GUARDED_BATCH = True
-#: 2-CTA clusters (:data:`tkx.target.GEMM_CLUSTER`): k-tiles between a CTA's release of a stage (its
+#: 2-CTA clusters (``Options.gemm_cluster``): k-tiles between a CTA's release of a stage (its
 #: warpgroups are done with it) and the refill that waits for both CTAs' releases; each costs one k-tile
 #: in flight. 0 puts the wait for the partner right after this CTA's own release. Measured on the H200
-#: (session 5, cluster-scope handshake): medium's 256x4096x1024 GEMM 15.2 / 14.4 / 14.3 µs with slack
+#: (cluster-scope handshake): medium's 256x4096x1024 GEMM 15.2 / 14.4 / 14.3 µs with slack
 #: 0 / 1 / 2 (unpaired 8.7): the wait is not what makes the paired kernel slow.
 WGMMA_CLUSTER_SLACK = 1
-#: 2-CTA clusters: memory semantics of the stage handshake (each CTA's release of a stage, local and remote
-#: ``mbarrier.arrive``, and the wait for both): ``"cluster"`` (``.release.cluster`` / ``.acquire.cluster``:
-#: verified on the H200 in session 5, but +0.3 µs per k-tile, suspected to be the cluster-scope fences on
-#: the issuing warp) or ``"cta"`` (the instructions' defaults, ``.release.cta`` / ``.acquire.cta``, as CUTLASS's
-#: cluster pipelines use: the hazard is write-after-read, the partner's MMA reads being complete at its
-#: ``wgmma.wait_group`` before it arrives; not yet run on a GPU). ``docs/results/cluster-s5-notes.txt``.
-WGMMA_CLUSTER_SCOPE = "cluster"
-#: 2-CTA clusters, ablation: ``False`` makes each CTA copy the whole B tile itself (no multicast), keeping
-#: the pairing and the handshake, to separate the multicast's cost from the synchronisation's.
-WGMMA_CLUSTER_MULTICAST = True
-#: Switch (default off: measured slower): at kernel entry, warp 0's lanes each ask the descriptor cache
-#: for one of the kernel's tensor maps (``prefetch.tensormap``; lane i map i, in steps of 32), so a work
-#: item's first bulk copy would not wait for its map to come from global memory (the per-item prefetch
-#: just before that copy stays either way). Measured on the H200 (``docs/results/lat-s5-probe.txt``, one
-#: run, CUDA-graph replays): small 22.20 µs off / 22.52 on, medium 66.08 / 66.65 (with the generation
-#: barrier 24.82 / 25.14): the maps are not what a work item waits for (a 4-k-tile item without its
-#: copies still takes 2.9 of its 3.5 µs).
-TMA_PREFETCH_AT_ENTRY = False
 
 
-def tensormap_prefetch(maps: int, tmaps: str = "tmaps") -> str:
+@dataclass(frozen=True)
+class WgmmaKnobs:
+    """The :class:`tkx.Options` fields that select variants of the wgmma GEMM's code.
+
+    ``in_flight`` (``wgmma_in_flight``): wgmma groups (one k-tile's MMAs each) a warpgroup leaves in flight
+    when it moves to the next k-tile (``wgmma.wait_group`` N): 0 waits for each k-tile's MMAs before the next
+    is issued (the tensor cores idle during the barrier, the wait for the next tile and the copy issue); 1
+    issues k-tile kt's MMAs and then waits only for k-tile kt - 1's, refilling the stage of k-tile kt - 2
+    (one stage fewer holds copies in flight).
+
+    ``epilogue_vector`` (``epilogue_vector``): the batched tile epilogue (and split-K's final phase) in runs
+    of V column-adjacent elements per thread (V = 8 with a 2-byte point access, 4 with 4-byte ones only): the
+    C tile read as float4, every buffer read at the output's own index (an SGD update's weight, a ReLU mask)
+    loaded as one 16-byte vector per run and the outputs stored as 16-byte vectors
+    (:mod:`tkx.codegen.epilogue_vector`), behind a block-uniform 16-byte alignment test of the pointers
+    whose false branch is the scalar code; the same per-element arithmetic. On by default: measured on the
+    H200 (item medians) medium's SGD-update tiles (128x256, 128 elements per thread) 10.69 -> 8.83 µs and
+    12.67 -> 10.62 µs, its 64x128 ReLU-mask tiles 7.04 -> 6.18 µs, the step 67.8 -> 60.6 µs; small 24.7 ->
+    24.5 µs. Registers (sm_90a, NVRTC, no spills): small 112 -> 157, medium 154 -> 183.
+
+    ``epilogue_prefetch`` (``epilogue_prefetch``, off: not measured faster): at the start of a work item
+    without split-K, the block asks L2 to prefetch (``prefetch.global.L2``, one request per 128-byte line)
+    the rows of this tile of every buffer the epilogue reads at the output's own index, so the epilogue
+    waits an L2 hit instead of a DRAM access. Only for tiles inside the matrix.
+
+    ``cluster_scope`` (``cluster_scope``): memory semantics of a 2-CTA cluster's stage handshake (each CTA's
+    release of a stage and the wait for both): ``"cluster"`` (``.release.cluster`` / ``.acquire.cluster``,
+    verified on the H200, +0.3 µs per k-tile) or ``"cta"`` (the instructions' defaults, as CUTLASS's
+    cluster pipelines use: the hazard is write-after-read, the partner's MMA reads being complete at its
+    ``wgmma.wait_group`` before it arrives).
+
+    ``cluster_multicast`` (``cluster_multicast``): ``False`` makes each CTA of a pair copy the whole B tile
+    itself (no multicast), keeping the pairing and the handshake, to separate the multicast's cost from
+    the synchronisation's.
+    """
+
+    in_flight: int = 1
+    epilogue_vector: bool = True
+    epilogue_prefetch: bool = False
+    cluster_scope: str = "cluster"
+    cluster_multicast: bool = True
+
+    @staticmethod
+    def of(options: Options) -> WgmmaKnobs:
+        """The knobs of ``options`` (a :class:`tkx.Options`)."""
+        return WgmmaKnobs(options.wgmma_in_flight, options.epilogue_vector, options.epilogue_prefetch,
+                          options.cluster_scope, options.cluster_multicast)
+
+
+def tensormap_prefetch(maps: int, tmaps: str = "tmaps", *, on: bool = False) -> str:
     """C statement for kernel entry: every one of the ``maps`` 128-byte tensor maps at ``tmaps`` prefetched
-    into the descriptor cache (warp 0, one map per lane and pass); empty without maps or with
-    :data:`TMA_PREFETCH_AT_ENTRY` off."""
-    if not maps or not TMA_PREFETCH_AT_ENTRY:
+    into the descriptor cache (warp 0, one map per lane and pass); empty without maps or when not ``on``
+    (``Options.tensormap_prefetch``).
+
+    Off by default: measured slower on the H200 (CUDA-graph replays) - small 22.20 µs off / 22.52 on,
+    medium 66.08 / 66.65: the maps are not what a work item waits for (a 4-k-tile item without its copies
+    still takes 2.9 of its 3.5 µs); the per-item prefetch just before a map's first copy stays either way."""
+    if not maps or not on:
         return ""
     return (f"for (int m = threadIdx.x; m < {maps} && threadIdx.x < 32; m += 32)  // the {maps} tensor map(s) "
             "into the descriptor cache before any item's first copy\n"
@@ -702,28 +725,15 @@ def tensormap_prefetch(maps: int, tmaps: str = "tmaps") -> str:
 #: fp32 words a row of the shared C tile is padded by: the accumulators are written as float2 (two
 #: adjacent columns), and a half-warp's 16 float2 (4 rows x 4 column pairs) then hit 32 distinct banks.
 WGMMA_C_PAD = 8
-#: Switch: the batched wgmma tile epilogue (and split-K's final phase) in runs of V column-adjacent elements
-#: per thread (V = 8 with a 2-byte point access, 4 with 4-byte ones only): the C tile read as float4, every
-#: buffer read at the output's own index (an SGD update's weight, a ReLU mask) loaded as one 16-byte vector
-#: per run and the outputs stored at it as 16-byte vectors (:mod:`tkx.codegen.epilogue_vector`), behind a
-#: block-uniform 16-byte alignment test of the pointers whose false branch is the scalar code; the same
-#: per-element arithmetic (the GPU tests compare the bits with the scalar epilogue's). Measured on the H200
-#: (one run, docs/results/epi-s5/summary.txt; item medians): medium's SGD-update tiles (128x256, 128
-#: elements per thread, 8 passes of 16 scalar 2-byte loads before, 2 passes of 64 after) g4 10.69 -> 8.83
-#: µs and g7 12.67 -> 10.62 µs (a store-only epilogue: ~6.5 µs), its 64x128 ReLU-mask tiles g5 7.04 ->
-#: 6.18 µs, the step 67.8 -> 60.6 µs; small 24.7 -> 24.5 µs (g4 2.78 -> 2.18, g7 2.88 -> 2.21 µs).
-#: Registers (sm_90a, NVRTC, no spills): small 112 -> 157, medium 154 -> 183. False: the scalar epilogue,
-#: the generated text byte-identical to before.
-WGMMA_EPILOGUE_VECTOR = True
 #: Register estimate of one vectorized pass (:meth:`~tkx.codegen.epilogue_vector.VectorAccesses.registers_per_element`
 #: x elements): an SGD update (2 per element) takes 64 elements per pass, a 64x128 tile on 256 threads its
 #: 32 in one pass.
 WGMMA_EPILOGUE_VECTOR_REGS = 128
 #: A vectorized tile epilogue of one pass whose point-read vectors take at most this many registers per
 #: thread (64x128 tile, one bf16 read: 16) issues those loads at the start of the work item, before the
-#: k-loop, so their latency hides behind the operand copies (not with split-K). 0: never. On the H200
-#: (same run): small's g4 2.30 -> 2.18 µs and g5 1.60 -> 1.47 µs, medium's g5 6.37 -> 6.18 µs against the
-#: vector epilogue without them (``scripts/epilogue-ab.py 1 0``).
+#: k-loop, so their latency hides behind the operand copies (not with split-K). 0: never. Measured on the
+#: H200 (item medians): small's 2.30 -> 2.18 µs and 1.60 -> 1.47 µs, medium's 6.37 -> 6.18 µs against the
+#: vector epilogue without them.
 WGMMA_EPILOGUE_EARLY_REGS = 16
 
 
@@ -745,7 +755,8 @@ def wgmma_stages(stage_bytes: int, k_steps: int, shared_budget: int | None, mma_
 def _cluster_pipeline(*, tm: int, tn: int, stages: int, stage_bytes: int, a_bytes: int, ahead: int, freed: str,
                       lag: int, a_kmajor: bool, b_kmajor: bool, atom_stride: int, bar_offset: int, tmaps: str,
                       map_a: int, map_b: int, a_boxes: list[str], mma_issue: tuple[str, ...],
-                      mma_step: tuple[str, ...]) -> tuple[list[str], tuple[str, ...], str, list[str]]:
+                      mma_step: tuple[str, ...],
+                      knobs: WgmmaKnobs) -> tuple[list[str], tuple[str, ...], str, list[str]]:
     """The TMA pipeline of :func:`_wgmma_pipelined` for a pair of items in a 2-CTA cluster:
     ``(issue_fn, refill, k_loop, copy_setup)``. ``map_b`` is the map of one CTA's half of the B tile
     (K-major: a box of TK x TN / 2; N-major: the 64-column box map, half the boxes each)."""
@@ -761,13 +772,13 @@ def _cluster_pipeline(*, tm: int, tn: int, stages: int, stage_bytes: int, a_byte
                    f"col0 + (tkx_rank * {nb} + {j}) * 64, k0, bar);" for j in range(nb)]
         whole = [f"tkx_tma2d(stage + {a_bytes + j * atom_stride}, tma_b, col0 + {j * 64}, k0, bar);"
                  for j in range(2 * nb)]
-    if not WGMMA_CLUSTER_MULTICAST:  # ablation: each CTA copies the whole B tile itself (the pairing kept)
+    if not knobs.cluster_multicast:  # ablation: each CTA copies the whole B tile itself (the pairing kept)
         b_boxes = whole
     # the stage handshake's memory semantics: "cta" (mbarrier.arrive's default .release.cta, try_wait's default
     # .acquire.cta: the hazard is the partner's MMA reads, complete at its wgmma.wait_group, before this CTA's
     # copy engine overwrites them) or "cluster" (.release.cluster / .acquire.cluster, cluster-scope fences)
-    arrive_sem = ".release.cluster" if WGMMA_CLUSTER_SCOPE == "cluster" else ""
-    wait_sem = ".acquire.cluster" if WGMMA_CLUSTER_SCOPE == "cluster" else ""
+    arrive_sem = ".release.cluster" if knobs.cluster_scope == "cluster" else ""
+    wait_sem = ".acquire.cluster" if knobs.cluster_scope == "cluster" else ""
     issue_fn = [
         "auto tma_mc = [](unsigned dst, unsigned long long map, int x, int y, unsigned bar) {  // into both CTAs",
         '    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes'
@@ -859,10 +870,11 @@ def _wgmma_pipelined(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epi
                      ptr_b: PtrB | None, split: int = 1, shared_budget: int | None = None,
                      tma_a: TmaMap | None = None, tma_b: TmaMap | None = None,
                      tmaps: str = "tmaps", split_final: SplitFinal | None = None,
-                     epilogue_reads: tuple[tuple[str, int], ...] = (), cluster: int = 1) -> GemmCode | None:
+                     epilogue_reads: tuple[tuple[str, int], ...] = (), cluster: int = 1,
+                     knobs: WgmmaKnobs = WgmmaKnobs()) -> GemmCode | None:
     """The wgmma GEMM with operands copied global -> shared by ``cp.async`` (16 bytes at a time, no
     registers), :func:`wgmma_stages` stages deep; ``None`` when it does not apply (see :func:`wgmma_gemm`).
-    Each warpgroup leaves :data:`WGMMA_MMA_IN_FLIGHT` k-tiles' MMAs in flight (``wgmma.wait_group``)
+    Each warpgroup leaves ``knobs.in_flight`` k-tiles' MMAs in flight (``wgmma.wait_group``)
     while it waits for the next k-tile and issues the copies into the stage freed before them.
 
     Each operand tile keeps the memory order of its operand: K-major (A row-major, B given as
@@ -913,8 +925,8 @@ def _wgmma_pipelined(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epi
     ldc = tn + WGMMA_C_PAD
     bar_room = (16 if paired else 8) * WGMMA_MAX_STAGES if use_tma else 0
     stages = wgmma_stages(stage_bytes, k_steps, None if shared_budget is None else shared_budget - bar_room,
-                          WGMMA_MMA_IN_FLIGHT)
-    lag = max(0, min(WGMMA_MMA_IN_FLIGHT, stages - 2))  # wgmma groups left in flight (each holds a stage)
+                          knobs.in_flight)
+    lag = max(0, min(knobs.in_flight, stages - 2))  # wgmma groups left in flight (each holds a stage)
     ahead = stages - 1 - lag  # k-tiles whose copies are issued before the first is consumed
     bar_offset = _align(max(stages * stage_bytes, tm * ldc * 4), 8)
     shared = bar_offset + bar_room + 1024
@@ -1077,7 +1089,7 @@ def _wgmma_pipelined(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epi
                 tm=tm, tn=tn, stages=stages, stage_bytes=stage_bytes, a_bytes=a_bytes, ahead=ahead, freed=freed,
                 lag=lag, a_kmajor=a_kmajor, b_kmajor=b_kmajor, atom_stride=atom_stride, bar_offset=bar_offset,
                 tmaps=tmaps, map_a=map_a, map_b=map_b, a_boxes=tma_boxes("a", tm, a_kmajor, "row0", 0),
-                mma_issue=mma_issue, mma_step=mma_step)
+                mma_issue=mma_issue, mma_step=mma_step, knobs=knobs)
     else:
         issue_fn = [
             "auto issue = [&](int s, int k0) {  // the k-tile at k0 -> stage s",
@@ -1087,10 +1099,13 @@ def _wgmma_pipelined(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epi
             "};",
         ]
         copy_setup = [f"const bool vec_ok = {checks};  // 16-byte aligned operands: cp.async, else element loads"]
-    vec = _vector_tile(epilogue, tm, tn, threads, ldc, m_guard, n_guard, split == 1)
+    swz = knobs.epilogue_vector
+    vec = _vector_tile(epilogue, tm, tn, threads, ldc, m_guard, n_guard, split == 1, swz)
     epi = _wgmma_store_c("ws", acc_regs, wn, ldc, tm, tn, threads, epilogue, m_guard, n_guard,
-                         _split_final_code(split_final, p, split, tm, tn, ldc, threads, m_guard, n_guard), vec)
-    prefetch = _epilogue_prefetch(epilogue_reads if split == 1 else (), p, tm, tn, threads, m_guard or n_guard)
+                         _split_final_code(split_final, p, split, tm, tn, ldc, threads, m_guard, n_guard, swz), vec,
+                         vector=swz)
+    prefetch = (_epilogue_prefetch(epilogue_reads if split == 1 else (), p, tm, tn, threads, m_guard or n_guard)
+                if knobs.epilogue_prefetch else [])
     early = vec.early_lines() if vec is not None else []
     what = {"wgmma_bf16": "bf16", "wgmma_f16": "fp16"}[variant]
     layouts = f"A {'K' if a_kmajor else 'M'}-major, B {'K' if b_kmajor else 'N'}-major"
@@ -1137,7 +1152,8 @@ def wgmma_gemm(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue,
                smem: str = "tkx_smem", ptr_a: PtrA | None = None, ptr_b: PtrB | None = None,
                split: int = 1, shared_budget: int | None = None, tma_a: TmaMap | None = None,
                tma_b: TmaMap | None = None, split_final: SplitFinal | None = None,
-               epilogue_reads: tuple[tuple[str, int], ...] = (), cluster: int = 1) -> GemmCode:
+               epilogue_reads: tuple[tuple[str, int], ...] = (), cluster: int = 1,
+               knobs: WgmmaKnobs = WgmmaKnobs()) -> GemmCode:
     """(e) Hopper warpgroup MMA (``wgmma.mma_async``, sm_90a only), fp32 accumulators in registers.
 
     The block's ``threads / 128`` warpgroups are arranged WGM x WGN over the ``tile_m x tile_n``
@@ -1151,7 +1167,7 @@ def wgmma_gemm(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue,
     stage overlap the asynchronous MMAs of this one. After the K loop every warpgroup writes its
     accumulators to a padded fp32 tile in shared memory (reusing the operand bytes) and the whole
     block runs the epilogue per element, consecutive threads on consecutive columns (with
-    :data:`WGMMA_EPILOGUE_VECTOR`: runs of 8 or 4 columns per thread, 16-byte point reads and stores).
+    ``knobs.epilogue_vector``: runs of 8 or 4 columns per thread, 16-byte point reads and stores).
     """
     if variant not in _WGMMA:
         raise ValueError(f"unknown wgmma variant {variant!r}; one of {sorted(_WGMMA)}")
@@ -1174,7 +1190,7 @@ def wgmma_gemm(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue,
     piped = _wgmma_pipelined(p, load_a, load_b, epilogue, variant=variant, tm=tm, tn=tn, tk=tk, threads=threads,
                              item=item, smem=smem, ptr_a=ptr_a, ptr_b=ptr_b, split=split,
                              shared_budget=shared_budget, tma_a=tma_a, tma_b=tma_b, split_final=split_final,
-                             epilogue_reads=epilogue_reads, cluster=cluster)
+                             epilogue_reads=epilogue_reads, cluster=cluster, knobs=knobs)
     if piped is not None:
         return piped
     sa = _Stage("a", tm, tk, "col" if p.a_k_contiguous else "row", threads)
@@ -1242,9 +1258,11 @@ def wgmma_gemm(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue,
         "    buf ^= 1;",
         "}",
     )
-    vtile = _vector_tile(epilogue, tm, tn, threads, ldc, m_guard, n_guard, False)
+    swz = knobs.epilogue_vector
+    vtile = _vector_tile(epilogue, tm, tn, threads, ldc, m_guard, n_guard, False, swz)
     epi = _wgmma_store_c("stage_base", acc_regs, wn, ldc, tm, tn, threads, epilogue, m_guard, n_guard,
-                         _split_final_code(split_final, p, split, tm, tn, ldc, threads, m_guard, n_guard), vtile)
+                         _split_final_code(split_final, p, split, tm, tn, ldc, threads, m_guard, n_guard, swz),
+                         vtile, vector=swz)
     stash_fn = block(
         "auto stash_to = [&](int b) {  // registers -> stage b, K-major, 128-byte swizzle",
         f"    {elem}* As = stage_base + b * {stage_bytes // ebytes};",
@@ -1416,8 +1434,6 @@ def gemv(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue, *, th
 def choose_variant(p: GemmProblem, *, fp32_math: str = "simt", tensor_cores: bool = True,
                    arch: str = "sm_80") -> tuple[str, str]:
     """The variant for ``p`` and a sentence saying why (:func:`tkx.target.choose_gemm`)."""
-    from ..options import Options
-
     if not tensor_cores and min(p.m, p.n) > SKINNY_MAX:
         return "simt", f"{p.dtype} operands but tensor cores are off: fp32 SIMT on widened values"
     plan = choose_gemm(p, Options(fp32_math=fp32_math), arch)
@@ -1430,7 +1446,7 @@ def emit_gemm(variant: str, p: GemmProblem, load_a: LoadA, load_b: LoadB, epilog
               ptr_b: PtrB | None = None, split: int = 1, shared_budget: int | None = None,
               tma_a: TmaMap | None = None, tma_b: TmaMap | None = None,
               split_final: SplitFinal | None = None, epilogue_reads: tuple[tuple[str, int], ...] = (),
-              cluster: int = 1) -> GemmCode:
+              cluster: int = 1, knobs: WgmmaKnobs = WgmmaKnobs()) -> GemmCode:
     """Dispatch to the emitter of ``variant`` (one of :data:`VARIANTS`); ``ptr_a``/``ptr_b``
     (pointers to operand elements in memory, for 16-byte staging) are used by the wgmma variants;
     ``split > 1`` (wgmma only) makes work item ``s * tiles + t`` compute tile ``t`` over the s-th slice
@@ -1440,9 +1456,10 @@ def emit_gemm(variant: str, p: GemmProblem, load_a: LoadA, load_b: LoadB, epilog
     ``split_final`` (with ``split > 1``): the last slice of each tile adds the slices and runs
     ``split_final.final`` (:class:`SplitFinal`), ``epilogue`` being the slice store; ``epilogue_reads``:
     ``(C pointer, element bytes)`` of buffers the epilogue reads at the output's index (element (row, col)
-    at ``pointer + row * N + col``), prefetched into L2 with :data:`WGMMA_EPILOGUE_PREFETCH`; ``cluster=2``
+    at ``pointer + row * N + col``), prefetched into L2 with ``knobs.epilogue_prefetch``; ``cluster=2``
     (wgmma with TMA): items in pairs of a 2-CTA cluster with the B tile multicast (``GemmCode.cluster``
-    says whether it applied, ``params["cluster"]`` why not)."""
+    says whether it applied, ``notes["cluster"]`` why not); ``knobs``: the wgmma variants' switches
+    (:class:`WgmmaKnobs`)."""
     if cluster != 1 and variant not in _WGMMA:
         raise ValueError(f"2-CTA clusters are implemented by the wgmma variants, not {variant}")
     if split > 1 and variant not in _WGMMA:
@@ -1456,7 +1473,7 @@ def emit_gemm(variant: str, p: GemmProblem, load_a: LoadA, load_b: LoadB, epilog
         return wgmma_gemm(p, load_a, load_b, epilogue, variant=variant, tile_m=tile_m, tile_n=tile_n,
                           tile_k=tile_k, threads=threads, item=item, smem=smem, ptr_a=ptr_a, ptr_b=ptr_b,
                           split=split, shared_budget=shared_budget, tma_a=tma_a, tma_b=tma_b,
-                          split_final=split_final, epilogue_reads=epilogue_reads, cluster=cluster)
+                          split_final=split_final, epilogue_reads=epilogue_reads, cluster=cluster, knobs=knobs)
     if variant in _WMMA:
         return wmma_gemm(p, load_a, load_b, epilogue, variant=variant, tile_m=tile_m, tile_n=tile_n,
                          tile_k=tile_k, threads=threads, item=item, smem=smem)
@@ -1539,9 +1556,9 @@ def _batched_epilogue(epilogue: Epilogue, batch: int, *, batch_index: bool = Fal
 
 def _epilogue_prefetch(reads: tuple[tuple[str, int], ...], p: GemmProblem, tm: int, tn: int, threads: int,
                        guarded: bool) -> list[str]:
-    """With :data:`WGMMA_EPILOGUE_PREFETCH`: L2 prefetches of this tile's rows of each ``(pointer, element
-    bytes)`` in ``reads`` (element (row, col) at ``pointer + row * N + col``); empty otherwise."""
-    if not WGMMA_EPILOGUE_PREFETCH or not reads or guarded or p.batch > 1:
+    """L2 prefetches (``WgmmaKnobs.epilogue_prefetch``) of this tile's rows of each ``(pointer, element
+    bytes)`` in ``reads`` (element (row, col) at ``pointer + row * N + col``); empty for a guarded tile."""
+    if not reads or guarded or p.batch > 1:
         return []
     lines = []
     for ptr, esize in reads:
@@ -1568,7 +1585,7 @@ def _split_final_params(sf: SplitFinal | None, split: int) -> dict:
 
 
 def _split_final_code(sf: SplitFinal | None, p: GemmProblem, split: int, tm: int, tn: int, ldc: int,
-                      threads: int, m_guard: bool, n_guard: bool) -> list[str]:
+                      threads: int, m_guard: bool, n_guard: bool, vector: bool = True) -> list[str]:
     """After the slice stores of a split-K item: the tile's arrival, and for the last slice to arrive
     the sum of the tile's slices in slice order (``((0 + s0) + s1) + ...``: the bits of the separate
     final phase) through ``sf.final``. Its own slice is read back from the shared C tile (the same
@@ -1600,13 +1617,13 @@ def _split_final_code(sf: SplitFinal | None, p: GemmProblem, split: int, tm: int
     if batched is not None:
         comp, stores = batched
         coords = _batch_coords(fb, threads, tn, lambda x: summed(x, f"{x}row", f"{x}col",
-                                                                 _cs_of(f"{x}e", tn, ldc, _cs_swizzle(tn))))
+                                                                 _cs_of(f"{x}e", tn, ldc, _cs_swizzle(tn, vector))))
         loop = [f"#pragma unroll 1  // {fb} elements per thread and pass, {split} slice loads each",
                 f"for (int e = threadIdx.x; e < {tm * tn}; e += {threads * fb}) {{",
                 indent(block(*coords, *comp, *stores)), "}"]
     else:
         cond = _guard(("row < M", m_guard), ("col < N", n_guard))
-        inner = block(summed("", "row", "col", _cs_of("e", tn, ldc, _cs_swizzle(tn))),
+        inner = block(summed("", "row", "col", _cs_of("e", tn, ldc, _cs_swizzle(tn, vector))),
                       sf.final("bat", "row", "col", "acc"))
         loop = ["#pragma unroll 1  // kept rolled: the epilogue's code appears once",
                 f"for (int e = threadIdx.x; e < {tm * tn}; e += {threads}) {{",
@@ -1635,12 +1652,13 @@ def _split_final_code(sf: SplitFinal | None, p: GemmProblem, split: int, tm: int
     ]
 
 
-def _cs_swizzle(tn: int) -> bool:
-    """With :data:`WGMMA_EPILOGUE_VECTOR`, a C tile of at least 64 columns has column bit 2 XORed with bit 5
+def _cs_swizzle(tn: int, vector: bool = True) -> bool:
+    """With the vectorized epilogue (``vector``, ``WgmmaKnobs.epilogue_vector``), a C tile of at least 64
+    columns has column bit 2 XORed with bit 5
     (16-byte chunk k at chunk ``k ^ ((k >> 3) & 1)``): the vectorized epilogue's float4 reads of 8-column
     runs (8 threads at 32-byte steps of one row) then hit 32 distinct banks instead of 16; the float2
     accumulator writes and the scalar reads stay conflict-free (a permutation inside 8 columns)."""
-    return WGMMA_EPILOGUE_VECTOR and tn >= 64
+    return vector and tn >= 64
 
 
 def _cs_at(r: str, c: str, ldc: int, swz: bool) -> str:
@@ -1657,7 +1675,7 @@ def _cs_of(e: str, tn: int, ldc: int, swz: bool) -> str:
 
 @dataclass(frozen=True)
 class _VectorTile:
-    """A vectorized tile epilogue (:data:`WGMMA_EPILOGUE_VECTOR`): ``per_pass`` elements per thread and
+    """A vectorized tile epilogue (``WgmmaKnobs.epilogue_vector``): ``per_pass`` elements per thread and
     pass in runs of ``acc.width``; ``early``: one pass whose point reads are issued before the k-loop."""
 
     acc: ev.VectorAccesses
@@ -1734,10 +1752,10 @@ class _VectorTile:
 
 
 def _vector_tile(epilogue: Epilogue, tm: int, tn: int, threads: int, ldc: int, m_guard: bool, n_guard: bool,
-                 allow_early: bool) -> _VectorTile | None:
+                 allow_early: bool, vector: bool = True) -> _VectorTile | None:
     """The vectorized epilogue of a guard-free tile, or ``None`` (switch off, no point access, a tile
     that does not split into runs)."""
-    if not WGMMA_EPILOGUE_VECTOR or m_guard or n_guard:
+    if not vector or m_guard or n_guard:
         return None
     acc = ev.vector_accesses(epilogue("bat", "row", "col", "acc"))
     if acc is None or tn % acc.width or (tm * tn) % (threads * acc.width):
@@ -1748,12 +1766,12 @@ def _vector_tile(epilogue: Epilogue, tm: int, tn: int, threads: int, ldc: int, m
         return None
     early = (allow_early and per_pass == per_thread and bool(acc.reads)
              and acc.read_registers(per_pass) <= WGMMA_EPILOGUE_EARLY_REGS)
-    return _VectorTile(acc, per_pass, early, tm, tn, threads, ldc, _cs_swizzle(tn))
+    return _VectorTile(acc, per_pass, early, tm, tn, threads, ldc, _cs_swizzle(tn, vector))
 
 
 def _wgmma_store_c(base: str, acc_regs: int, wn: int, ldc: int, tm: int, tn: int, threads: int,
                    epilogue: Epilogue, m_guard: bool, n_guard: bool, after: list[str] | None = None,
-                   vec: _VectorTile | None = None) -> str:
+                   vec: _VectorTile | None = None, *, vector: bool = True) -> str:
     """The wgmma epilogue: each warpgroup's accumulator fragment of m64nN (register j of lane l in
     warp w is row 16 w + l / 4 + 8 ((j / 2) % 2), column 8 (j / 4) + 2 (l % 4) + j % 2) is written
     to an fp32 C tile in shared memory at ``base``, then the block applies the epilogue per element:
@@ -1763,7 +1781,7 @@ def _wgmma_store_c(base: str, acc_regs: int, wn: int, ldc: int, tm: int, tn: int
     (:data:`WGMMA_GUARDED_BATCH`; off: one element per iteration). With ``vec`` (:func:`_vector_tile`,
     tiles inside C): the vector passes of :class:`_VectorTile` when every pointer is 16-byte aligned
     (runtime test), the scalar batched passes otherwise."""
-    swz = _cs_swizzle(tn)
+    swz = _cs_swizzle(tn, vector)
     head = [
         f"float* Cs = reinterpret_cast<float*>({base});  // the C tile, fp32, rows padded"
         + (", column bit 2 ^= bit 5" if swz else ""),

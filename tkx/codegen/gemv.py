@@ -32,7 +32,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..target import SKINNY_MAX, GemmProblem
-from . import intfacts
 from .gemm import Epilogue, GemmCode, LoadA, LoadB
 from .text import block, indent
 
@@ -109,7 +108,7 @@ def stream_split(long_n: int, batch: int, steps: int, warps: int, blocks: int) -
 def gemv_stream(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue, *, threads: int = 256,
                 blocks: int = 132, item: str = "item", ptr_long: PtrLong | None = None, aligned: str = "false",
                 ptr_short: PtrLong | None = None, aligned_short: str = "false",
-                prefetch: tuple[Prefetch, ...] = (), long8: Long8 | None = None) -> GemmCode:
+                prefetch: tuple[Prefetch, ...] = (), long8: Long8 | None = None, cheap: bool = True) -> GemmCode:
     """C block for one work item of the streaming GEMV of ``p`` (see the module text).
 
     ``blocks``: the grid size the columns are spread over. ``ptr_long``: a pointer to the long operand's
@@ -134,10 +133,10 @@ def gemv_stream(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue
         raise ValueError("gemv_stream needs the long operand contiguous along K (use gemv)")
     warps = threads // 32
     vec = ptr_long is not None and p.k % 8 == 0
-    # a dequantising chain with K a multiple of 8 (intfacts.CHEAP_DEQUANT): each lane computes 8 consecutive
+    # a dequantising chain with K a multiple of 8 (``cheap``: Options.cheap_int_math): each lane computes 8 consecutive
     # K elements per step, so the compiler sees one byte serve both nibbles and one scale serve all 8
     # (the indices' low 3 bits are the constant t) and the activations come in 16-byte loads
-    lane8 = not vec and intfacts.CHEAP_DEQUANT and p.k % 8 == 0
+    lane8 = not vec and cheap and p.k % 8 == 0
     per_step = 256 if vec or lane8 else 32
     steps = _ceil(p.k, per_step)
     cpw, ksplit = stream_split(long_n, p.batch, steps, warps, blocks)

@@ -29,9 +29,8 @@ from ..errors import TkxError
 from ..ir import Op, TensorSpec, contiguous_strides
 from ..schedule.model import FusedSchedule, Group, Home
 from ..target import EPILOGUE_BATCH, GPU, register_budget, register_note
-from . import abi, cuda_prelude, intfacts
+from . import abi, intfacts
 from . import epilogue_vector as ev
-from . import gemm as gemm_module
 from . import ops as cops
 from .cuda_prelude import (
     C_TYPES,
@@ -44,7 +43,7 @@ from .cuda_prelude import (
     shared_workspace,
     store,
 )
-from .gemm import GemmProblem, SplitFinal, _batched_epilogue, emit_gemm, tensormap_prefetch
+from .gemm import GemmProblem, SplitFinal, WgmmaKnobs, _batched_epilogue, emit_gemm, tensormap_prefetch
 from .gemv import gemv_stream
 from .reduce import emit_reduction, final_reduce, partial_reduce
 from .text import block, indent
@@ -131,7 +130,7 @@ class KernelPlan:
     tile_counters: dict[str, int] = field(default_factory=dict)
     tile_counter_words: int = 0
     #: CTAs per thread-block cluster the kernel is launched in (2 when a GEMM pairs its items,
-    #: :data:`tkx.target.GEMM_CLUSTER`), and the groups that do.
+    #: ``Options.gemm_cluster``), and the groups that do.
     cluster: int = 1
     cluster_groups: set[str] = field(default_factory=set)
 
@@ -144,6 +143,7 @@ class _Emitter:
         self.ops = {op.id: op for op in self.p.ops}
         self.inputs = {i.value.buffer: k for k, i in enumerate(self.p.inputs)}
         self.exact = bool(s.options.exact)
+        self.cheap = bool(s.options.cheap_int_math)
         self.threads = s.threads
         self.plan = KernelPlan()
         self._row: _RowContext | None = None  # set while a row-persistent group is emitted
@@ -153,13 +153,13 @@ class _Emitter:
 
     def index32(self) -> bool:
         """Device functions take a 32-bit non-negative index (:func:`tkx.codegen.intfacts.index_fits_32` over
-        every view of the program), when :data:`tkx.codegen.intfacts.CHEAP_DEQUANT` is on."""
+        every view of the program), when :attr:`tkx.Options.cheap_int_math` is on."""
         if self._index32 is None:
             specs = [i.value for i in self.p.inputs] + [o.value for o in self.p.outputs]
             for op in self.p.ops:
                 specs.append(op.out)
                 specs += [x for x in op.inputs if isinstance(x, TensorSpec)]
-            self._index32 = intfacts.CHEAP_DEQUANT and intfacts.index_fits_32(specs)
+            self._index32 = self.cheap and intfacts.index_fits_32(specs)
         return self._index32
 
     # -- memory ---------------------------------------------------------------------------
@@ -287,9 +287,9 @@ class _Emitter:
         else:
             args = [self.element(x, lin, lines, memo, registers, group_inlined) if isinstance(x, TensorSpec)
                     else x for x in op.inputs]  # scalars are formatted in the op's compute type
-            exact_cast = (intfacts.CHEAP_DEQUANT and op.kind == "cast" and op.inputs
+            exact_cast = (self.cheap and op.kind == "cast" and op.inputs
                           and intfacts.exact_in_half(op.inputs[0], self.ops, self._ranges))
-            text = cops.value(op, args, exact=self.exact, exact_cast=bool(exact_cast))
+            text = cops.value(op, args, exact=self.exact, exact_cast=bool(exact_cast), cheap=self.cheap)
         if memo is not None:
             memo[key] = var
         if text is not None:
@@ -299,8 +299,8 @@ class _Emitter:
     def power_of_two_divisor(self, op: Op) -> int | str | None:
         """For an integer ``floor_divide``/``remainder`` whose divisor only takes positive powers of two
         (:func:`tkx.codegen.intfacts.power_of_two_shifts`): the shift (an ``int`` when it is one value,
-        ``"tensor"`` when it varies per element); else ``None`` (also with ``CHEAP_DEQUANT`` off)."""
-        if not intfacts.CHEAP_DEQUANT or op.kind not in ("floor_divide", "remainder") or len(op.inputs) != 2:
+        ``"tensor"`` when it varies per element); else ``None`` (also with ``cheap_int_math`` off)."""
+        if not self.cheap or op.kind not in ("floor_divide", "remainder") or len(op.inputs) != 2:
             return None
         if optable.compute_type(op) != "int":
             return None
@@ -802,7 +802,7 @@ class _Emitter:
             scratch, _ = self.pointer(params["partials"])
             total, t = prob.batch * m * n, self.threads
             ub = EPILOGUE_BATCH
-            acc = ev.vector_accesses(epilogue("bat", "row", "col", "acc")) if gemm_module.WGMMA_EPILOGUE_VECTOR \
+            acc = ev.vector_accesses(epilogue("bat", "row", "col", "acc")) if self.s.options.epilogue_vector \
                 else None
             batched = _batched_epilogue(epilogue, ub, batch_index=True) if total % (t * ub) == 0 else None
             if batched is not None:
@@ -862,7 +862,7 @@ class _Emitter:
             k_dim = long_view.ndim - (2 if small_m else 1)
             others = [st for d, st in enumerate(long_view.strides) if d != k_dim]
             long8 = None
-            if (intfacts.CHEAP_DEQUANT and long_view.buffer in self.s.inlined and long_view.strides[k_dim] == 1
+            if (self.cheap and long_view.buffer in self.s.inlined and long_view.strides[k_dim] == 1
                     and all(st % 8 == 0 for st in others) and long_view.offset % 8 == 0):
                 fn = self.function(long_view.buffer)
 
@@ -872,7 +872,7 @@ class _Emitter:
                     idx = coords(bat, k0, col, long_view) if small_m else coords(bat, col, k0, long_view)
                     return f"{fn}(TKX_ARGS, ({idx} | {t}))"
             code = gemv_stream(prob, operand(a), operand(b), final, threads=self.threads, blocks=self.s.blocks,
-                               long8=long8, **self.gemv_stream_loads(a, b, prob, pointer_to))
+                               long8=long8, cheap=self.cheap, **self.gemv_stream_loads(a, b, prob, pointer_to))
         else:
             code = emit_gemm(variant, prob, operand(a), operand(b), final, tile_m=params["tile_m"],
                              tile_n=params["tile_n"], tile_k=params["tile_k"], threads=self.threads,
@@ -882,7 +882,8 @@ class _Emitter:
                              tma_a=tma_map(a, 1 if prob.a_k_contiguous else 0),
                              tma_b=tma_map(b, 1 if prob.b_n_contiguous else 0), split_final=split_final,
                              epilogue_reads=_point_reads(epilogue("bat", "row", "col", "acc"))
-                             if gemm_module.WGMMA_EPILOGUE_PREFETCH and split == 1 and not batched else (),
+                             if self.s.options.epilogue_prefetch and split == 1 and not batched else (),
+                             knobs=WgmmaKnobs.of(self.s.options),
                              **({"cluster": 2} if params.get("cluster") == 2 and self.s.mode != "block" else {}))
         self.plan.tensor_cores |= code.tensor_cores
         if code.cluster > 1:
@@ -921,7 +922,7 @@ class _Emitter:
             return {}
         out = {}
         short = a if small_m else b
-        at_s = pointer_to(short, 1 - fast) if intfacts.CHEAP_DEQUANT and short.dtype == "bfloat16" else None
+        at_s = pointer_to(short, 1 - fast) if self.cheap and short.dtype == "bfloat16" else None
         if at_s is not None:  # the activations in 16-byte loads on the 8-elements-per-lane chain path
             sptr, _ = self.pointer(short.buffer)
 
@@ -1164,10 +1165,10 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
     pointers = [p for p in params if p.role in ("input", "output", "arena", "status")]
     body: list[str] = [
         f"if (!tkx_check_launch(status, {s.threads})) return;",
-        barrier_setup(mode, s.blocks) if sync == "barrier" else
+        barrier_setup(mode, s.blocks, s.options.grid_barrier) if sync == "barrier" else
         "const unsigned int tkx_epoch = tkx_counters_init(sync);  // launches completed: this launch's base",
     ]
-    prefetch_maps = tensormap_prefetch(len(em.plan.tensor_maps))
+    prefetch_maps = tensormap_prefetch(len(em.plan.tensor_maps), on=s.options.tensormap_prefetch)
     if prefetch_maps:
         body.append(prefetch_maps)
     if em.plan.tile_counter_words:
@@ -1180,7 +1181,8 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
         if si > 0 and sync == "barrier":
             hz = "; ".join(s.barriers[si - 1].hazards[:2])
             body.append(f"// ---- barrier before stage {si} ({hz})")
-            body.append(barrier(mode, si, spin_limit=f"{spin}ULL", blocks=s.blocks))
+            body.append(barrier(mode, si, spin_limit=f"{spin}ULL", blocks=s.blocks,
+                                 choice=s.options.grid_barrier))
         names = ", ".join(f"{g.id} {g.kind}" for g, _, _ in parts)
         body.append(f"// ==== stage {si}: {names} ====")
         if sync == "counters" or timeline:
@@ -1213,8 +1215,8 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
     functions = "\n\n".join([declarations] + [f for f in em.plan.functions.values() if f]) \
         if em.plan.functions else ""
     if sync == "barrier" and mode == "grid" and s.num_barriers:
-        kind = grid_barrier_kind(s.blocks)
-        header = block(header, f"// Grid barrier: {kind} (cuda_prelude.GRID_BARRIER = {cuda_prelude.GRID_BARRIER!r}, "
+        kind = grid_barrier_kind(s.blocks, s.options.grid_barrier)
+        header = block(header, f"// Grid barrier: {kind} (cuda_prelude.GRID_BARRIER = {s.options.grid_barrier!r}, "
                                f"grid of at most {s.blocks} blocks)")
     if sync == "counters":
         header = block(header, f"// Sync: counters ({len(dag.counters)} counters, "

@@ -204,7 +204,7 @@ class ExtensionKernel:
         if int(getattr(launch_contract(source).config, "cluster", 1) or 1) > 1:
             raise KernelLoadError("the torch-extension back end launches without thread-block clusters, but "
                                   "this kernel's GEMMs pair their items in 2-CTA clusters "
-                                  "(tkx.target.GEMM_CLUSTER); use backend='nvrtc' or turn GEMM_CLUSTER off")
+                                  "(Options.gemm_cluster); use backend='nvrtc' or gemm_cluster='off'")
         start = time.perf_counter()
         with torch.cuda.device(device):
             self._check(module.prepare(dyn), "cudaFuncSetAttribute")

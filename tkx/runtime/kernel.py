@@ -33,7 +33,8 @@ DEFAULT_DYNAMIC_SHARED_LIMIT = 48 * 1024
 #: launched: ``"cooperative"`` (``cuLaunchKernelEx`` with both the cooperative and the cluster-dimension
 #: attributes: the driver checks that every block is co-resident) or ``"plain"`` (the cluster attribute
 #: only; the grid is still no larger than the clusters the occupancy calculator says are co-resident,
-#: which the grid barriers need). See ``docs/results/cluster-s5-notes.txt`` for what the H200 takes.
+#: which the grid barriers need). On the H200 both launch: cuOccupancyMaxActiveClusters gives 528 2-CTA
+#: clusters (8 x 132 / 2) with or without the cooperative attribute, so no SM is lost to pairing.
 CLUSTER_LAUNCH = "cooperative"
 
 
@@ -415,7 +416,7 @@ class CompiledKernel:
         core, c = self._core, self.cluster
         if self.mode == "block":
             raise KernelLoadError("a kernel in block mode (one block) cannot run in clusters of "
-                                  f"{c} blocks; turn tkx.target.GEMM_CLUSTER off or use grid mode")
+                                  f"{c} blocks; set gemm_cluster='off' or use grid mode")
         if CLUSTER_LAUNCH not in ("cooperative", "plain"):
             raise KernelLoadError(f"tkx.runtime.kernel.CLUSTER_LAUNCH is {CLUSTER_LAUNCH!r}; one of "
                                   "'cooperative', 'plain'")
@@ -425,7 +426,7 @@ class CompiledKernel:
             raise KernelLoadError(
                 f"the kernel cannot run in clusters of {c} blocks: the occupancy calculator says none is "
                 f"co-resident ({self.registers} registers/thread x {threads} threads, {self.shared_bytes} B "
-                f"static + {dyn} B dynamic shared memory per block); turn tkx.target.GEMM_CLUSTER off")
+                f"static + {dyn} B dynamic shared memory per block); set gemm_cluster='off'")
         self.grid = max(c, min(self.grid - self.grid % c, self.max_clusters * c))
         self.cooperative = coop
         return core.LaunchConfig(grid=_cluster_grid_arg(core, self.grid, c), cluster=c, block=threads,
@@ -443,7 +444,7 @@ class CompiledKernel:
             except TypeError:  # releases taking the stream positionally
                 return int(occ.max_active_clusters(probe))
         raise KernelLoadError("this cuda-core has no occupancy query for clusters "  # pragma: no cover
-                              "(KernelOccupancy.max_active_clusters); turn tkx.target.GEMM_CLUSTER off")
+                              "(KernelOccupancy.max_active_clusters); set gemm_cluster='off'")
 
     def _check_signature(self, source: Any) -> None:
         params = launch_contract(source).params
@@ -503,7 +504,7 @@ class CompiledKernel:
                     f"{'cooperative ' if self.cooperative else ''}launch of {self.grid} blocks in clusters of "
                     f"{self.cluster} ({self.max_clusters} clusters co-resident) refused by the driver: {e}; "
                     "set tkx.runtime.kernel.CLUSTER_LAUNCH = 'plain' (or 'cooperative'), or turn "
-                    "tkx.target.GEMM_CLUSTER off") from e
+                    "gemm_cluster='off'") from e
             return
         if self.cooperative:
             err = cooperative_limit_error(self.grid, self.occupancy, self.sm_count, self.registers,

@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import ops
-from .. import target as _target
 from ..dtypes import INT_DTYPES
 from ..errors import TkxError
 from ..ir import Op, Program, TensorSpec
@@ -623,7 +622,7 @@ def schedule(program: Program, options: Any = None, *, rules: tuple[FusionRule, 
                                 epi_inl, plan=rplan.replace(partials=name))
 
     # Split-K GEMMs: each work item computes one tile over one slice of K and writes it to fp32
-    # scratch. With target.SPLIT_K_LAST_SLICE the item that finishes a tile last (a per-tile arrival
+    # scratch. With options.split_k_final == "last-slice" the item that finishes a tile last (a per-tile arrival
     # counter) adds the slices in order and runs the epilogue, in the same group; otherwise a
     # partial group writes the slices and a final group of the next stage adds them.
     for gid in list(groups):
@@ -632,7 +631,7 @@ def schedule(program: Program, options: Any = None, *, rules: tuple[FusionRule, 
         if grp.kind == "gemm" and isinstance(gplan, GemmPlan) and gplan.split_k > 1:
             name = f"{grp.anchor}_splitk"
             scratch[name] = gplan.split_k * gplan.batch * gplan.m * gplan.n * 4
-            if _target.SPLIT_K_LAST_SLICE:
+            if options.split_k_final == "last-slice":
                 why = (f"{gplan.why}; the last of the {gplan.split_k} slices to finish a tile adds them in slice "
                        "order and runs the epilogue (a per-tile arrival counter): no final stage")
                 groups[gid] = Group(gid, "gemm", grp.anchor, grp.ops, grp.stores + (name,), grp.reads, grp.inlined,
@@ -650,7 +649,7 @@ def schedule(program: Program, options: Any = None, *, rules: tuple[FusionRule, 
                                 plan=gplan.replace(partials=name, split_final="stage"))
             w.decisions.append(FusionDecision(
                 "split-k", grp.anchor, gid, False, "split-k-final", "stage",
-                f"not fused: tkx.target.SPLIT_K_LAST_SLICE is off, so {gid}k writes the {gplan.split_k} slices and "
+                f"not fused: split_k_final='stage', so {gid}k writes the {gplan.split_k} slices and "
                 f"{gid} adds them in the next stage, after a grid barrier"))
 
     # Flash-decoding attention becomes a partial group (each work item one (batch, KV tile): the tile's
