@@ -294,7 +294,7 @@ class GemmPlan(Plan):
     def tiles(self) -> int:
         """Output tiles (``batch x ceil(m / tile_m) x ceil(n / tile_n)``): the arrival counters of a
         ``"last-slice"`` split-K GEMM."""
-        return self.batch * _ceil(self.m, self.tile_m) * _ceil(self.n, self.tile_n)
+        return self.batch * ceil_div(self.m, self.tile_m) * ceil_div(self.n, self.tile_n)
 
     @property
     def problem(self) -> GemmProblem:
@@ -311,7 +311,8 @@ def _pow2_at_least(x: int, lo: int) -> int:
     return p
 
 
-def _ceil(a: int, b: int) -> int:
+def ceil_div(a: int, b: int) -> int:
+    """``ceil(a / b)`` for integers (``b > 0``)."""
     return -(-a // b)
 
 
@@ -344,7 +345,7 @@ class GemmEmitter:
         return options.tile_m, options.tile_n, options.tile_k, []
 
     def items(self, plan: GemmPlan) -> int:
-        return plan.batch * _ceil(plan.m, plan.tile_m) * _ceil(plan.n, plan.tile_n) * plan.split_k
+        return plan.batch * ceil_div(plan.m, plan.tile_m) * ceil_div(plan.n, plan.tile_n) * plan.split_k
 
     def cost(self, plan: GemmPlan, phase: str = "one") -> Cost:
         """Cost of the GEMM (``phase="one"``), of its split-K slices (``"partial"``), of adding
@@ -353,7 +354,7 @@ class GemmEmitter:
         if phase == "final":
             outs = plan.m * plan.n * plan.batch
             per = plan.threads * EPILOGUE_BATCH
-            items = outs // per if outs % per == 0 else _ceil(outs, plan.threads)  # as codegen batches them
+            items = outs // per if outs % per == 0 else ceil_div(outs, plan.threads)  # as codegen batches them
             return Cost(items, outs * plan.split_k, outs * plan.split_k * 4)
         flops = 2 * plan.m * plan.n * plan.k * plan.batch
         nbytes = (plan.m * plan.k + plan.k * plan.n) * plan.batch * 4
@@ -531,8 +532,8 @@ class _Wgmma(GemmEmitter):
                 if self._regs(tm, tn, tk, threads, self._direct(p)) > budget or (tm * tk) % threads \
                         or (tk * tn) % threads:
                     continue
-                tiles = p.batch * _ceil(p.m, tm) * _ceil(p.n, tn)
-                waves = _ceil(tiles, SM_COUNT)
+                tiles = p.batch * ceil_div(p.m, tm) * ceil_div(p.n, tn)
+                waves = ceil_div(tiles, SM_COUNT)
                 # a wave's time: the tile's MMAs plus its operand traffic (per K step, in MMA units). Tried
                 # on the H200 against a model of chip-wide L2 traffic that chose 128x128 tiles for medium's
                 # 256x4096x1024 GEMMs: 16.0 µs per tile against 11.9 µs for this model's 64x128 (one SM's
@@ -581,7 +582,7 @@ class _Gemv(GemmEmitter):
 
     def items(self, plan):
         # the cost model's estimate: one output element per warp
-        return _ceil(plan.m * plan.n * plan.batch, plan.threads // 32)
+        return ceil_div(plan.m * plan.n * plan.batch, plan.threads // 32)
 
     def registers(self, plan):
         return 40
@@ -714,7 +715,7 @@ def _plan_split_k(plan: GemmPlan, options: Any, e: GemmEmitter) -> GemmPlan:
             return dataclasses.replace(plan, adjusted="; ".join(x for x in (plan.adjusted, note) if x))
         return plan
     tiles = e.items(plan)
-    steps = _ceil(plan.k, plan.tile_k)
+    steps = ceil_div(plan.k, plan.tile_k)
     if sk == "off":
         return plan
     if sk == "auto":
@@ -725,7 +726,7 @@ def _plan_split_k(plan: GemmPlan, options: Any, e: GemmEmitter) -> GemmPlan:
         if want == 1:
             return plan
         why = (f"split-K {want}: {tiles} output tile(s) cannot fill {SM_COUNT} SMs and K = {plan.k} "
-               f"is {steps} steps deep ({_ceil(steps, want)} per slice)")
+               f"is {steps} steps deep ({ceil_div(steps, want)} per slice)")
         return dataclasses.replace(plan, split_k=want, why=plan.why + "; " + why)
     want = int(sk)
     if want > steps:
@@ -757,7 +758,7 @@ def cluster_pairs(p: GemmProblem, tm: int, tn: int, split: int, b_kmajor: bool) 
     multiple of 8 so each half starts on a swizzle atom; N-major: an even number of 64-column boxes)."""
     if p.batch != 1:
         return f"a batch of {p.batch} matrices"
-    tiles_m = _ceil(p.m, tm)
+    tiles_m = ceil_div(p.m, tm)
     if tiles_m % 2:
         return f"{tiles_m} row block(s) of {tm}: pairs need an even number"
     if b_kmajor and (tn // 2) % 8:
@@ -774,12 +775,12 @@ def _plan_cluster(plan: GemmPlan, p: GemmProblem, options: Any, e: GemmEmitter) 
         return plan
     if p.batch != 1 or plan.threads % 128 or options.mode == "block":
         return plan
-    steps = _ceil(_ceil(plan.k, plan.tile_k), plan.split_k)
+    steps = ceil_div(ceil_div(plan.k, plan.tile_k), plan.split_k)
     if options.gemm_cluster == "on" and steps < CLUSTER_MIN_K_STEPS:
         return plan
     if cluster_pairs(p, plan.tile_m, plan.tile_n, plan.split_k, not p.b_n_contiguous) is not None:
         return plan
-    tiles_m = _ceil(plan.m, plan.tile_m)
+    tiles_m = ceil_div(plan.m, plan.tile_m)
     why = (f"2-CTA clusters: the {tiles_m} row blocks read each {plan.tile_k * plan.tile_n}-element B k-tile; "
            f"pairs of row blocks share it by TMA multicast (B through L2 once per pair, {steps} k-tiles per item)")
     return dataclasses.replace(plan, cluster=2, why=plan.why + "; " + why)
@@ -875,21 +876,21 @@ class ReductionEmitter:
         rows, size = plan.rows, plan.size
         nbytes = rows * size * 4
         if phase == "partial":
-            items = (_ceil(rows, 32) if plan.rows_contiguous else rows) * (plan.parts or 1)
+            items = (ceil_div(rows, 32) if plan.rows_contiguous else rows) * (plan.parts or 1)
         elif self.name == "thread":
-            items = _ceil(rows, threads)
+            items = ceil_div(rows, threads)
         elif self.name == "partial":  # the final phase: a thread or a warp per row folds the partials
-            items = _ceil(rows, threads if (plan.parts or 1) <= THREAD_FINAL_CHUNKS else threads // 32)
+            items = ceil_div(rows, threads if (plan.parts or 1) <= THREAD_FINAL_CHUNKS else threads // 32)
             nbytes = rows * (plan.parts or 1) * 4
         elif self.name == "block":
             items = rows
         elif self.name == "columns":
-            items = _ceil(rows, 32)
+            items = ceil_div(rows, 32)
         elif self.name == "row":  # one warp per row, every pass over the row in registers
-            items = _ceil(rows, threads // 32)
+            items = ceil_div(rows, threads // 32)
             return Cost(items, rows * size * max(plan.passes, 1), nbytes)
         else:
-            items = _ceil(rows, threads // 32)
+            items = ceil_div(rows, threads // 32)
         return Cost(items, rows * size, nbytes)
 
 
@@ -910,8 +911,8 @@ def _reduction_strategy(rows: int, size: int, rows_contiguous: bool, threads: in
     if rows_contiguous and rows >= 32:
         if rows >= blocks * threads // 8 or size <= 64:
             return "thread", "rows adjacent in memory: one thread per row reads coalesced"
-        if _ceil(rows, 32) >= blocks // 2:
-            return "columns", (f"rows adjacent in memory: 32 rows per work item ({_ceil(rows, 32)} items fill the "
+        if ceil_div(rows, 32) >= blocks // 2:
+            return "columns", (f"rows adjacent in memory: 32 rows per work item ({ceil_div(rows, 32)} items fill the "
                                f"grid), the warps split the {size} elements; one phase, no final stage")
         return "partial", "rows adjacent in memory but few: 32 rows x a chunk of each per work item"
     if size <= 32:
@@ -1009,11 +1010,11 @@ class AttentionPlan(Plan):
 
     @property
     def q_tiles(self) -> int:
-        return _ceil(self.q_len, self.tile_q)
+        return ceil_div(self.q_len, self.tile_q)
 
     @property
     def k_tiles(self) -> int:
-        return _ceil(self.kv_len, self.tile_k)
+        return ceil_div(self.kv_len, self.tile_k)
 
 
 #: The largest head (and value) dimension the fused emitter keeps in shared memory.
@@ -1046,11 +1047,11 @@ def decode_split(batch: int, kv_len: int, blocks: int) -> tuple[int, str]:
     ties go to the larger tile (fewer partials to combine)."""
     step = DECODE_TILE_STEP
     options: list[tuple[int, int, int, int]] = []  # (tile, tiles, waves, cost), the smallest tile per count
-    for tiles in range(_ceil(kv_len, step), 0, -1):
-        tile = _ceil(_ceil(kv_len, tiles), step) * step
-        if _ceil(kv_len, tile) != tiles or (options and options[-1][0] == tile):
+    for tiles in range(ceil_div(kv_len, step), 0, -1):
+        tile = ceil_div(ceil_div(kv_len, tiles), step) * step
+        if ceil_div(kv_len, tile) != tiles or (options and options[-1][0] == tile):
             continue
-        waves = _ceil(batch * tiles, max(blocks, 1))
+        waves = ceil_div(batch * tiles, max(blocks, 1))
         options.append((tile, tiles, waves, waves * (min(tile, kv_len) + DECODE_ITEM_KEYS)))
     best = None
     for o in options:  # smallest tile first: ``<=`` lets a larger tile win a tie
@@ -1059,7 +1060,7 @@ def decode_split(batch: int, kv_len: int, blocks: int) -> tuple[int, str]:
     assert best is not None
     tile, tiles = best[0], best[1]
     items = batch * tiles
-    waves = _ceil(items, max(blocks, 1))
+    waves = ceil_div(items, max(blocks, 1))
     smaller = [o for o in options if o[0] < tile]
     alt = ""
     if smaller:
@@ -1122,7 +1123,7 @@ class AttentionEmitter:
             _, _, floats = decode_partials_layout(b, plan.k_tiles, lq, plan.value_dim)
             part = Cost(b * plan.k_tiles, 2 * b * lq * lk * dims,
                         4 * (b * lk * dims + b * lq * plan.head_dim) + 4 * floats)
-            comb = Cost(_ceil(b * lq, 8), 4 * floats, 4 * floats + 4 * b * lq * (plan.value_dim + 1))
+            comb = Cost(ceil_div(b * lq, 8), 4 * floats, 4 * floats + 4 * b * lq * (plan.value_dim + 1))
             if phase == "partial":
                 return part
             if phase == "combine":
