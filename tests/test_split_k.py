@@ -230,7 +230,7 @@ def test_last_slice_final_in_the_tile_code():
 def test_epilogue_prefetch_compiles_without_spills():
     """``Options.epilogue_prefetch``: the SGD updates of medium's weight gradients prefetch the weights' tile
     rows into L2 (one request per 128-byte line); the kernel compiles for sm_90a without spills."""
-    from tkx.codegen.kernel import _point_reads
+    from tkx.codegen.kernel_gemm import _point_reads
     code = ("const float v = tkx_ld_bf16(in2, tkx_e) - tkx_ld_f32(reinterpret_cast<float*>(arena + 64), tkx_e) "
             "+ tkx_ld_bf16(in3, tkx_e + 1);")  # the last is not at the point
     assert _point_reads(code) == (("in2", 2), ("reinterpret_cast<float*>(arena + 64)", 4))
