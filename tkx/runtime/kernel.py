@@ -281,6 +281,29 @@ def occupancy_error(registers: int, shared_bytes: int, dynamic_shared_bytes: int
         "(tile_m, tile_n, tile_k)")
 
 
+def threads_error(threads: int, registers: int, max_threads: int) -> KernelLoadError:
+    """The error raised when the kernel's registers let fewer than its ``threads`` threads into a block."""
+    return KernelLoadError(
+        f"the kernel was generated for {threads} threads per block but uses {registers} "
+        f"registers/thread, so at most {max_threads} fit in a block; "
+        "lower Options.threads_per_block")
+
+
+def set_launch_shape(kernel: Any, source: Any, device: Any, mode: str, blocks: int, threads: int, dyn: int) -> None:
+    """Set ``kernel``'s launch shape from its measured ``occupancy`` (both back ends): ``block``,
+    ``mode``, ``grid`` (:func:`choose_grid`), ``cooperative``, ``sm_count`` and ``dynamic_shared_bytes``;
+    :func:`occupancy_error` when not one block fits on an SM."""
+    kernel.dynamic_shared_bytes = dyn
+    kernel.block = threads
+    kernel.mode = mode
+    kernel.sm_count = sm_count(device)
+    if kernel.occupancy <= 0:
+        raise occupancy_error(kernel.registers, kernel.shared_bytes, dyn, threads, kernel.local_bytes)
+    kernel.grid = choose_grid(mode, blocks, kernel.occupancy, kernel.sm_count,
+                              launch_contract(source).config.max_blocks)
+    kernel.cooperative = mode != "block"
+
+
 def occupancy_limits(registers: int, shared_bytes: int, dynamic_shared_bytes: int, threads: int, *,
                      regs_per_sm: int = 65536, shared_per_sm: int = 233472, threads_per_sm: int = 2048,
                      blocks_per_sm: int = 32) -> dict[str, int]:
@@ -383,23 +406,12 @@ class CompiledKernel:
             max_threads = _attr(attrs, "max_threads_per_block", threads)
             self._check_signature(source)
             if threads > max_threads:
-                raise KernelLoadError(
-                    f"the kernel was generated for {threads} threads per block but uses {self.registers} "
-                    f"registers/thread, so at most {max_threads} fit in a block; "
-                    "lower Options.threads_per_block")
+                raise threads_error(threads, self.registers, max_threads)
             if dyn > DEFAULT_DYNAMIC_SHARED_LIMIT:
                 self._allow_dynamic_shared(dyn)
             self.occupancy = self._occupancy(threads, dyn)
         self.load_seconds = time.perf_counter() - start
-        self.dynamic_shared_bytes = dyn
-        self.block = threads
-        self.mode = mode
-        self.sm_count = sm_count(device)
-        if self.occupancy <= 0:
-            raise occupancy_error(self.registers, self.shared_bytes, dyn, threads, self.local_bytes)
-        self.grid = choose_grid(mode, blocks, self.occupancy, self.sm_count,
-                                launch_contract(source).config.max_blocks)
-        self.cooperative = mode != "block"
+        set_launch_shape(self, source, device, mode, blocks, threads, dyn)
         self.cluster = int(getattr(launch_contract(source).config, "cluster", 1) or 1)
         #: With clusters: how many are co-resident at once (cuOccupancyMaxActiveClusters), else ``None``.
         self.max_clusters: int | None = None
