@@ -8,7 +8,7 @@ from typing import Any
 from ..dtypes import DTYPE_BYTES
 from ..ir import TensorSpec
 from ..schedule.model import Group
-from ..target import EPILOGUE_BATCH, GPU
+from ..target import EPILOGUE_BATCH, GPU, GemmPlan
 from . import abi
 from . import epilogue_vector as ev
 from . import ops as cops
@@ -47,8 +47,9 @@ class GemmGroups(ValueEmitter):
         assert isinstance(a, TensorSpec) and isinstance(b, TensorSpec)
         prob = GemmProblem.from_views(a, b)
         m, n = prob.m, prob.n
-        params = g.params
-        variant = params["impl"]
+        plan = g.plan
+        assert isinstance(plan, GemmPlan), f"{g.id}: a GEMM group carries a GemmPlan, not {type(plan).__name__}"
+        variant = plan.impl
         batched = op.kind == "bmm"
 
         def coords(bat: str, r: str, c: str, view: TensorSpec) -> str:
@@ -129,15 +130,15 @@ class GemmGroups(ValueEmitter):
             lines.append(self.point(g, "tkx_e", {op.id: f"v_{op.id}"}, 1))
             return block(lines)
 
-        split = int(params.get("split_k", 1))
+        split = plan.split_k
         split_final = None
-        if split > 1 and g.kind == "gemm" and params.get("split_final") == "last-slice":
+        if split > 1 and g.kind == "gemm" and plan.split_final == "last-slice":
             # split-K in one group: each item writes its slice, the last of a tile adds them (gemm.SplitFinal)
-            scratch, _ = self.pointer(params["partials"])
+            scratch, _ = self.pointer(plan.partials)
             total = prob.batch * m * n
             first = self.plan.tile_counters.setdefault(g.id, self.plan.tile_counter_words)
             if first == self.plan.tile_counter_words:
-                self.plan.tile_counter_words += params.tiles
+                self.plan.tile_counter_words += plan.tiles
 
             def slice_store(bat: str, row: str, col: str, acc: str) -> str:
                 lin = f"(((long long){bat} * {m} + {row}) * {n} + {col})"
@@ -147,7 +148,7 @@ class GemmGroups(ValueEmitter):
         elif split > 1 and g.kind == "gemm":
             # split-K, phase 2: add the slices in order (a fixed order: the same bits every run), then
             # the epilogue, one output element per thread
-            scratch, _ = self.pointer(params["partials"])
+            scratch, _ = self.pointer(plan.partials)
             total, t = prob.batch * m * n, self.threads
             ub = EPILOGUE_BATCH
             acc = ev.vector_accesses(epilogue("bat", "row", "col", "acc")) if self.s.options.epilogue_vector \
@@ -195,7 +196,7 @@ class GemmGroups(ValueEmitter):
                     + indent(body) + "\n}"), max(1, -(-total // t)), 0
         elif split > 1:
             # split-K, phase 1: each work item writes one tile's sum over one slice of K to scratch
-            scratch, _ = self.pointer(params["partials"])
+            scratch, _ = self.pointer(plan.partials)
             total = prob.batch * m * n
 
             def partial_store(bat: str, row: str, col: str, acc: str) -> str:
@@ -222,8 +223,8 @@ class GemmGroups(ValueEmitter):
             code = gemv_stream(prob, operand(a), operand(b), final, threads=self.threads, blocks=self.s.blocks,
                                long8=long8, cheap=self.cheap, **self.gemv_stream_loads(a, b, prob, pointer_to))
         else:
-            code = emit_gemm(variant, prob, operand(a), operand(b), final, tile_m=params["tile_m"],
-                             tile_n=params["tile_n"], tile_k=params["tile_k"], threads=self.threads,
+            code = emit_gemm(variant, prob, operand(a), operand(b), final, tile_m=plan.tile_m,
+                             tile_n=plan.tile_n, tile_k=plan.tile_k, threads=self.threads,
                              ptr_a=pointer_to(a, 1 if prob.a_k_contiguous else 0),
                              ptr_b=pointer_to(b, 1 if prob.b_n_contiguous else 0), split=split,
                              shared_budget=GPU.shared_per_block // max(1, int(self.s.options.blocks_per_sm)),
@@ -232,7 +233,7 @@ class GemmGroups(ValueEmitter):
                              epilogue_reads=_point_reads(epilogue("bat", "row", "col", "acc"))
                              if self.s.options.epilogue_prefetch and split == 1 and not batched else (),
                              knobs=WgmmaKnobs.of(self.s.options),
-                             **({"cluster": 2} if params.get("cluster") == 2 and self.s.mode != "block" else {}))
+                             **({"cluster": 2} if plan.cluster == 2 and self.s.mode != "block" else {}))
         self.plan.tensor_cores |= code.tensor_cores
         if code.cluster > 1:
             self.plan.cluster = max(self.plan.cluster, code.cluster)

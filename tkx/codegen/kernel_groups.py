@@ -9,6 +9,7 @@ from ..dtypes import INT_DTYPES
 from ..errors import TkxError
 from ..ir import Op, TensorSpec
 from ..schedule.model import Group
+from ..target import ReductionPlan
 from . import ops as cops
 from .cuda_prelude import (
     load,
@@ -135,7 +136,7 @@ class GroupEmitter(ValueEmitter):
             return self.gemm_code(g)
         if g.kind in ("attention", "attention_partial"):
             return self.attention_code(g)
-        if g.params.get("strategy") == "row":
+        if isinstance(g.plan, ReductionPlan) and g.plan.strategy == "row":
             return self.row_code(g)
         return self.reduction_code(g)
 
@@ -153,7 +154,9 @@ class GroupEmitter(ValueEmitter):
         key = row_key(anchor)
         assert key is not None
         shape, dims = key
-        rows, size = int(g.params["rows"]), int(g.params["size"])
+        plan = g.plan
+        assert isinstance(plan, ReductionPlan)
+        rows, size = plan.rows, plan.size
         kept = [d for d in range(len(shape)) if d not in dims]
         lanes_k = -(-size // 32)
         warps = self.threads // 32
@@ -238,6 +241,8 @@ class GroupEmitter(ValueEmitter):
 
     def reduction_code(self, g: Group) -> tuple[str, int, int]:
         op = self.ops[g.anchor]
+        plan = g.plan
+        assert isinstance(plan, ReductionPlan), f"{g.id}: a reduction group carries a ReductionPlan"
         x = op.inputs[0]
         assert isinstance(x, TensorSpec)
         dims = tuple(op.attr("dims", ()))
@@ -267,17 +272,17 @@ class GroupEmitter(ValueEmitter):
 
         kind = op.kind
         if op.out.dtype in INT_DTYPES and g.kind == "reduction_partial" or (
-                op.out.dtype in INT_DTYPES and "partials" in g.params):
+                op.out.dtype in INT_DTYPES and plan.partials is not None):
             raise TkxError(f"codegen: integer reduction {op.id} was scheduled in two phases (float partials)")
-        strategy = g.params.get("strategy", "warp")
-        rows_contiguous = g.params.get("rows_contiguous", False)
+        strategy = plan.strategy
+        rows_contiguous = plan.rows_contiguous
         if g.kind == "reduction_partial":
-            scratch, _ = self.pointer(g.params["partials"])
-            code = partial_reduce(kind, rows, size, g.params["parts"], element, scratch=scratch,
+            scratch, _ = self.pointer(plan.partials)
+            code = partial_reduce(kind, rows, size, plan.parts, element, scratch=scratch,
                                   threads=self.threads, rows_contiguous=rows_contiguous)
-        elif "partials" in g.params:
-            scratch, _ = self.pointer(g.params["partials"])
-            code = final_reduce(kind, rows, size, g.params["parts"], finish, scratch=scratch, threads=self.threads)
+        elif plan.partials is not None:
+            scratch, _ = self.pointer(plan.partials)
+            code = final_reduce(kind, rows, size, plan.parts, finish, scratch=scratch, threads=self.threads)
         else:
             code = emit_reduction(strategy, kind, rows, max(size, 1), element, finish, threads=self.threads,
                                   ctype=cops.c_type(op.out.dtype))
