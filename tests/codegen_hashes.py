@@ -49,13 +49,18 @@ SLOW = {
 }
 
 
+#: The decode examples hashed (the full-size models take minutes to draw their weights on the CPU).
+DECODE = ("decode", "decode_int8", "decode_int4", "decode_tiny", "decode_tiny_int8", "decode_tiny_int4")
+
+
 def examples() -> dict:
-    """Every zoo example and decode example, by name: ``(step_fn, example_inputs)``."""
+    """Every zoo example and the decode examples of :data:`DECODE`, by name (each has ``step_fn`` and
+    ``example_inputs``)."""
     import tkx.examples as E
     from tkx.examples import decode as D
 
     out = {n: E.get(n) for n in E.names()}
-    out.update({n: D.get(n) for n in D.names()})
+    out.update({n: D.get(n) for n in DECODE})
     return out
 
 

@@ -61,7 +61,7 @@ def test_auto_grid_barrier_follows_the_grid(per_sm, kind):
     text, exp = kernel_text("medium", blocks_per_sm=per_sm, mode="grid")
     assert exp.schedule.num_barriers >= 1
     assert (exp.schedule.blocks <= P.COUNTER_BARRIER_MAX_BLOCKS) == (kind == "counter")
-    assert f"// Grid barrier: {kind} (cuda_prelude.GRID_BARRIER = 'auto', grid of at most " in text
+    assert f"// Grid barrier: {kind} (grid_barrier = 'auto', grid of at most " in text
     body = kernel_body(text)
     assert ("tkx_grid_barrier(sync" in body) == (kind == "counter")
     assert ("tkx_grid_barrier_generation(sync, tkx_gen++" in body) == (kind == "generation")

@@ -203,7 +203,7 @@ BARRIERS = dedent(r"""
         }
     }
 
-    // Generation grid barrier (GRID_BARRIER = "generation"). sync[0] counts the blocks that arrived,
+    // Generation grid barrier (grid_barrier="generation"). sync[0] counts the blocks that arrived,
     // sync[1] is the generation.
     // The last block to arrive resets the count and bumps the generation, which releases
     // the others; so the pair needs zeroing only once and serves every later barrier and
@@ -244,7 +244,7 @@ BARRIERS = dedent(r"""
         return ok != 0;
     }
 
-    // Arrival-counter grid barrier (GRID_BARRIER = "counter"). sync[0..1] is one 64-bit count of
+    // Arrival-counter grid barrier (grid_barrier="counter"). sync[0..1] is one 64-bit count of
     // arrivals that only grows: each block adds 1 per barrier with a release reduction (no value
     // comes back, so arriving is no round trip) and polls with acquires until the count reaches
     // its target, base + (barriers passed + 1) x gridDim.x. The base is read at kernel entry and

@@ -135,7 +135,7 @@ def _epilogue_prefetch(reads: tuple[tuple[str, int], ...], p: GemmProblem, tm: i
             f"+ col0) * {esize} + min((q % {per_row}) * 128, {span - 1});",
             '    asm volatile("prefetch.global.L2 [%0];" :: "l"(line));',
             "}"]
-    return ["// the epilogue's reads of this tile into L2 while the k-loop runs (gemm.WGMMA_EPILOGUE_PREFETCH)",
+    return ["// the epilogue's reads of this tile into L2 while the k-loop runs (epilogue_prefetch)",
             *lines]
 
 

@@ -248,7 +248,7 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
         if em.plan.functions else ""
     if sync == "barrier" and mode == "grid" and s.num_barriers:
         kind = grid_barrier_kind(s.blocks, s.options.grid_barrier)
-        header = block(header, f"// Grid barrier: {kind} (cuda_prelude.GRID_BARRIER = {s.options.grid_barrier!r}, "
+        header = block(header, f"// Grid barrier: {kind} (grid_barrier = {s.options.grid_barrier!r}, "
                                f"grid of at most {s.blocks} blocks)")
     if sync == "counters":
         header = block(header, f"// Sync: counters ({len(dag.counters)} counters, "

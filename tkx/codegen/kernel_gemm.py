@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 from ..dtypes import DTYPE_BYTES
-from ..ir import TensorSpec
+from ..ir import Op, TensorSpec
 from ..schedule.model import Group
 from ..target import EPILOGUE_BATCH, GPU, GemmPlan
 from . import abi
@@ -34,6 +35,14 @@ def _point_reads(code: str) -> tuple[tuple[str, int], ...]:
         if suffix in size:
             seen.setdefault(ptr.strip(), size[suffix])
     return tuple(seen.items())
+
+
+def _slice_store(scratch: str, total: int, m: int, n: int, op_id: str) -> Callable[[str, str, str, str], str]:
+    """The epilogue of a split-K slice: element (bat, row, col) of slice ``ks_split`` to fp32 ``scratch``."""
+    def store(bat: str, row: str, col: str, acc: str) -> str:
+        lin = f"(((long long){bat} * {m} + {row}) * {n} + {col})"
+        return f"{scratch}[(long long)ks_split * {total}LL + {lin}] = {acc};  // {op_id}: split-K slice"
+    return store
 
 
 class GemmGroups(ValueEmitter):
@@ -139,70 +148,15 @@ class GemmGroups(ValueEmitter):
             first = self.plan.tile_counters.setdefault(g.id, self.plan.tile_counter_words)
             if first == self.plan.tile_counter_words:
                 self.plan.tile_counter_words += plan.tiles
-
-            def slice_store(bat: str, row: str, col: str, acc: str) -> str:
-                lin = f"(((long long){bat} * {m} + {row}) * {n} + {col})"
-                return f"{scratch}[(long long)ks_split * {total}LL + {lin}] = {acc};  // {op.id}: split-K slice"
             split_final = SplitFinal(scratch, f"(tkx_tiles + {first})", epilogue)
-            final = slice_store
+            final = _slice_store(scratch, total, m, n, op.id)
         elif split > 1 and g.kind == "gemm":
-            # split-K, phase 2: add the slices in order (a fixed order: the same bits every run), then
-            # the epilogue, one output element per thread
-            scratch, _ = self.pointer(plan.partials)
-            total, t = prob.batch * m * n, self.threads
-            ub = EPILOGUE_BATCH
-            acc = ev.vector_accesses(epilogue("bat", "row", "col", "acc")) if self.s.options.epilogue_vector \
-                else None
-            batched = _batched_epilogue(epilogue, ub, batch_index=True) if total % (t * ub) == 0 else None
-            if batched is not None:
-                # EPILOGUE_BATCH elements per thread: every slice load and epilogue load in flight
-                # before the first store (one element per thread waited a memory latency per item)
-                comp, stores = batched
-                lines = [f"const long long e = (long long)item * {t * ub} + threadIdx.x;"]
-                for u in range(ub):
-                    x = f"tkxE{u}_"
-                    lines += [f"const long long {x}e = e + {u * t};",
-                              f"const int {x}bat = (int)({x}e / {m * n}), {x}row = (int)(({x}e / {n}) % {m}), "
-                              f"{x}col = (int)({x}e % {n});",
-                              f"float {x}acc = 0.0f;",
-                              "#pragma unroll",
-                              f"for (int s = 0; s < {split}; ++s) {x}acc += {scratch}[s * {total}LL + {x}e];"
-                              "  // slice order"]
-                body = block(*lines, *comp, *stores)
-                notes = {"variant": f"{variant} split-K final", "split_k": split, "elements_per_thread": ub}
-                if acc is not None and n % acc.width == 0 and ub % acc.width == 0:
-                    # the same items, each thread's elements in runs of V columns: float4 slice reads,
-                    # 16-byte point reads and stores (tkx.codegen.epilogue_vector), when the pointers are aligned
-                    vec = ev.split_final_pass(acc, comp, stores, runs=ub // acc.width, threads=t, split=split,
-                                              scratch=scratch, total=total, m=m, n=n)
-                    body = block(f"if ({ev.aligned_test(acc, (scratch,))}) {{  // 16-byte aligned pointers "
-                                 "(block-uniform): vector epilogue, else the scalar one",
-                                 indent(block(*vec)), "} else {", indent(body), "}")
-                    notes.update(epilogue_vector=acc.width, epilogue_per_pass=ub)
-                self.plan.notes[g.id] = notes
-                return (f"{{  // {g.id}: add the {split} split-K slices of {op.id}, then its epilogue, "
-                        f"{ub} elements per thread\n" + indent(body) + "\n}"), total // (t * ub), 0
-            body = block(
-                f"const long long e = (long long)item * {t} + threadIdx.x;",
-                f"if (e < {total}LL) {{",
-                f"    const int bat = (int)(e / {m * n}), row = (int)((e / {n}) % {m}), col = (int)(e % {n});",
-                "    float acc = 0.0f;",
-                "    #pragma unroll",
-                f"    for (int s = 0; s < {split}; ++s) acc += {scratch}[s * {total}LL + e];  // slice order",
-                indent(epilogue("bat", "row", "col", "acc")),
-                "}")
-            self.plan.notes[g.id] = {"variant": f"{variant} split-K final", "split_k": split}
-            return (f"{{  // {g.id}: add the {split} split-K slices of {op.id}, then its epilogue\n"
-                    + indent(body) + "\n}"), max(1, -(-total // t)), 0
+            return self.split_k_final(g, op, plan, prob, epilogue)
         elif split > 1:
             # split-K, phase 1: each work item writes one tile's sum over one slice of K to scratch
             scratch, _ = self.pointer(plan.partials)
             total = prob.batch * m * n
-
-            def partial_store(bat: str, row: str, col: str, acc: str) -> str:
-                lin = f"(((long long){bat} * {m} + {row}) * {n} + {col})"
-                return f"{scratch}[(long long)ks_split * {total}LL + {lin}] = {acc};  // {op.id}: split-K slice"
-            final = partial_store
+            final = _slice_store(scratch, total, m, n, op.id)
         else:
             final = epilogue
         if variant == "gemv_stream":
@@ -240,6 +194,61 @@ class GemmGroups(ValueEmitter):
             self.plan.cluster_groups.add(g.id)
         self.plan.notes[g.id] = {"variant": code.variant, **code.params}
         return code.code, code.work_items, code.shared_bytes
+
+    def split_k_final(self, g: Group, op: Op, plan: GemmPlan, prob: GemmProblem,
+                      epilogue: Callable[[str, str, str, str], str]) -> tuple[str, int, int]:
+        """Split-K, phase 2 (``split_final="stage"``): add the fp32 slices of ``plan.partials`` in slice
+        order (a fixed order: the same bits every run), then ``epilogue``; :data:`EPILOGUE_BATCH` elements
+        per thread (in 16-byte vectors when aligned) or one."""
+        m, n, split, variant = prob.m, prob.n, plan.split_k, plan.impl
+        # split-K, phase 2: add the slices in order (a fixed order: the same bits every run), then
+        # the epilogue, one output element per thread
+        scratch, _ = self.pointer(plan.partials)
+        total, t = prob.batch * m * n, self.threads
+        ub = EPILOGUE_BATCH
+        acc = ev.vector_accesses(epilogue("bat", "row", "col", "acc")) if self.s.options.epilogue_vector \
+            else None
+        batched = _batched_epilogue(epilogue, ub, batch_index=True) if total % (t * ub) == 0 else None
+        if batched is not None:
+            # EPILOGUE_BATCH elements per thread: every slice load and epilogue load in flight
+            # before the first store (one element per thread waited a memory latency per item)
+            comp, stores = batched
+            lines = [f"const long long e = (long long)item * {t * ub} + threadIdx.x;"]
+            for u in range(ub):
+                x = f"tkxE{u}_"
+                lines += [f"const long long {x}e = e + {u * t};",
+                          f"const int {x}bat = (int)({x}e / {m * n}), {x}row = (int)(({x}e / {n}) % {m}), "
+                          f"{x}col = (int)({x}e % {n});",
+                          f"float {x}acc = 0.0f;",
+                          "#pragma unroll",
+                          f"for (int s = 0; s < {split}; ++s) {x}acc += {scratch}[s * {total}LL + {x}e];"
+                          "  // slice order"]
+            body = block(*lines, *comp, *stores)
+            notes = {"variant": f"{variant} split-K final", "split_k": split, "elements_per_thread": ub}
+            if acc is not None and n % acc.width == 0 and ub % acc.width == 0:
+                # the same items, each thread's elements in runs of V columns: float4 slice reads,
+                # 16-byte point reads and stores (tkx.codegen.epilogue_vector), when the pointers are aligned
+                vec = ev.split_final_pass(acc, comp, stores, runs=ub // acc.width, threads=t, split=split,
+                                          scratch=scratch, total=total, m=m, n=n)
+                body = block(f"if ({ev.aligned_test(acc, (scratch,))}) {{  // 16-byte aligned pointers "
+                             "(block-uniform): vector epilogue, else the scalar one",
+                             indent(block(*vec)), "} else {", indent(body), "}")
+                notes.update(epilogue_vector=acc.width, epilogue_per_pass=ub)
+            self.plan.notes[g.id] = notes
+            return (f"{{  // {g.id}: add the {split} split-K slices of {op.id}, then its epilogue, "
+                    f"{ub} elements per thread\n" + indent(body) + "\n}"), total // (t * ub), 0
+        body = block(
+            f"const long long e = (long long)item * {t} + threadIdx.x;",
+            f"if (e < {total}LL) {{",
+            f"    const int bat = (int)(e / {m * n}), row = (int)((e / {n}) % {m}), col = (int)(e % {n});",
+            "    float acc = 0.0f;",
+            "    #pragma unroll",
+            f"    for (int s = 0; s < {split}; ++s) acc += {scratch}[s * {total}LL + e];  // slice order",
+            indent(epilogue("bat", "row", "col", "acc")),
+            "}")
+        self.plan.notes[g.id] = {"variant": f"{variant} split-K final", "split_k": split}
+        return (f"{{  // {g.id}: add the {split} split-K slices of {op.id}, then its epilogue\n"
+                + indent(body) + "\n}"), max(1, -(-total // t)), 0
 
     def gemv_stream_loads(self, a: TensorSpec, b: TensorSpec, prob: GemmProblem, pointer_to: Any) -> dict:
         """The streaming GEMV's long-operand loads (:mod:`tkx.codegen.gemv`): a pointer for 16-byte loads of a
