@@ -112,6 +112,17 @@ def test_report_command_writes_the_report(step_file, capsys):
     assert (step_file.parent / "x.html").exists()
 
 
+def test_report_command_writes_the_predicted_timeline_as_a_trace(step_file, capsys):
+    from tkx.dataflow.trace import check_trace, read_trace
+
+    assert main(["report", "mystep.py:step", "--inputs", "mystep.py:make_inputs", "--option", "mode=grid",
+                 "-o", "r.html", "--trace", "out/t.json"]) == 0
+    assert "the predicted timeline (task VM) as a trace for Perfetto: out/t.json" in capsys.readouterr().out
+    trace = read_trace(step_file.parent / "out" / "t.json")
+    assert check_trace(trace) == [] and trace["otherData"]["tkx"]["name"] == "step"
+    assert [e for e in trace["traceEvents"] if e.get("cat") == "task"]
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["report", "mystep.py:nope", "--inputs", "mystep.py:make_inputs"],
      "the step: 'mystep.py' has no function 'nope' (its functions: bad_step, make_inputs, step)"),

@@ -53,15 +53,15 @@ def test_batch_norm_without_running_stats_compiles():
     assert "mean" in {op.kind for op in exp.program.ops}
 
 
-def test_forward_mode_names_the_transform():
+def test_forward_mode_compiles():
+    """jvp's internal ops (symbolic zero tangents, size checks) are gone at capture."""
     def step(w, x):
         out, tangent = jvp(lambda w: (x @ w).sum(), (w,), (torch.ones_like(w),))
         return out, tangent
 
-    with pytest.raises(tkx.UnsupportedError) as info:
-        _ = tkx.explore(step, (torch.randn(4, 3), torch.randn(8, 4))).program
-    assert info.value.kind == "unsupported-transform" and "torch.func.jvp" in str(info.value)
-    assert "grad_and_value" in info.value.hint
+    exp = check_step(step, (torch.randn(4, 3), torch.randn(8, 4)), nvrtc=False)
+    internal = ("is_same_size", "_has_same_storage_numel", "_efficientzerotensor")
+    assert not [n.target for n in exp.captured.nodes if any(name in n.target for name in internal)]
 
 
 def test_vmap_cross_entropy_now_compiles():
@@ -78,32 +78,31 @@ def test_user_lowering_and_decomposition_from_a_notebook_cell():
     aten = torch.ops.aten
 
     def step(x):
-        return F.hardsigmoid(x) * 2
+        return F.softshrink(x, 0.5) * 2
 
-    with pytest.raises(tkx.UnsupportedError, match="hardsigmoid"):
+    with pytest.raises(tkx.UnsupportedError, match="softshrink"):
         _ = tkx.explore(step, (torch.randn(5),)).program
 
-    @tkx.register_decomposition(aten.hardsigmoid)
-    def hardsigmoid(x):
-        return torch.clamp(x / 6 + 0.5, 0.0, 1.0)
+    @tkx.register_decomposition(aten.softshrink)
+    def softshrink(x, lambd=0.5):
+        return x - torch.clamp(x, -lambd, lambd)
 
     try:
         check_step(step, (torch.randn(5) * 4,))
     finally:
-        tkx.unregister_decomposition(aten.hardsigmoid)
+        tkx.unregister_decomposition(aten.softshrink)
 
-    @tkx.register_lowering(aten.hardsigmoid.default)
-    def lower_hardsigmoid(L, node):
-        x = L.tensor(node.args[0])
-        y = L.emit("div", (x, 6.0), x.shape, x.dtype, base=f"{node.name}_d")
-        z = L.emit("add", (y, 0.5), x.shape, x.dtype, base=f"{node.name}_a")
-        return L.emit("clamp", (z,), x.shape, x.dtype, {"min": 0.0, "max": 1.0})
+    @tkx.register_lowering(aten.softshrink.default)
+    def lower_softshrink(L, node):
+        x, lambd = L.tensor(node.args[0]), float(node.args[1] if len(node.args) > 1 else 0.5)
+        c = L.emit("clamp", (x,), x.shape, x.dtype, {"min": -lambd, "max": lambd}, base=f"{node.name}_c")
+        return L.emit("sub", (x, c), x.shape, x.dtype)
 
     try:
         exp = check_step(step, (torch.randn(5) * 4,))
         assert any(op.kind == "clamp" for op in exp.program.ops)
     finally:
-        tkx.unregister_lowering(aten.hardsigmoid.default)
+        tkx.unregister_lowering(aten.softshrink.default)
 
 
 # -- out-of-range indices and labels: both interpreters raise what eager raises ---------------------

@@ -12,8 +12,15 @@ for query ``i`` when ``j <= i`` (top-left aligned, as torch). All arithmetic in 
 Packed layouts (one float32 root buffer per composite, read through views):
 
 * forward: ``[out (prod(B)*L*Ev) | lse (prod(B)*L)]``; ``lse[i] = log(sum_j exp(s[i, j]))``
-  (``-inf`` for a row with every key masked, whose output is NaN as torch's math backend gives);
+  (``-inf`` for a row with every key masked);
 * backward: ``[dq (prod(B)*L*E) | dk (prod(B)*S*E) | dv (prod(B)*S*Ev)]``.
+
+A query row that sees no key (every key masked: left padding under a causal mask, a key-padding mask
+of an all-padding sequence) gives an output of zeros and zero gradients, as
+``F.scaled_dot_product_attention``'s default and math backends do in torch 2.13 (a "safe" softmax,
+``aten._safe_softmax``). ``empty_rows="nan"`` keeps the plain softmax's 0/0 instead: attention
+written by hand (``softmax(scores) @ v``) is NaN in eager PyTorch there, and so in tkx. Only a mask can
+empty a row (the causal triangle is top-left aligned, so query 0 always sees key 0).
 """
 
 from __future__ import annotations
@@ -43,22 +50,32 @@ def scores(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, causal: 
     return s
 
 
+def _shift(lse: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """What the probabilities subtract from the scores: ``lse``, and ``+inf`` on a row whose ``lse`` is
+    ``-inf`` (every key masked) so that ``exp(s - shift)`` is 0 there instead of ``exp(-inf + inf) = NaN``.
+    Without a mask no row is empty and ``lse`` is returned as it is."""
+    if mask is None:
+        return lse
+    return torch.where(lse == float("-inf"), float("inf"), lse)
+
+
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool,
-            scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out ``[*B, L, Ev]``, lse ``[*B, L]``), both float32."""
+            scale: float, empty_rows: str = "zero") -> tuple[torch.Tensor, torch.Tensor]:
+    """(out ``[*B, L, Ev]``, lse ``[*B, L]``), both float32. A row that sees no key: out 0 (``empty_rows=
+    "zero"``, torch's SDPA) or NaN (``"nan"``, the plain softmax of attention written by hand); lse ``-inf``."""
     s = scores(q, k, mask, causal, scale)
     lse = torch.logsumexp(s, dim=-1)
-    p = torch.exp(s - lse.unsqueeze(-1))
+    p = torch.exp(s - (_shift(lse, mask) if empty_rows == "zero" else lse).unsqueeze(-1))
     return p @ _wide(v), lse
 
 
 def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, out: torch.Tensor,
              lse: torch.Tensor, dout: torch.Tensor, causal: bool, scale: float
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) in float32, the probabilities recomputed from ``q``, ``k`` and ``lse``."""
+    """(dq, dk, dv) in float32, the probabilities recomputed from ``q``, ``k`` and ``lse``; a row that sees
+    no key has probabilities 0 and contributes nothing (dq 0 on that row)."""
     s = scores(q, k, mask, causal, scale)
-    p = torch.exp(s - _wide(lse).unsqueeze(-1))
-    p = torch.where(torch.isnan(p), torch.zeros_like(p), p)  # fully masked rows contribute nothing
+    p = torch.exp(s - _shift(_wide(lse), mask).unsqueeze(-1))
     do = _wide(dout)
     dv = p.transpose(-2, -1) @ do
     dp = do @ _wide(v).transpose(-2, -1)
@@ -74,9 +91,9 @@ def default_scale(head_dim: int) -> float:
     return 1.0 / math.sqrt(head_dim)
 
 
-def packed_forward(q, k, v, mask, causal: bool, scale: float) -> torch.Tensor:
+def packed_forward(q, k, v, mask, causal: bool, scale: float, empty_rows: str = "zero") -> torch.Tensor:
     """The forward composite's float32 root buffer ``[out | lse]`` (flat)."""
-    out, lse = forward(q, k, v, mask, causal, scale)
+    out, lse = forward(q, k, v, mask, causal, scale, empty_rows)
     return torch.cat([out.reshape(-1), lse.reshape(-1)])
 
 

@@ -1,8 +1,9 @@
 """The ``tkx`` command.
 
 * ``tkx tour [--example NAME] [--brief] [--html PATH]``: one zoo example through every stage;
-* ``tkx report FILE.py:STEP --inputs FILE.py:MAKE_INPUTS [-o report.html] [--option k=v ...]``:
-  your own step, every stage written to one HTML file (no GPU needed);
+* ``tkx report FILE.py:STEP --inputs FILE.py:MAKE_INPUTS [-o report.html] [--option k=v ...] [--trace t.json]``:
+  your own step, every stage written to one HTML file (no GPU needed); ``--trace`` also writes the
+  predicted per-task timeline for Perfetto;
 * ``tkx bench`` (needs a GPU) and ``tkx --version``.
 """
 
@@ -54,8 +55,15 @@ def _parser() -> argparse.ArgumentParser:
                         help="where to write the report (default: <FILE>-<STEP>.html)")
     report.add_argument("--option", metavar="K=V", action="append", default=[],
                         help="a tkx.Options field, e.g. --option mode=grid --option tile_m=32 (repeatable)")
+    report.add_argument("--trace", metavar="PATH", default=None,
+                        help="also write the predicted per-task timeline (task VM) as Trace Event Format JSON "
+                             "for Perfetto UI or chrome://tracing")
     report.add_argument("--loss", type=int, default=None, metavar="N",
                         help="flat index of the loss among the step's outputs (default: found by capture)")
+    report.add_argument("--state", metavar="FILE.py:NAME", default=None,
+                        help="the modules and optimizers of a step that calls loss.backward() and opt.step(): "
+                             "a name in the file bound to them (a tuple such as (model, opt)) or a function "
+                             "returning them")
     bench = commands.add_parser(
         "bench", help="time the megakernel against eager, CUDA graphs and torch.compile (needs a GPU)")
     bench.add_argument("suite", nargs="?", default="mlp", choices=sorted(SUITES))
@@ -83,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         try:
             return report_command(args.step, args.inputs, args.output, args.option, loss=args.loss,
-                                  error=parser.error)
+                                  error=parser.error, trace=args.trace, state=args.state)
         except TkxError as exc:  # the step itself: one message naming the op and line, no traceback
             print(f"tkx report: {type(exc).__name__}: {exc}", file=sys.stderr)
             return 1

@@ -76,7 +76,7 @@ class UnsupportedError(TkxError):
         ``"unsupported-dtype"``, ``"bad-input"``, ``"bad-call"`` (``step_fn(*example_inputs)``
         does not match ``step_fn``'s parameters, or ``step_fn`` is not callable),
         ``"device-mismatch"``, ``"integer-arithmetic"`` (an op that is not exact on integers),
-        ``"unsupported-transform"`` (forward-mode AD), ``"not-functional"`` (``loss.backward()``,
+        ``"not-functional"`` (``loss.backward()``,
         ``requires_grad_()`` or a ``torch.optim`` optimizer inside the step), ``"step-raised"``
         (the user's own code raised while tracing; the original exception is chained),
         ``"overlapping-write"`` (an in-place update of an input whose elements share memory)).

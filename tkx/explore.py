@@ -10,6 +10,12 @@ An :class:`Exploration` holds every stage of one compilation, computed lazily an
     ex.arena         # ArenaPlan      (offsets, peak bytes vs lower bound)
     ex.cuda          # CudaSource     (kernel text, op <-> line map, NVRTC check)
     ex.runner        # CompiledRunner (needs a GPU)
+    ex.run(*args)    # one step on the CPU with the schedule interpreter (in-place updates written back)
+    ex.verify()      # both interpreters against eager PyTorch, arbitrated in float64
+
+A step that calls ``loss.backward()`` and ``opt.step()`` names its modules and optimizers:
+``tkx.explore(step, (x, y), state=(model, opt))`` (see :mod:`tkx.capture.stateful`); ``ex.run(x, y)``
+then updates ``model`` and ``opt`` in place as eager does.
 
 ``ex.with_options(tile_m=32)`` returns a new exploration that *reuses* every upstream stage
 the change cannot affect (toggling a tile size does not re-capture or re-run passes):
@@ -54,7 +60,7 @@ class Exploration:
 
     def __init__(self, step_fn: Callable[..., Any], example_inputs: Sequence[Any],
                  options: Options | None = None, *, name: str | None = None,
-                 loss: int | None = None) -> None:
+                 loss: int | None = None, state: Any = None) -> None:
         self.step_fn = step_fn
         if not isinstance(example_inputs, (tuple, list)):
             example_inputs = (example_inputs,)  # one positional argument, as tkx.capture accepts
@@ -62,6 +68,8 @@ class Exploration:
         self.options = as_options(options)
         self.name = name or getattr(step_fn, "__name__", "step")
         self.loss = loss
+        #: the modules and optimizers of a stateful step (``None``: a functional step)
+        self.state = state
         self._cache: dict[str, Any] = {}
         self.timings: dict[str, float] = {}
         #: The registry fingerprints the cached ``passes``/``schedule`` stages were computed with.
@@ -94,7 +102,7 @@ class Exploration:
 
     @property
     def _context(self) -> pipeline.Context:
-        return pipeline.Context(self.step_fn, self.example_inputs, self.options, self.name, self.loss)
+        return pipeline.Context(self.step_fn, self.example_inputs, self.options, self.name, self.loss, self.state)
 
     @property
     def captured(self):
@@ -141,6 +149,39 @@ class Exploration:
         """:class:`tkx.runtime.CompiledRunner` (needs a GPU)."""
         return self._get("runner")
 
+    # -- running on the CPU -------------------------------------------------------------------
+    def run(self, *args: Any) -> Any:
+        """One step on ``args`` (the step's own arguments) with the schedule interpreter (the fused
+        schedule and the arena, on the CPU): returns what the step returns and writes every in-place
+        update into the given tensors, as the kernel does. With ``state=``, the modules and
+        optimizers are updated in place as eager updates them; a module switched between
+        ``train()`` and ``eval()`` or a changed hyperparameter (other than the learning rate)
+        captures the step again first (:attr:`recomputed` says so).
+        Raises :class:`tkx.UnsupportedError` from capture."""
+        from .schedule.interpreter import run as run_schedule
+
+        if self.state is None:
+            return run_schedule(self.schedule, self.arena, args, update_inputs=True).output_tree()
+        stateful = self.captured.stateful
+        reason = stateful.stale()
+        if reason is not None:
+            self.recomputed.append(f"{reason}: capturing the step again")
+            self.example_inputs = tuple(args)
+            self._cache.clear()
+            stateful = self.captured.stateful
+        lifted = stateful.prepare()
+        try:
+            return run_schedule(self.schedule, self.arena, (*lifted, *args), update_inputs=True).output_tree()
+        finally:
+            stateful.finish()
+
+    def verify(self, *args: Any, **kwargs: Any) -> Any:
+        """Both interpreters against eager PyTorch on the example inputs (or ``args``), arbitrated in
+        float64; prints the table of every value and returns the
+        :class:`~tkx.runtime.verify.Verification`. See :func:`tkx.runtime.verify_cpu.verify_cpu`."""
+        from .runtime.verify_cpu import verify_cpu
+        return verify_cpu(self, args or None, **kwargs)
+
     def widget(self, **kwargs: Any) -> Any:
         """An interactive :class:`tkx.Explorer` over this exploration (needs ipywidgets)."""
         from . import display
@@ -173,7 +214,8 @@ class Exploration:
     def _derive(self, options: Options, keep: dict[str, Any]) -> Exploration:
         """A new exploration of the same step under ``options`` holding the stages ``keep``
         (those the change does not touch) and their registry fingerprints."""
-        new = Exploration(self.step_fn, self.example_inputs, options, name=self.name, loss=self.loss)
+        new = Exploration(self.step_fn, self.example_inputs, options, name=self.name, loss=self.loss,
+                          state=self.state)
         new._cache.update(keep)
         new._fingerprints.update({k: v for k, v in self._fingerprints.items() if k in keep})
         return new
@@ -184,9 +226,12 @@ class Exploration:
 
 
 def explore(step_fn: Callable[..., Any], example_inputs: Sequence[Any], *, name: str | None = None,
-            loss: int | None = None, options: Options | None = None, **changes: Any) -> Exploration:
+            loss: int | None = None, options: Options | None = None, state: Any = None,
+            **changes: Any) -> Exploration:
     """Start exploring ``step_fn``: see :class:`Exploration`. ``options`` is a :class:`tkx.Options`
     and ``changes`` are Options fields applied on top (an unknown or invalid one raises
-    :class:`tkx.OptionsError` naming the field and the allowed values)."""
+    :class:`tkx.OptionsError` naming the field and the allowed values). ``state``: the modules and
+    optimizers of a step that calls ``loss.backward()`` and ``opt.step()`` (as for :func:`tkx.capture`)."""
     base = as_options(options)
-    return Exploration(step_fn, example_inputs, base.replace(**changes) if changes else base, name=name, loss=loss)
+    return Exploration(step_fn, example_inputs, base.replace(**changes) if changes else base, name=name, loss=loss,
+                       state=state)

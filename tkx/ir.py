@@ -24,7 +24,7 @@ from typing import Any
 
 from .dtypes import DTYPE_BYTES, DTYPE_SHORT, FLOAT_DTYPES, INT_DTYPES  # noqa: F401 (re-exported)
 from .errors import SourceLine, TkxError
-from .ops import COMPARISONS, OPS, POINTWISE, Kind, OpDef, row  # noqa: F401 (re-exported)
+from .ops import OPS, POINTWISE, Kind, OpDef, row  # noqa: F401 (re-exported)
 
 REGIONS = ("forward", "backward", "optimizer")
 
@@ -99,6 +99,11 @@ class Op:
     :data:`OPS`; ``out`` is the dense value this op writes (``out.buffer == id``);
     ``region`` is ``forward``/``backward``/``optimizer``; ``source`` is the user's line
     and ``fx_node`` the FX node this op was lowered from (``None`` for ops a pass made).
+    ``module`` is the dotted path of the ``nn.Module`` the op came from (``"blocks.1.attn"``;
+    ``""`` for the root module; ``None`` outside every module) and ``module_type`` its class name
+    (``"Attention"``; ``None`` when the module is known only from parameter names). Backward ops
+    carry the module of the forward op they differentiate, optimizer ops that of their parameter
+    (see :mod:`tkx.capture.modules`).
     """
 
     id: str
@@ -109,6 +114,8 @@ class Op:
     region: str = "forward"
     source: SourceLine | None = field(default=None, compare=False)
     fx_node: str | None = field(default=None, compare=False)
+    module: str | None = field(default=None, compare=False)
+    module_type: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         # Ops are shared between stages and explorations: attributes must not change in place
@@ -176,7 +183,12 @@ class Program:
     """A validated SSA program: inputs, ops in topological order, outputs, state updates.
 
     ``in_tree``/``out_tree`` are the torch pytree specs of the step's inputs (a tuple of
-    positional arguments) and outputs; they do not take part in equality.
+    positional arguments) and outputs; ``modules`` maps the path of every ``nn.Module`` the step
+    called (or named in its parameters) to its class name (``None`` when unknown), in call order.
+    None of the three takes part in equality. ``rng_input``: the index of the implicit Philox state
+    input (int64 ``[seed, offset]``) of a step that draws random numbers, which the caller does not
+    pass: every run draws a fresh one from torch's generator (:func:`tkx.random.next_state`); ``None``
+    when the step draws none.
     """
 
     inputs: tuple[InputSpec, ...]
@@ -186,6 +198,8 @@ class Program:
     name: str = "step"
     in_tree: Any = field(default=None, compare=False, repr=False)
     out_tree: Any = field(default=None, compare=False, repr=False)
+    modules: Mapping[str, str | None] = field(default_factory=dict, compare=False, repr=False)
+    rng_input: int | None = None
 
     # -- queries --------------------------------------------------------------------
     def op(self, op_id: str) -> Op:
@@ -218,6 +232,13 @@ class Program:
     def __str__(self) -> str:
         from . import display
         return display.text(self)
+
+    def pretty(self, group_by: str = "region") -> str:
+        """The program as text, like ``str(program)``; ``group_by="module"`` lists the ops under one
+        header per ``nn.Module`` they came from (``"region"``, the default: forward/backward/optimizer).
+        Raises ``ValueError`` for another ``group_by``."""
+        from . import display
+        return display.lookup(self, "text")(self, group_by=group_by)
 
     def __repr__(self) -> str:
         from .words import plural

@@ -40,15 +40,15 @@ an fp32 register rounded to its IR dtype after each op (as eager PyTorch rounds 
 from __future__ import annotations
 
 import enum
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from . import indexing, philox
 from .dtypes import FLOAT_DTYPES, INT_DTYPES, TORCH, int_literal, literal
-from .errors import ERR_INDEX, KernelError, TkxError
+from .errors import TkxError
 
 
 class Kind(str, enum.Enum):
@@ -76,6 +76,7 @@ class Kind(str, enum.Enum):
     FLOOR = "floor"
     CEIL = "ceil"
     TRUNC = "trunc"
+    ROUND = "round"
     ISNAN = "isnan"
     ISINF = "isinf"
     LOGICAL_NOT = "logical_not"
@@ -94,6 +95,8 @@ class Kind(str, enum.Enum):
     POW = "pow"
     XLOGY = "xlogy"
     MAXIMUM = "maximum"
+    FMAX = "fmax"
+    FMIN = "fmin"
     MINIMUM = "minimum"
     EQ = "eq"
     NE = "ne"
@@ -316,7 +319,8 @@ def _attention_ref(op: Any, args: list[Any], device: torch.device) -> torch.Tens
 
     q, k, v = args[:3]
     mask = args[3] if op.attr("mask", "none") != "none" else None
-    return attention_ref.packed_forward(q, k, v, mask, bool(op.attr("causal")), float(op.attr("scale")))
+    return attention_ref.packed_forward(q, k, v, mask, bool(op.attr("causal")), float(op.attr("scale")),
+                                        str(op.attr("empty_rows", "zero")))
 
 
 def _attention_backward_ref(op: Any, args: list[Any], device: torch.device) -> torch.Tensor:
@@ -394,95 +398,6 @@ def _clamp_ref(op: Any, args: list[Any], device: torch.device) -> torch.Tensor:
     return torch.clamp(args[0], op.attr("min"), op.attr("max"))
 
 
-def index_error(op: Any, what: str, found_by: str = "the interpreter running the step") -> KernelError:
-    """The error an out-of-range index raises, in both interpreters and (decoded, ``found_by="the kernel"``)
-    from the kernel's error word."""
-    where = f" ({op.source})" if getattr(op, "source", None) is not None else ""
-    return KernelError(
-        f"an index out of range in {op.attr('what', op.kind)} (tkx error code {ERR_INDEX}, found by "
-        f"{found_by}) "
-        f"(op {op.id}){where}: {what}",
-        code=ERR_INDEX, stage=-1, block=-1, op=op.id, source=getattr(op, "source", None))
-
-
-def _index_check_ref(op: Any, args: list[Any], device: torch.device) -> torch.Tensor:
-    x = args[0]
-    lo, hi, ignore = op.attr("lo"), op.attr("hi"), op.attr("ignore")
-    bad = (x < lo) | (x >= hi)
-    if ignore is not None:
-        bad &= x != ignore
-    if bool(bad.any()):
-        v = int(x[bad].reshape(-1)[0])
-        raise index_error(op, f"value {v} is outside [{lo}, {hi})" +
-                          (f" and is not ignore_index {ignore}" if ignore is not None else ""))
-    return x.clone()
-
-
-def _gather_ref(op: Any, args: list[Any], device: torch.device) -> torch.Tensor:
-    src, idx = args
-    dim = op.attr("dim")
-    n = src.shape[dim]
-    j = idx.long()
-    if op.attr("wrap", False):
-        j = torch.where(j < 0, j + n, j)
-    bad = (j < 0) | (j >= n)
-    if bool(bad.any()):
-        raise index_error(op, f"index {int(idx[bad].reshape(-1)[0])} is out of bounds for a dimension of size {n}")
-    shape = list(src.shape)
-    shape[dim] = idx.shape[dim]
-    return torch.gather(src.expand(*src.shape), dim, j.expand(*idx.shape).contiguous())
-
-
-def _cat_ref(op: Any, args: list[Any], device: torch.device) -> torch.Tensor:
-    return torch.cat([a for a in args], dim=op.attr("dim"))
-
-
-def _slice_scatter_ref(op: Any, args: list[Any], device: torch.device) -> torch.Tensor:
-    base, src = args
-    return torch.slice_scatter(base.contiguous(), src, op.attr("dim"), op.attr("start"), op.attr("end"),
-                               op.attr("step"))
-
-
-def scatter_writes(op: Any, base_shape: tuple[int, ...], index: torch.Tensor, values: torch.Tensor
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The writes of a ``scatter`` op: ``(flat positions in the dense base [M] int64, values [M])``, one per
-    written position (the *last* write along ``attrs['dim']`` where several elements name the same position).
-
-    ``index`` and ``values`` have the same shape ``V`` (``V[k] == base_shape[k]`` for ``k != dim``). Raises the
-    :func:`index_error` of ``op`` for an index outside ``[0, base_shape[dim])``. Both interpreters use it: the
-    reference on a copy of the base, the schedule interpreter in place (only the written slice changes)."""
-    dim = op.attr("dim")
-    n = base_shape[dim]
-    j = index.long().expand(values.shape)
-    bad = (j < 0) | (j >= n)
-    if bool(bad.any()):
-        raise index_error(op, f"index {int(j[bad].reshape(-1)[0])} is out of bounds for a dimension of size {n} "
-                              f"(dim {dim} of {list(base_shape)})")
-    strides = [1] * len(base_shape)
-    for k in range(len(base_shape) - 2, -1, -1):
-        strides[k] = strides[k + 1] * base_shape[k + 1]
-    pos = torch.zeros(values.shape, dtype=torch.int64, device=values.device)
-    for k, size in enumerate(values.shape):
-        coord = j if k == dim else torch.arange(size, device=values.device).view(
-            [size if q == k else 1 for q in range(values.ndim)])
-        pos = pos + coord * strides[k]
-    order = torch.arange(values.shape[dim], device=values.device).view(
-        [values.shape[dim] if q == dim else 1 for q in range(values.ndim)]).expand(values.shape).reshape(-1)
-    pos = pos.reshape(-1)
-    last = torch.full((max(math.prod(base_shape), 1),), -1, dtype=torch.int64, device=values.device)
-    last = last.scatter_reduce(0, pos, order, "amax")
-    keep = last[pos] == order  # unique positions: the write is deterministic
-    return pos[keep], values.reshape(-1)[keep]
-
-
-def _scatter_ref(op: Any, args: list[Any], device: torch.device) -> torch.Tensor:
-    base, index, values = args
-    out = base.contiguous().clone()
-    pos, vals = scatter_writes(op, tuple(base.shape), index, values)
-    out.view(-1)[pos] = vals.to(out.dtype)
-    return out
-
-
 def _reduce_ref(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
     def ref(op: Any, args: list[Any], device: torch.device) -> torch.Tensor:
         x = args[0]
@@ -512,57 +427,6 @@ def _iota_ref(op: Any, args: list[Any], device: torch.device) -> torch.Tensor:
     view = [1] * op.out.ndim
     view[dim] = n
     return line.reshape(view).expand(op.out.shape).to(TORCH[op.out.dtype])
-
-
-#: Philox-4x32-10 constants (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011).
-PHILOX_M0, PHILOX_M1 = 0xD2511F53, 0xCD9E8D57
-PHILOX_W0, PHILOX_W1 = 0x9E3779B9, 0xBB67AE85
-_M32 = 0xFFFFFFFF
-
-
-def _mulhilo(a: torch.Tensor, b: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(high, low) 32-bit words of ``a * b`` for ``0 <= a, b < 2**32``, exactly, in int64 tensors
-    (16-bit limbs, so that no intermediate product leaves the int64 range)."""
-    a_lo, a_hi = a & 0xFFFF, a >> 16
-    b_lo, b_hi = b & 0xFFFF, b >> 16
-    ll, lh, hl, hh = a_lo * b_lo, a_lo * b_hi, a_hi * b_lo, a_hi * b_hi
-    mid = (ll >> 16) + (lh & 0xFFFF) + (hl & 0xFFFF)
-    lo = ((mid & 0xFFFF) << 16) | (ll & 0xFFFF)
-    hi = hh + (lh >> 16) + (hl >> 16) + (mid >> 16)
-    return hi, lo
-
-
-def philox4x32_10(counter: tuple[torch.Tensor, ...], key: tuple[torch.Tensor, torch.Tensor]
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Philox-4x32-10 (the generator of cuRAND and of PyTorch's CUDA RNG), bit-exact in int64 torch
-    arithmetic: four 32-bit counter words and two 32-bit key words (int64 tensors holding values in
-    ``[0, 2**32)``, broadcastable) -> four 32-bit output words. Ten rounds; the key is bumped by the
-    Weyl constants between rounds."""
-    c0, c1, c2, c3 = (torch.as_tensor(c, dtype=torch.int64) & _M32 for c in counter)
-    k0, k1 = (torch.as_tensor(k, dtype=torch.int64) & _M32 for k in key)
-    for r in range(10):
-        if r:
-            k0, k1 = (k0 + PHILOX_W0) & _M32, (k1 + PHILOX_W1) & _M32
-        hi0, lo0 = _mulhilo(c0, PHILOX_M0)
-        hi1, lo1 = _mulhilo(c2, PHILOX_M1)
-        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
-    return c0, c1, c2, c3
-
-
-def philox_uniform(seed: torch.Tensor, offset: torch.Tensor, counter: torch.Tensor, word: int) -> torch.Tensor:
-    """float32 uniform in ``[0, 1)`` (multiples of 2**-24) from word ``word`` of Philox-4x32-10 with
-    key = the two 32-bit halves of ``seed`` and counter = (``counter`` low, high, ``offset`` low,
-    high); int64 tensors, broadcast together. The kernel's ``tkx_philox_uniform`` is the same."""
-    seed, offset, counter = (torch.as_tensor(t, dtype=torch.int64) for t in (seed, offset, counter))
-    words = philox4x32_10((counter & _M32, (counter >> 32) & _M32, offset & _M32, (offset >> 32) & _M32),
-                          (seed & _M32, (seed >> 32) & _M32))
-    return (words[word] >> 8).to(torch.float32) * (2.0 ** -24)
-
-
-def _philox_ref(op: Any, args: list[Any], device: torch.device) -> torch.Tensor:
-    seed, offset, counter = (a if isinstance(a, torch.Tensor) else torch.tensor(a, device=device) for a in args)
-    shape = torch.broadcast_shapes(seed.shape, offset.shape, counter.shape)
-    return philox_uniform(seed, offset, counter, int(op.attr("word", 0))).expand(shape).to(TORCH[op.out.dtype])
 
 
 def _xlogy(a: torch.Tensor, b: Any) -> torch.Tensor:
@@ -621,6 +485,8 @@ ROWS: tuple[OpDef, ...] = (
           int_exact=True),
     OpDef(Kind.TRUNC, "pointwise", 1, "round toward zero", ("trunc.default",), torch.trunc,
           _int_or_float("{0}", "truncf({0})"), int_exact=True),
+    OpDef(Kind.ROUND, "pointwise", 1, "round to the nearest integer, halves to even (as torch.round)",
+          ("round.default",), torch.round, _int_or_float("{0}", "rintf({0})"), int_exact=True),
     OpDef(Kind.ISNAN, "pointwise", 1, "x is NaN", ("isnan.default",), torch.isnan,
           _int_or_float("0.0f", "({1} != {1} ? 1.0f : 0.0f)"), boolean=True, int_exact=True, dtype="bool"),
     OpDef(Kind.ISINF, "pointwise", 1, "x is +-infinity", ("isinf.default",), torch.isinf,
@@ -635,7 +501,7 @@ ROWS: tuple[OpDef, ...] = (
     OpDef(Kind.INDEX_CHECK, "pointwise", 1,
           "x, after checking attrs['lo'] <= x < attrs['hi'] (or x == attrs['ignore']); an index out of range sets "
           "the kernel's error word and the interpreters raise KernelError", (),
-          _index_check_ref, None, int_exact=True, ref_takes_op=True, statements=True),
+          indexing.index_check, None, int_exact=True, ref_takes_op=True, statements=True),
     OpDef(Kind.ORDER_KEY, "pointwise", 1,
           "int64 key ordering float x as torch.max compares it (-0.0 == +0.0, NaN above +inf): the exact "
           "single-pass argmax of max.dim, argmax/argmin and max_pool2d", (), order_key,
@@ -664,6 +530,12 @@ ROWS: tuple[OpDef, ...] = (
           commutative=True, int_exact=True, ref_takes_op=True),
     OpDef(Kind.MINIMUM, "pointwise", 2, "elementwise min (NaN-propagating)", ("minimum.default",),
           _binary_ref(torch.minimum, tensors=True), _int_or_float("tkx_imin({0}, {1})", "tkx_min({0}, {1})"),
+          commutative=True, int_exact=True, ref_takes_op=True),
+    OpDef(Kind.FMAX, "pointwise", 2, "elementwise max ignoring NaN (NaN only where both are NaN)", ("fmax.default",),
+          _binary_ref(torch.fmax, tensors=True), _int_or_float("tkx_imax({0}, {1})", "fmaxf({0}, {1})"),
+          commutative=True, int_exact=True, ref_takes_op=True),
+    OpDef(Kind.FMIN, "pointwise", 2, "elementwise min ignoring NaN (NaN only where both are NaN)", ("fmin.default",),
+          _binary_ref(torch.fmin, tensors=True), _int_or_float("tkx_imin({0}, {1})", "fminf({0}, {1})"),
           commutative=True, int_exact=True, ref_takes_op=True),
     OpDef(Kind.EQ, "pointwise", 2, "x == y", ("eq",), torch.eq, _compare("=="),
           commutative=True, boolean=True, int_exact=True, dtype="bool"),
@@ -714,29 +586,30 @@ ROWS: tuple[OpDef, ...] = (
     OpDef(Kind.GATHER, "index", 2,
           "out[c] = src[c with c[dim] = index[c]] (torch.gather on broadcast views; attrs 'dim', 'wrap' for "
           "negative indices counted from the end); an index out of range raises KernelError",
-          (), _gather_ref, int_exact=True, ref_takes_op=True, statements=True),
-    OpDef(Kind.CAT, "index", None, "the operands concatenated along attrs['dim']", (), _cat_ref, int_exact=True,
+          (), indexing.gather, int_exact=True, ref_takes_op=True, statements=True),
+    OpDef(Kind.CAT, "index", None, "the operands concatenated along attrs['dim']", (), indexing.cat, int_exact=True,
           ref_takes_op=True, statements=True),
     OpDef(Kind.SLICE_SCATTER, "index", 2,
           "base with src written into base[..., start:end:step, ...] along attrs['dim'] (the backward of slicing "
-          "and selecting)", (), _slice_scatter_ref, int_exact=True, ref_takes_op=True, statements=True),
+          "and selecting)", (), indexing.slice_scatter, int_exact=True, ref_takes_op=True, statements=True),
     OpDef(Kind.SCATTER, "index", 3,
           "base with out[e with e[dim] = index[e]] = values[e] for every element e of values (index a view of the "
           "same shape, attrs 'dim'); where several e name one position the last along dim wins (deterministic); an "
           "index out of range raises KernelError. Written in place into base's tensor, only the indexed slice "
-          "(a KV-cache append), when base is an input the step updates", (), _scatter_ref, int_exact=True,
+          "(a KV-cache append), when base is an input the step updates", (), indexing.scatter, int_exact=True,
           ref_takes_op=True, statements=True),
     # random numbers
     OpDef(Kind.PHILOX, "pointwise", 3,
           "uniform float32 in [0, 1) from word attrs['word'] of Philox-4x32-10: key = seed (int64), counter = "
           "(counter, offset) (int64); the same bits in both interpreters and the kernel (tkx.random)", (),
-          _philox_ref, lambda s, o, c, e: f"tkx_philox_uniform({s}, {o}, {c}, {int(e.op.attr('word', 0))})",
+          philox.reference, lambda s, o, c, e: f"tkx_philox_uniform({s}, {o}, {c}, {int(e.op.attr('word', 0))})",
           cost=_F, dtype="float", ref_takes_op=True),
     # attention composites
     OpDef(Kind.ATTENTION, "attention", None,
           "softmax(q @ k^T * attrs['scale'] + mask) @ v over operands (q [*B,L,E], k [*B,S,E], v [*B,S,Ev], mask "
-          "[*B,L,S] when attrs['mask'] is 'bool' or 'additive'), attrs['causal']; float32 root [out | lse] "
-          "(tkx.attention_ref)", (), _attention_ref, cost=_F, dtype="float", ref_takes_op=True),
+          "[*B,L,S] when attrs['mask'] is 'bool' or 'additive'), attrs['causal']; a row that sees no key is 0 "
+          "(NaN with attrs['empty_rows'] == 'nan'); float32 root [out | lse] (tkx.attention_ref)", (),
+          _attention_ref, cost=_F, dtype="float", ref_takes_op=True),
     OpDef(Kind.ATTENTION_BACKWARD, "attention", None,
           "gradients of attention from operands (q, k, v, out, lse, dout[, mask]); the probabilities recomputed "
           "from q, k and lse; float32 root [dq | dk | dv] (tkx.attention_ref)", (), _attention_backward_ref,
@@ -752,8 +625,6 @@ INDEX_OPS = frozenset(k for k, r in OPS.items() if r.family == "index")
 ATTENTION_OPS = frozenset(k for k, r in OPS.items() if r.family == "attention")
 COMMUTATIVE = frozenset(k for k, r in OPS.items() if r.commutative)
 TRANSCENDENTAL = frozenset(k for k, r in OPS.items() if r.transcendental)
-BOOLEAN_RESULT = frozenset(k for k, r in OPS.items() if r.boolean)
-COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
 
 
 def row(kind: str) -> OpDef:
@@ -823,5 +694,4 @@ def table_rows() -> list[dict[str, Any]]:
 
 __all__ = ["Kind", "OpDef", "Reduction", "Emit", "ROWS", "OPS", "row", "compute_type", "evaluate", "lowerings",
            "table_rows", "UnknownKindError", "POINTWISE", "REDUCTIONS", "INDEX_OPS", "COMMUTATIVE",
-           "TRANSCENDENTAL", "BOOLEAN_RESULT", "COMPARISONS", "INT_DTYPES", "FLOAT_DTYPES", "ERR_INDEX",
-           "index_error", "scatter_writes", "paren", "philox4x32_10", "philox_uniform"]
+           "TRANSCENDENTAL", "INT_DTYPES", "FLOAT_DTYPES", "paren"]

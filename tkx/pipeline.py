@@ -46,6 +46,8 @@ class Context:
     options: Any
     name: str | None = None
     loss: int | None = None
+    #: the modules and optimizers of a stateful step (``tkx.capture``'s ``state=``), else ``None``
+    state: Any = None
 
 
 @dataclass(frozen=True)
@@ -84,7 +86,7 @@ class Stage:
 # -- how each stage is made (imports are lazy: the core imports without GPU packages) ----------
 def _capture(ctx: Context, get: Callable[[str], Any]) -> Any:
     from .capture import capture
-    return capture(ctx.step_fn, ctx.example_inputs, loss=ctx.loss, name=ctx.name)
+    return capture(ctx.step_fn, ctx.example_inputs, loss=ctx.loss, name=ctx.name, state=ctx.state)
 
 
 def _program(ctx: Context, get: Callable[[str], Any]) -> Any:
@@ -117,10 +119,21 @@ def _cuda(ctx: Context, get: Callable[[str], Any]) -> Any:
 
 def _timeline(ctx: Context, get: Callable[[str], Any]) -> Any:
     from .dataflow.timeline import vm_timeline
-    return vm_timeline(get("schedule"), get("arena"), ctx.example_inputs)
+    return vm_timeline(get("schedule"), get("arena"), example_arguments(ctx, get("captured")))
+
+
+def example_arguments(ctx: Context, captured: Any) -> tuple[Any, ...]:
+    """The arguments of the captured program: the example inputs, after the lifted state of a
+    stateful step (its live tensors; nothing is written)."""
+    stateful = getattr(captured, "stateful", None)
+    if stateful is None:
+        return ctx.example_inputs
+    return (*(stateful.example(s) for s in stateful.slots), *ctx.example_inputs)
 
 
 def _runner(ctx: Context, get: Callable[[str], Any]) -> Any:
+    if ctx.state is not None:
+        return build(ctx.step_fn, ctx.example_inputs, ctx.options, name=ctx.name, loss=ctx.loss, state=ctx.state)
     from .runtime.runner import CompiledRunner
     return CompiledRunner(get("cuda"))
 
@@ -250,19 +263,19 @@ def compute(upto: str, ctx: Context, cache: dict[str, Any] | None = None,
 
 
 def _context(step_fn: Callable[..., Any], example_inputs: Sequence[Any] | Any, options: Any,
-             name: str | None, loss: int | None) -> Context:
+             name: str | None, loss: int | None, state: Any = None) -> Context:
     from .options import as_options
 
     if not isinstance(example_inputs, (tuple, list)):
         example_inputs = (example_inputs,)  # one positional argument, as tkx.capture accepts
-    return Context(step_fn, tuple(example_inputs), as_options(options), name, loss)
+    return Context(step_fn, tuple(example_inputs), as_options(options), name, loss, state)
 
 
 def lower(step_fn: Callable[..., Any], example_inputs: Sequence[Any], options: Any = None, *,
-          name: str | None = None, loss: int | None = None) -> Any:
+          name: str | None = None, loss: int | None = None, state: Any = None) -> Any:
     """Capture, optimise, schedule, plan and generate: the :class:`~tkx.codegen.CudaSource` of a step
-    (every stage of :data:`STAGES` before the runner). Needs no GPU."""
-    return compute("cuda", _context(step_fn, example_inputs, options, name, loss))
+    (every stage of :data:`STAGES` before the runner). Needs no GPU. ``state``: as for :func:`tkx.capture`."""
+    return compute("cuda", _context(step_fn, example_inputs, options, name, loss, state))
 
 
 def _options_for_device(options: Any, dev: Any) -> Any:
@@ -278,7 +291,7 @@ def _options_for_device(options: Any, dev: Any) -> Any:
 
 def build(step_fn: Callable[..., Any], example_inputs: Sequence[Any], options: Any = None, *,
           name: str | None = None, loss: int | None = None, device: Any = None,
-          cache: bool | str = True) -> Any:
+          cache: bool | str = True, state: Any = None) -> Any:
     """Compile ``step_fn`` for the shapes, dtypes and strides of ``example_inputs``: a
     :class:`~tkx.runtime.CompiledRunner`.
 
@@ -286,24 +299,47 @@ def build(step_fn: Callable[..., Any], example_inputs: Sequence[Any], options: A
     PyTorch's current CUDA device). ``options``: a :class:`tkx.Options` (``backend`` picks
     NVRTC or the torch-extension build). ``loss``: flat index of the loss among the outputs.
 
+    ``state``: the modules and optimizers of a step that calls ``loss.backward()`` and
+    ``opt.step()`` (as for :func:`tkx.capture`): the result is then a
+    :class:`~tkx.runtime.stateful.StatefulRunner`, called with the step's own arguments, which
+    updates the modules and optimizers in place.
+
     Raises :class:`~tkx.runtime.device.NoDeviceError` (no GPU: says what works without one),
     :class:`tkx.UnsupportedError` (capture), :class:`~tkx.codegen.nvrtc.CudaCompileError`.
     """
+    if state is not None:
+        from .runtime.stateful import StatefulRunner
+        return StatefulRunner(lambda inputs: _build(step_fn, inputs, options, name, loss, device, cache, state),
+                              example_inputs if isinstance(example_inputs, (tuple, list)) else (example_inputs,))
+    return _build(step_fn, example_inputs, options, name, loss, device, cache, None)[0]
+
+
+def _build(step_fn: Callable[..., Any], example_inputs: Sequence[Any], options: Any, name: str | None,
+           loss: int | None, device: Any, cache: bool | str, state: Any) -> tuple[Any, Any]:
+    """``(CompiledRunner, StatefulStep or None)`` of :func:`build`."""
     import torch
     from torch.utils._pytree import tree_flatten
 
     from .runtime.device import device_of
     from .runtime.runner import CompiledRunner
+    from .runtime.verify import is_mask
 
-    ctx = _context(step_fn, example_inputs, options, name, loss)
+    ctx = _context(step_fn, example_inputs, options, name, loss, state)
     dev = device_of(tree_flatten(ctx.example_inputs)[0], device)
-    ctx = _context(step_fn, example_inputs, _options_for_device(ctx.options, dev), name, loss)
+    ctx = _context(step_fn, example_inputs, _options_for_device(ctx.options, dev), name, loss, state)
     t0 = time.perf_counter()
-    source = compute("cuda", ctx)
+    stages: dict[str, Any] = {}
+    source = compute("cuda", ctx, stages)
     lowered = time.perf_counter() - t0
-    runner = CompiledRunner(source, device=dev, step_fn=step_fn, cache=cache)
+    stateful = stages["captured"].stateful
+    runner = CompiledRunner(source, device=dev, step_fn=stateful.eager if stateful else step_fn, cache=cache)
     runner.timings["lower_seconds"] = lowered
+    lifted = [None] * len(stateful.slots) if stateful else []
     #: the example inputs' integer leaves (CPU copies), from which verify() takes their range
-    runner.example_integers = [t.detach().cpu() if isinstance(t, torch.Tensor) and not t.is_floating_point()
-                               and t.dtype != torch.bool else None for t in tree_flatten(ctx.example_inputs)[0]]
-    return runner
+    runner.example_integers = lifted + [
+        t.detach().cpu() if isinstance(t, torch.Tensor) and not t.is_floating_point() and t.dtype != torch.bool
+        else None for t in tree_flatten(ctx.example_inputs)[0]]
+    #: the example inputs' masks (CPU copies): verify() runs with the user's masks, see verify.random_inputs
+    runner.example_masks = lifted + [t.detach().cpu() if is_mask(t) else None
+                                     for t in tree_flatten(ctx.example_inputs)[0]]
+    return runner, stateful

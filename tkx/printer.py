@@ -87,14 +87,28 @@ def _attrs(op: Op) -> str:
     return " {" + ", ".join(parts) + "}"
 
 
+def module_label(path: str | None, kind: str | None = None) -> str:
+    """How a module is named in every view: its dotted path (``blocks.1.attn``); the root module
+    (path ``""``) by its class; ``""`` outside every module."""
+    if path is None:
+        return ""
+    return path or (kind or "root")
+
+
+def where(source: Any, module: str | None, module_type: str | None = None) -> str:
+    """``file.py:LINE [blocks.1.attn]  code``: the user's line and the module an op came from."""
+    mod = module_label(module, module_type)
+    mod = f" [{mod}]" if mod else ""
+    if source is None:
+        return mod.strip()
+    return f"{source.short()}{mod}  {source.code}"
+
+
 def op_line(op: Op, namer: Namer) -> tuple[str, str]:
     """(code, comment) for one op."""
     args = ", ".join(namer.operand(x) for x in op.inputs)
     code = f"{namer.names[op.id]}: {type_str(op.out)} = {op.kind}{(' ' + args) if args else ''}{_attrs(op)}"
-    comment = ""
-    if op.source is not None:
-        comment = f"{op.source.short()}  {op.source.code}"
-    return code, comment
+    return code, where(op.source, op.module, op.module_type)
 
 
 def _join(code: str, comment: str, indent: str = "  ") -> str:
@@ -104,8 +118,19 @@ def _join(code: str, comment: str, indent: str = "  ") -> str:
     return f"{indent}{code}{' ' * pad}# {comment}"
 
 
-def program_lines(program: Program) -> list[tuple[str, str, str]]:
-    """(kind, text, region) rows; kind is header/input/region/op/output/update."""
+GROUPINGS = ("region", "module")
+
+
+def program_lines(program: Program, group_by: str = "region") -> list[tuple[str, str, str]]:
+    """(kind, text, region) rows; kind is header/input/region/module/op/output/update.
+
+    ``group_by="region"`` lists the ops in program order under forward/backward/optimizer headers;
+    ``group_by="module"`` lists them under one header per ``nn.Module`` (in order of first appearance,
+    ops in program order within it, ops outside every module last), each op's region in its comment.
+    Raises ``ValueError`` for another ``group_by``.
+    """
+    if group_by not in GROUPINGS:
+        raise ValueError(f"group_by={group_by!r}: choose one of {', '.join(GROUPINGS)}")
     namer = Namer(program)
     rows: list[tuple[str, str, str]] = [("header", f"program {program.name} {{", "")]
     rows.append(("section", "  inputs:", ""))
@@ -113,8 +138,10 @@ def program_lines(program: Program) -> list[tuple[str, str, str]]:
         mark = "  (updated in place)" if inp.mutated else ""
         rows.append(("input", _join(f"{namer.names[inp.value.buffer]}: {type_str(inp.value)}",
                                     f"{inp.name}{mark}", "    "), ""))
+    if group_by == "module":
+        rows.extend(_module_rows(program, namer))
     region = None
-    for op in program.ops:
+    for op in program.ops if group_by == "region" else ():
         if op.region != region:
             region = op.region
             rows.append(("region", f"  {region}:", region))
@@ -131,9 +158,29 @@ def program_lines(program: Program) -> list[tuple[str, str, str]]:
     return rows
 
 
-def format_program(program: Program) -> str:
-    """The program as text (deterministic: safe for golden tests)."""
-    return "\n".join(text for _, text, _ in program_lines(program))
+def _module_rows(program: Program, namer: Namer) -> list[tuple[str, str, str]]:
+    groups: dict[str | None, list[Op]] = {}
+    for op in program.ops:
+        groups.setdefault(op.module, []).append(op)
+    if None in groups:
+        groups[None] = groups.pop(None)  # outside every module: last
+    rows: list[tuple[str, str, str]] = []
+    for path, ops in groups.items():
+        kind = ops[0].module_type
+        head = (f"{module_label(path, kind)}" + (f" ({kind})" if kind and path else "")) if path is not None \
+            else "outside every module"
+        rows.append(("module", f"  {head}:  # {len(ops)} ops", ops[0].region))
+        for op in ops:
+            code, comment = op_line(op, namer)
+            src = f"{op.source.short()}  {op.source.code}" if op.source is not None else ""
+            rows.append(("op", _join(code, f"{op.region:<9} {src}".rstrip(), "    "), op.region))
+    return rows
+
+
+def format_program(program: Program, group_by: str = "region") -> str:
+    """The program as text (deterministic: safe for golden tests); ``group_by`` as for
+    :func:`program_lines`."""
+    return "\n".join(text for _, text, _ in program_lines(program, group_by))
 
 
 def rich_program(program: Program) -> Any:
@@ -144,6 +191,8 @@ def rich_program(program: Program) -> Any:
     for kind, text, region in program_lines(program):
         if kind == "region":
             out.append(text, style=REGION_STYLE[region])
+        elif kind == "module":
+            out.append(text, style="bold")
         elif "#" in text and kind in ("op", "input"):
             code, comment = text.split("#", 1)
             out.append(code)
@@ -167,7 +216,7 @@ def captured_lines(cg: CapturedGraph) -> list[tuple[str, str | None]]:
             rows.append((f"  return ({', '.join(n.args)})", None))
         else:
             target = n.target.replace("aten.", "").replace(".default", "")
-            comment = f"{n.region:<9} {n.source.short()}  {n.source.code}" if n.source else (n.region or "")
+            comment = f"{n.region or '':<9} {where(n.source, n.module, n.module_type)}".rstrip()
             rows.append((_join(f"{n.name}: {ty} = {target}({', '.join(n.args)})", comment), n.region))
     rows.append(("}", None))
     return rows

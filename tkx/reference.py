@@ -19,6 +19,7 @@ from . import ops
 from .dtypes import TORCH
 from .errors import TkxError
 from .ir import Op, Operand, Program, TensorSpec
+from .random import with_state
 
 
 @dataclass
@@ -57,7 +58,8 @@ def _tree_difference(expected: Any, got: Any) -> str:
 
 
 def flatten_inputs(program: Program, inputs: Sequence[Any]) -> list[torch.Tensor]:
-    """Accept the flat input list or the step's own positional-argument pytrees."""
+    """Accept the flat input list or the step's own positional-argument pytrees; a step that draws random
+    numbers gets a fresh implicit Philox state (:func:`tkx.random.next_state`) unless the flat list has it."""
     inputs = list(inputs)
     if len(inputs) == len(program.inputs) and all(isinstance(t, torch.Tensor) for t in inputs):
         flat = inputs
@@ -65,6 +67,7 @@ def flatten_inputs(program: Program, inputs: Sequence[Any]) -> list[torch.Tensor
         flat, tree = tree_flatten(tuple(inputs))
         if program.in_tree is not None and tree != program.in_tree:
             raise TkxError("inputs do not match the captured signature: " + _tree_difference(program.in_tree, tree))
+        flat = with_state(program, flat)
     if len(flat) != len(program.inputs):
         raise TkxError(f"expected {len(program.inputs)} input tensors, got {len(flat)}")
     for spec, t in zip(program.inputs, flat):

@@ -20,7 +20,7 @@ from typing import Any
 
 from .errors import TkxError
 
-__all__ = ["UserStepError", "load_function", "parse_options", "report_command"]
+__all__ = ["UserStepError", "load_function", "load_state", "parse_options", "report_command"]
 
 
 class UserStepError(TkxError):
@@ -73,6 +73,25 @@ def load_function(spec: str, what: str = "the step") -> Callable[..., Any]:
     return fn
 
 
+def load_state(spec: str) -> Any:
+    """``FILE.py:NAME`` -> the object bound to NAME in FILE: the modules and optimizers of a stateful
+    step (a tuple such as ``(model, opt)``), or a function returning them (then called). The file is
+    imported once, shared with the step's ``FILE.py:STEP``. Raises :class:`UserStepError`."""
+    import torch
+
+    path, name = _split(spec, "--state")
+    try:
+        obj = load_function(spec, "--state")  # imports the file (once); NAME may be a plain object
+    except UserStepError:
+        module = sys.modules.get("tkx_user_" + hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12])
+        obj = getattr(module, name, None) if module is not None else None
+        if obj is None:
+            raise
+    if callable(obj) and not isinstance(obj, (torch.nn.Module, torch.optim.Optimizer)):
+        obj = obj()
+    return obj
+
+
 def _value(field: str, text: str) -> Any:
     if field in ("passes", "rules"):
         if text in ("None", ""):
@@ -100,14 +119,19 @@ def parse_options(pairs: Sequence[str]) -> dict[str, Any]:
 
 
 def report_command(step: str, inputs: str, output: str | None, options: Sequence[str], *,
-                   loss: int | None = None, error: Callable[[str], Any] | None = None) -> int:
-    """What ``tkx report`` does: load the step and its inputs, write the report, print its path.
+                   loss: int | None = None, error: Callable[[str], Any] | None = None,
+                   trace: str | None = None, state: str | None = None) -> int:
+    """What ``tkx report`` does: load the step and its inputs, write the report, print its path;
+    ``trace``: also write the task VM's predicted timeline there as a Chrome / Perfetto trace
+    (:meth:`tkx.dataflow.timeline.Timeline.to_chrome_trace`); ``state``: ``FILE.py:NAME`` of the
+    step's modules and optimizers (a tuple, or a function returning it).
 
     Returns 0; a mistake in the arguments goes to ``error`` (argparse's, which exits with code 2)
     or raises; a step tkx cannot compile raises its :class:`tkx.TkxError` (the message names the
     op and the source line)."""
+    from .explore import explore
     from .options import Options
-    from .render.report import report
+    from .render.report import write_report
 
     try:
         step_fn = load_function(step, "the step")
@@ -118,6 +142,15 @@ def report_command(step: str, inputs: str, output: str | None, options: Sequence
             raise
         error(str(exc))
         return 2
+    state_objs = None
+    if state is not None:
+        try:
+            state_objs = load_state(state)
+        except TkxError as exc:
+            if error is None:
+                raise
+            error(str(exc))
+            return 2
     try:
         example = make_inputs()
     except Exception as exc:
@@ -130,6 +163,10 @@ def report_command(step: str, inputs: str, output: str | None, options: Sequence
         example = (example,)
     path_part, _, name = step.rpartition(":")
     out = output or f"{Path(path_part).stem}-{name}.html"
-    written = report(step_fn, example, out, name=name, loss=loss, options=opts)
+    exp = explore(step_fn, example, name=name, loss=loss, options=opts, state=state_objs)
+    written = write_report(exp, out)
     print(f"tkx report of {name} ({Path(path_part).name}): {os.fspath(written)}")
+    if trace:
+        print(f"tkx report: the predicted timeline (task VM) as a trace for Perfetto: "
+              f"{exp.timeline.to_chrome_trace(trace)}")
     return 0

@@ -27,10 +27,12 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._pytree import tree_flatten, tree_flatten_with_path, tree_unflatten
 
 from .. import display
+from .. import random as _random
 from ..errors import SourceLine, TkxError, UnsupportedError
 from ..ir import Program, validate
 from .decompositions import decomposition_table
 from .lower import TORCH_DTYPES, Lowering
+from .modules import attribute
 from .trace import SourceTagMode, TorchStateGuard, node_tag, user_frame, user_frame_of_traceback
 
 __all__ = ["capture", "CapturedGraph", "FxNodeInfo"]
@@ -38,7 +40,8 @@ __all__ = ["capture", "CapturedGraph", "FxNodeInfo"]
 
 @dataclass(frozen=True)
 class FxNodeInfo:
-    """One FX node as tkx sees it: name, aten target, region, the user's line."""
+    """One FX node as tkx sees it: name, aten target, region, the user's line, the ``nn.Module``
+    it came from (``module``: dotted path, ``module_type``: class name; see :class:`tkx.ir.Op`)."""
 
     name: str
     op: str
@@ -48,6 +51,8 @@ class FxNodeInfo:
     shape: tuple[int, ...] | None
     dtype: str | None
     args: tuple[str, ...]
+    module: str | None = None
+    module_type: str | None = None
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,8 @@ class CapturedGraph:
     program: Program = field(repr=False)
     in_tree: Any = field(repr=False, compare=False)
     out_tree: Any = field(repr=False, compare=False)
+    #: the :class:`~tkx.capture.stateful.StatefulStep` of a step captured with ``state=`` (else ``None``)
+    stateful: Any = field(default=None, repr=False, compare=False)
 
     def lower(self) -> Program:
         """The IR of this step (lowered at capture time, so errors surface early)."""
@@ -108,6 +115,9 @@ class CapturedGraph:
 
 
 def _arg_names(step_fn: Callable, n: int) -> list[str]:
+    given = getattr(step_fn, "__tkx_arg_names__", None)  # the lifted state's names (tkx.capture.stateful)
+    if given is not None:
+        return list(given[:n]) + [f"arg{i}" for i in range(len(given), n)]
     try:
         params = [p.name for p in inspect.signature(step_fn).parameters.values()
                   if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
@@ -237,6 +247,12 @@ def _tracing_error(e: BaseException, step_fn: Callable, example_inputs: Sequence
     src = user_frame_of_traceback(e.__traceback__)
     if (imperative := _imperative_training(e)) is not None:
         return UnsupportedError("not-functional", imperative, source=src, hint=FUNCTIONAL_HINT)
+    if "convert all Tensors to FakeTensors" in str(e) and (module := _module_of(e)) is not None:
+        return UnsupportedError(
+            "not-functional", f"the step runs an nn.Module ({module}) whose tensors are not inputs of the step",
+            op=str(e).split("Found in ")[-1].split("(")[0] if "Found in " in str(e) else None,
+            source=src, hint=("register a tensor attribute with module.register_buffer(name, tensor) so that "
+                              "state= lifts it; " if "neither a parameter" in module else "") + FUNCTIONAL_HINT)
     if "convert all Tensors to FakeTensors" in str(e):
         return UnsupportedError(
             "closed-over-tensor", "the step reads a tensor it did not receive as an input",
@@ -293,11 +309,30 @@ def _first_line(e: BaseException) -> str:
     return str(e).splitlines()[0] if str(e) else ""
 
 
-FUNCTIONAL_HINT = ("the step must be functional: take the gradients from torch.func.grad_and_value "
-                   "and return (or write in place) the new parameters, e.g.\n"
+FUNCTIONAL_HINT = ("name the modules and optimizers the step uses: tkx.capture(step, inputs, state=(model, opt)) "
+                   "(the same state= in tkx.explore, tkx.runtime.build, tkx.report and `tkx report --state`) lifts "
+                   "their parameters, buffers, gradients and optimizer state into inputs; or make the step "
+                   "functional, e.g.\n"
+                   "            def loss_fn(p): return F.cross_entropy(torch.func.functional_call(model, p, (x,)), y)\n"
                    "            grads, loss = torch.func.grad_and_value(loss_fn)(params)\n"
                    "            new_params = {k: p - lr * grads[k] for k, p in params.items()}\n"
                    "            return loss, new_params")
+
+
+def _module_of(e: BaseException) -> str | None:
+    """The ``nn.Module`` whose code read the closed-over tensor, if any: its class name, and the name of
+    a plain tensor attribute it holds (neither a parameter nor a buffer) when it has one."""
+    found = None
+    for frame, _ in traceback.walk_tb(e.__traceback__):
+        obj = frame.f_locals.get("self")
+        if isinstance(obj, torch.nn.Module):
+            found = obj
+    if found is None:
+        return None
+    plain = [k for k, v in vars(found).items() if isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter)]
+    name = type(found).__name__
+    return f"{name}, whose tensor attribute {plain[0]!r} is neither a parameter nor a buffer" if plain else name
+
 
 _IMPERATIVE_MARKS = ("backward", "requires_grad_", "autograd.functional", "_record_function_enter",
                      "torch.optim", "optimizer", ".grad ", ".grad=")
@@ -330,6 +365,20 @@ def _raised_by_user_code(e: BaseException) -> bool:
     for frame, _ in traceback.walk_tb(e.__traceback__):
         last = frame
     return last is not None and is_user_file(last.f_code.co_filename)
+
+
+def _implicit_rng_input(gm: torch.fx.GraphModule, names: list[str]) -> list[str]:
+    """The name of the implicit Philox state input (the last placeholder, :mod:`tkx.random`) in a list,
+    or ``[]`` after removing the placeholder when the step draws no random number."""
+    rng = [n for n in gm.graph.nodes if n.op == "placeholder"][-1]
+    if not rng.users:
+        gm.graph.erase_node(rng)
+        gm.recompile()
+        return []
+    name = _random.IMPLICIT_NAME
+    while name in names:
+        name = "_" + name
+    return [name]
 
 
 def _refuse_imperative_optimizer(gm: torch.fx.GraphModule) -> None:
@@ -373,6 +422,23 @@ def _mutation_source(gm: torch.fx.GraphModule, copy_node: torch.fx.Node) -> Sour
     return src
 
 
+def _capture_stateful(step_fn: Callable[..., Any], example_inputs: Sequence[Any], state: Any, loss: int | None,
+                      name: str, caller: SourceLine | None) -> CapturedGraph:
+    """:func:`capture` with ``state=``: the step lifted into a functional one, then captured."""
+    import dataclasses
+
+    from .stateful import StatefulStep
+    try:
+        stateful = StatefulStep(step_fn, state)
+        stateful.lift(example_inputs, caller)
+    except UnsupportedError as e:
+        if e.source is not None:
+            raise
+        raise UnsupportedError(e.kind, e.what, source=caller, hint=e.hint) from None
+    fn, args = stateful.functional(example_inputs, caller)
+    return dataclasses.replace(capture(fn, args, loss=loss, name=name), stateful=stateful)
+
+
 def _label_regions(gm: torch.fx.GraphModule, loss_node: torch.fx.Node | None) -> dict[str, str]:
     """The region of every FX node: ``backward`` (made by autograd), ``forward`` (the loss's
     ancestors, and values computed from the inputs that only the forward or the backward reads,
@@ -409,7 +475,7 @@ def _label_regions(gm: torch.fx.GraphModule, loss_node: torch.fx.Node | None) ->
 
 
 def capture(step_fn: Callable[..., Any], example_inputs: Sequence[Any], *, loss: int | None = None,
-            name: str | None = None) -> CapturedGraph:
+            name: str | None = None, state: Any = None) -> CapturedGraph:
     """Trace ``step_fn(*example_inputs)`` and lower it to the tkx IR.
 
     Parameters
@@ -425,6 +491,11 @@ def capture(step_fn: Callable[..., Any], example_inputs: Sequence[Any], *, loss:
         floating-point output. The loss's ancestors form the ``forward`` region.
     name
         A name for the program (defaults to ``step_fn.__name__``).
+    state
+        The ``nn.Module`` and ``torch.optim.Optimizer`` objects a step that calls
+        ``loss.backward()`` and ``opt.step()`` works on (one object, a tuple or a dict of them):
+        their parameters, buffers, gradients, optimizer state and learning rates become inputs
+        updated in place, named as in ``state_dict`` (:mod:`tkx.capture.stateful`).
 
     Returns
     -------
@@ -437,7 +508,10 @@ def capture(step_fn: Callable[..., Any], example_inputs: Sequence[Any], *, loss:
         Naming the op, FX node and source line, for unsupported ops, dynamic shapes,
         data-dependent control flow, closed-over tensors, random ops, unsupported dtypes,
         empty or non-tensor inputs, example inputs that do not match ``step_fn``'s
-        parameters (``bad-call``) and mismatched devices.
+        parameters (``bad-call``) and mismatched devices; ``not-functional`` for a step running
+        an ``nn.Module`` or a ``torch.optim`` optimizer without ``state=``; ``state-not-liftable``
+        for what ``state=`` cannot lift (a fused optimizer, an LR scheduler in ``state=``,
+        optimizer state held in Python numbers), naming the object.
     """
 
     if not callable(step_fn):
@@ -447,16 +521,21 @@ def capture(step_fn: Callable[..., Any], example_inputs: Sequence[Any], *, loss:
     if not isinstance(example_inputs, (tuple, list)):
         example_inputs = (example_inputs,)
     name = name or getattr(step_fn, "__name__", "step")
+    if state is not None:
+        return _capture_stateful(step_fn, example_inputs, state, loss, name, user_frame(sys._getframe(1)))
     arg_names = _arg_names(step_fn, len(example_inputs))
     try:
         flat, flat_names, in_tree, shared = _check_inputs(example_inputs, arg_names)
     except UnsupportedError as e:  # point at the user's capture call
         raise UnsupportedError(e.kind, e.what, source=user_frame(sys._getframe(1)), hint=e.hint) from None
     out_tree_box: list[Any] = []
+    rng_example = _random.philox_state(device=flat[0].device)  # the implicit Philox state (tkx.random)
+    tag_mode = SourceTagMode()
 
     def flat_step(*leaves: torch.Tensor) -> list[torch.Tensor]:
+        *leaves, rng = leaves
         args = tree_unflatten(list(leaves), in_tree)
-        with SourceTagMode():
+        with tag_mode, tag_mode.modules, _random.drawing(rng):
             out = step_fn(*args)
         if out is None:  # a step that only updates its inputs in place: no outputs (the runner returns ())
             out = ()
@@ -476,7 +555,8 @@ def capture(step_fn: Callable[..., Any], example_inputs: Sequence[Any], *, loss:
             # detached: an nn.Parameter (requires_grad) updated in place under torch.no_grad() traces like
             # any tensor (autograd would refuse the in-place update of a leaf that requires grad)
             gm = make_fx(functionalize(flat_step, remove="mutations"),
-                         decomposition_table=decomposition_table(), tracing_mode="fake")(*(t.detach() for t in flat))
+                         decomposition_table=decomposition_table(), tracing_mode="fake")(*(t.detach() for t in flat),
+                                                                                          rng_example)
     except BaseException as e:
         error = _tracing_error(e, step_fn, example_inputs, user_frame(sys._getframe(1)))
         # Frames of the failed trace hold torch's C++ guard objects (functorch layers, excluded
@@ -490,6 +570,7 @@ def capture(step_fn: Callable[..., Any], example_inputs: Sequence[Any], *, loss:
         raise error from (e if error.kind in ("unsupported-op", "step-raised", "bad-input") else None)
     guard.__exit__(None, None, None)
     fake_log.setLevel(fake_level)
+    flat_names = flat_names + _implicit_rng_input(gm, flat_names)
     _refuse_updated_aliases(gm, shared, flat_names, user_frame(sys._getframe(1)))
     out_tree = out_tree_box[-1]
     out_paths = [p for p, _ in tree_flatten_with_path(tree_unflatten([0] * out_tree.num_leaves, out_tree))[0]]
@@ -525,9 +606,14 @@ def capture(step_fn: Callable[..., Any], example_inputs: Sequence[Any], *, loss:
     _refuse_imperative_optimizer(gm)
     _refuse_overlapping_writes(gm, flat, flat_names)
     regions = _label_regions(gm, loss_node)
+    modules = attribute(gm, regions, flat_names, output_names, {n.name: node_tag(n) for n in gm.graph.nodes})
+    known = dict(tag_mode.modules.seen)
+    for path, kind in modules.values():
+        known.setdefault(path, kind)
 
-    program = Lowering(gm, flat_names, output_names, regions, name).run()
-    program = program.replace(in_tree=in_tree, out_tree=out_tree)
+    program = Lowering(gm, flat_names, output_names, regions, name, modules).run()
+    program = program.replace(in_tree=in_tree, out_tree=out_tree, modules=known,
+                              rng_input=len(flat) if len(flat_names) > len(flat) else None)
     validate(program)
 
     infos = []
@@ -538,6 +624,7 @@ def capture(step_fn: Callable[..., Any], example_inputs: Sequence[Any], *, loss:
             name=node.name, op=node.op,
             target=str(node.target) if node.op == "call_function" else node.op,
             region=regions.get(node.name), source=node_tag(node).get("source"),
+            module=modules.get(node.name, (None, None))[0], module_type=modules.get(node.name, (None, None))[1],
             shape=tuple(int(d) for d in val.shape) if is_t else None,
             dtype=TORCH_DTYPES.get(val.dtype) if is_t else None,
             args=tuple(a.name for a in node.all_input_nodes)))

@@ -24,14 +24,15 @@ from .. import attention_ref as ref
 
 @torch.library.custom_op("tkx::attention", mutates_args=())
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool,
-              scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out ``[*B, L, Ev]`` in q's dtype, lse ``[*B, L]`` float32) of ``softmax(q k^T scale + mask) v``."""
-    out, lse = ref.forward(q, k, v, mask, causal, scale)
+              scale: float, empty_rows: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out ``[*B, L, Ev]`` in q's dtype, lse ``[*B, L]`` float32) of ``softmax(q k^T scale + mask) v``; a row
+    that sees no key is 0 (``empty_rows="zero"``, SDPA) or NaN (``"nan"``, attention written by hand)."""
+    out, lse = ref.forward(q, k, v, mask, causal, scale, empty_rows)
     return out.to(q.dtype), lse
 
 
 @attention.register_fake
-def _attention_fake(q, k, v, mask, causal, scale):
+def _attention_fake(q, k, v, mask, causal, scale, empty_rows):
     return q.new_empty((*q.shape[:-1], v.shape[-1])), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
@@ -54,12 +55,12 @@ class _Attention(torch.autograd.Function):
     ``torch.func.grad`` accepts): the backward is the ``tkx::attention_backward`` composite."""
 
     @staticmethod
-    def forward(q, k, v, mask, causal, scale):
-        return torch.ops.tkx.attention(q, k, v, mask, causal, scale)
+    def forward(q, k, v, mask, causal, scale, empty_rows):
+        return torch.ops.tkx.attention(q, k, v, mask, causal, scale, empty_rows)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
-        q, k, v, mask, causal, scale = inputs
+        q, k, v, mask, causal, scale, _ = inputs
         out, lse = output
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.mask = mask
@@ -74,7 +75,7 @@ class _Attention(torch.autograd.Function):
         with torch.no_grad():  # no double backward through attention
             dq, dk, dv = torch.ops.tkx.attention_backward(q, k, v, ctx.mask, out, lse, dout.contiguous(),
                                                           ctx.causal, ctx.scale)
-        return dq, dk, dv, None, None, None
+        return dq, dk, dv, None, None, None, None
 
 
 def _install_functionalize_rule() -> None:
@@ -118,11 +119,13 @@ except (ImportError, AttributeError, TypeError):  # pragma: no cover - depends o
 
 def sdpa_composite(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None = None,
                    dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
-                   enable_gqa: bool = False) -> torch.Tensor | None:
+                   enable_gqa: bool = False, *, empty_rows: str = "zero") -> torch.Tensor | None:
     """``F.scaled_dot_product_attention`` as the ``tkx::attention`` composite (``dropout_p=0``).
 
     Shapes: ``query [..., L, E]``, ``key [..., S, E]``, ``value [..., S, Ev]`` (leading dims
-    broadcast) -> ``[..., L, Ev]``. Returns ``None`` for the cases the composite does not cover
+    broadcast) -> ``[..., L, Ev]``. A query row whose keys are all masked gives zeros (SDPA's
+    behaviour) or, with ``empty_rows="nan"``, NaN (a plain softmax's, for attention written by
+    hand); see :mod:`tkx.attention_ref`. Returns ``None`` for the cases the composite does not cover
     (dropout, GQA, a mask that requires grad, causal together with a mask, fewer than 3 dims):
     the caller then uses :func:`~tkx.capture.decompositions.attention_math`, which raises for the
     unsupported ones.
@@ -143,7 +146,7 @@ def sdpa_composite(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
         if mask.dtype != torch.bool:
             mask = mask.to(q.dtype)
     s = float(scale) if scale is not None else ref.default_scale(query.shape[-1])
-    out, _ = _Attention.apply(q, k, v, mask, bool(is_causal), s)
+    out, _ = _Attention.apply(q, k, v, mask, bool(is_causal), s, empty_rows)
     return out
 
 
@@ -204,8 +207,8 @@ class HandWrittenAttention:
         mask = info.keep if info.keep is not None else info.additive
         if mask is not None and mask.dtype != torch.bool and mask.dtype != q.dtype:
             return None
-        try:
-            return sdpa_composite(q, k, v, attn_mask=mask, scale=info.scale)
+        try:  # a row masked whole is NaN in eager's softmax: the composite keeps that
+            return sdpa_composite(q, k, v, attn_mask=mask, scale=info.scale, empty_rows="nan")
         except RuntimeError:  # shapes that do not broadcast as attention: compile as written
             return None
 

@@ -32,6 +32,8 @@ import torch
 from torch._decomp import get_decompositions
 
 from .attention import sdpa_composite
+from .convolution import avg_pool2d_math, conv2d_math, max_pool2d_math
+from .convolution import refuse as _refuse
 
 aten = torch.ops.aten
 
@@ -61,11 +63,11 @@ TORCH_DECOMPOSED = [
     # norms, masks, losses, products
     aten.linalg_vector_norm, aten.norm.ScalarOpt_dim, aten.tril, aten.triu,
     aten.binary_cross_entropy, aten.binary_cross_entropy_backward,
-    aten._unsafe_index,
+    aten._unsafe_index, aten.isposinf, aten.isneginf,
     aten.dot, aten.mv, aten.addmv, aten.baddbmm, aten.nan_to_num, aten.logit, aten.frac,
     aten.rad2deg, aten.deg2rad, aten.logaddexp, aten.hypot, aten.clamp.Tensor, aten.aminmax,
-    aten.hardswish, aten.hardswish_backward, aten.mish, aten.log_sigmoid_forward,
-    aten.log_sigmoid_backward, aten.index_add,
+    aten.hardswish, aten.hardswish_backward, aten.hardsigmoid, aten.hardsigmoid_backward, aten.mish,
+    aten.log_sigmoid_forward, aten.log_sigmoid_backward, aten.index_add,
     # layout shuffles
     aten.roll, aten.repeat, aten.constant_pad_nd, aten.narrow_copy,
     # BatchNorm: batch statistics in training (the running stats updated by functionalization's copy_),
@@ -125,16 +127,6 @@ def checked_one_hot(labels: torch.Tensor, num_classes: int = -1) -> torch.Tensor
     return (labels.unsqueeze(-1) == torch.arange(num_classes, device=labels.device)).to(torch.int64)
 
 
-def _refuse(what: str, hint: str) -> None:
-    """Raise :class:`~tkx.errors.UnsupportedError` from inside an override, naming the user's line
-    (the tag that the tracing mode set before calling the override)."""
-    from torch.fx import traceback as fx_traceback
-
-    from ..errors import UnsupportedError
-
-    tag = (fx_traceback.current_meta.get("custom") or {}).get("tkx", {})
-    raise UnsupportedError("unsupported-op", what, source=tag.get("source"), hint=hint)
-
 
 def attention_math(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None = None,
                    dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
@@ -147,8 +139,9 @@ def attention_math(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     ``attn_mask`` keeps the positions where it is True, a float one is added to the scores.
     ``dropout_p > 0`` drops attention probabilities with ``dropout(probs, dropout_p)``, which
     :func:`tkx.random.philox` passes (its in-step Philox generator); without it, it raises
-    :class:`~tkx.errors.UnsupportedError`. A row with every key masked gives NaN (0/0), as torch's
-    math backend does. ``enable_gqa`` raises :class:`~tkx.errors.UnsupportedError`.
+    :class:`~tkx.errors.UnsupportedError`. A query row with every key masked gives zeros and zero
+    gradients, as torch 2.13's default and math backends do (their "safe" softmax). ``enable_gqa`` raises
+    :class:`~tkx.errors.UnsupportedError`.
     """
     import math
 
@@ -169,139 +162,17 @@ def attention_math(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
             scores = scores.masked_fill(attn_mask.logical_not(), float("-inf"))
         else:
             scores = scores + attn_mask
-    probs = torch.softmax(scores, dim=-1)
+    if attn_mask is None:
+        probs = torch.softmax(scores, dim=-1)
+    else:  # a row that sees no key: softmax of zeros (finite), then 0; no NaN in the forward or the backward
+        empty = (scores == float("-inf")).all(dim=-1, keepdim=True)
+        probs = torch.softmax(scores.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0)
     if dropout_p > 0.0:
         if dropout is None:
             _refuse("scaled_dot_product_attention(dropout_p > 0) outside a tkx.random.philox(state) block",
                     "draw the dropout inside `with tkx.random.philox(state):` (see tkx.random), or pass dropout_p=0")
         probs = dropout(probs, dropout_p)
     return probs @ value
-
-
-def _pair(v: Any, what: str) -> tuple[int, int]:
-    if isinstance(v, int):
-        return v, v
-    if isinstance(v, (tuple, list)) and len(v) == 2 and all(isinstance(a, int) for a in v):
-        return int(v[0]), int(v[1])
-    if isinstance(v, (tuple, list)) and len(v) == 1 and isinstance(v[0], int):
-        return int(v[0]), int(v[0])
-    _refuse(f"{what}={v!r}", f"give {what} as an int or a pair of ints")
-    raise AssertionError  # unreachable
-
-
-def _pad2d(x: torch.Tensor, top: int, bottom: int, left: int, right: int, value: float) -> torch.Tensor:
-    """``x [..., H, W]`` padded with ``value`` by concatenation (no pad op needed)."""
-    if top or bottom:
-        parts = [x.new_full((*x.shape[:-2], top, x.shape[-1]), value)] if top else []
-        parts += [x] + ([x.new_full((*x.shape[:-2], bottom, x.shape[-1]), value)] if bottom else [])
-        x = torch.cat(parts, dim=-2)
-    if left or right:
-        parts = [x.new_full((*x.shape[:-1], left), value)] if left else []
-        parts += [x] + ([x.new_full((*x.shape[:-1], right), value)] if right else [])
-        x = torch.cat(parts, dim=-1)
-    return x
-
-
-def _windows(x: torch.Tensor, k: tuple[int, int], stride: tuple[int, int], dilation: tuple[int, int]
-             ) -> torch.Tensor:
-    """im2col by two gathers: padded ``x [N, C, H, W]`` -> ``[N, C, OH, KH, OW, KW]`` with
-    ``out[n, c, i, a, j, b] = x[n, c, i * sh + a * dh, j * sw + b * dw]``."""
-    n, c, h, w = x.shape
-    oh = (h - dilation[0] * (k[0] - 1) - 1) // stride[0] + 1
-    ow = (w - dilation[1] * (k[1] - 1) - 1) // stride[1] + 1
-    if oh <= 0 or ow <= 0:
-        _refuse(f"a window of {k} (dilation {dilation}) larger than the padded input {list(x.shape[-2:])}",
-                "use a smaller kernel or more padding")
-    rows = (torch.arange(oh, device=x.device) * stride[0])[:, None] + (torch.arange(k[0], device=x.device)
-                                                                      * dilation[0])[None, :]
-    cols = (torch.arange(ow, device=x.device) * stride[1])[:, None] + (torch.arange(k[1], device=x.device)
-                                                                      * dilation[1])[None, :]
-    y = torch.index_select(x, 2, rows.reshape(-1))
-    y = torch.index_select(y, 3, cols.reshape(-1))
-    return y.reshape(n, c, oh, k[0], ow, k[1])
-
-
-def conv2d_math(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
-                padding: Any = 0, dilation: Any = 1, groups: int = 1) -> torch.Tensor:
-    """``F.conv2d`` as im2col (two index gathers of the zero-padded input) and one matmul.
-
-    ``input [N, C, H, W]`` (or ``[C, H, W]``), ``weight [O, C, KH, KW]``, ``bias [O]`` ->
-    ``[N, O, OH, OW]``. Autograd differentiates the gathers (grad input: a deterministic
-    scatter-add) and the matmul (grad weight). ``padding`` may be ints, a pair, ``"valid"`` or
-    ``"same"``. ``groups != 1`` raises :class:`~tkx.errors.UnsupportedError`.
-    """
-    if groups != 1:
-        _refuse(f"conv2d with groups={groups} (grouped or depthwise convolution)",
-                "use groups=1, or split the channels and concatenate the results")
-    if input.dim() == 3:
-        return conv2d_math(input.unsqueeze(0), weight, bias, stride, padding, dilation, groups).squeeze(0)
-    k = (weight.shape[2], weight.shape[3])
-    s, d = _pair(stride, "stride"), _pair(dilation, "dilation")
-    if padding == "valid":
-        pads = (0, 0, 0, 0)
-    elif padding == "same":
-        th, tw = d[0] * (k[0] - 1), d[1] * (k[1] - 1)
-        pads = (th // 2, th - th // 2, tw // 2, tw - tw // 2)
-    else:
-        ph, pw = _pair(padding, "padding")
-        pads = (ph, ph, pw, pw)
-    xp = _pad2d(input, *pads, 0.0)
-    win = _windows(xp, k, s, d)                                     # [N, C, OH, KH, OW, KW]
-    n, c, oh, _, ow, _ = win.shape
-    cols = win.permute(0, 2, 4, 1, 3, 5).reshape(n * oh * ow, c * k[0] * k[1])
-    out = cols @ weight.reshape(weight.shape[0], -1).t()            # [N*OH*OW, O]
-    if bias is not None:
-        out = out + bias
-    return out.reshape(n, oh, ow, weight.shape[0]).permute(0, 3, 1, 2)
-
-
-def _pool_windows(x: torch.Tensor, kernel_size: Any, stride: Any, padding: Any, dilation: Any,
-                  ceil_mode: bool, pad_value: float, what: str) -> torch.Tensor:
-    """``[N, C, OH, OW, KH * KW]`` windows of ``x [N, C, H, W]`` (or ``[C, H, W]``)."""
-    if ceil_mode:
-        _refuse(f"{what}(ceil_mode=True)", "use ceil_mode=False (pad the input so the windows fit)")
-    k = _pair(kernel_size, "kernel_size")
-    s = k if stride is None or stride == [] or stride == () else _pair(stride, "stride")
-    p, d = _pair(padding, "padding"), _pair(dilation, "dilation")
-    win = _windows(_pad2d(x, p[0], p[0], p[1], p[1], pad_value), k, s, d)
-    n, c, oh, kh, ow, kw = win.shape
-    return win.permute(0, 1, 2, 4, 3, 5).reshape(n, c, oh, ow, kh * kw)
-
-
-def max_pool2d_math(input: torch.Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0,
-                    dilation: Any = 1, ceil_mode: bool = False, return_indices: bool = False) -> Any:
-    """``F.max_pool2d`` as a max over gathered windows (``-inf`` padding). The gradient goes to the
-    first maximum of each window in row-major window order, as eager's. ``return_indices=True``
-    returns flat indices into each ``H x W`` plane, as eager."""
-    squeeze = input.dim() == 3
-    x = input.unsqueeze(0) if squeeze else input
-    win = _pool_windows(x, kernel_size, stride, padding, dilation, ceil_mode, float("-inf"), "max_pool2d")
-    values, arg = win.max(dim=-1)
-    if squeeze:
-        values = values.squeeze(0)
-    if not return_indices:
-        return values
-    k = _pair(kernel_size, "kernel_size")
-    s = k if stride is None or stride == [] or stride == () else _pair(stride, "stride")
-    p, d = _pair(padding, "padding"), _pair(dilation, "dilation")
-    oh, ow = arg.shape[-2], arg.shape[-1]
-    row = (torch.arange(oh, device=x.device) * s[0] - p[0])[:, None] + (arg // k[1]) * d[0]
-    col = (torch.arange(ow, device=x.device) * s[1] - p[1])[None, :] + (arg % k[1]) * d[1]
-    idx = row * x.shape[-1] + col
-    return values, (idx.squeeze(0) if squeeze else idx)
-
-
-def avg_pool2d_math(input: torch.Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0,
-                    ceil_mode: bool = False, count_include_pad: bool = True,
-                    divisor_override: int | None = None) -> torch.Tensor:
-    """``F.avg_pool2d`` as a mean over gathered windows (zero padding counted, as the default)."""
-    if padding not in (0, (0, 0), [0, 0]) and not count_include_pad:
-        _refuse("avg_pool2d(count_include_pad=False) with padding", "use count_include_pad=True")
-    squeeze = input.dim() == 3
-    x = input.unsqueeze(0) if squeeze else input
-    win = _pool_windows(x, kernel_size, stride, padding, 1, ceil_mode, 0.0, "avg_pool2d")
-    out = win.sum(-1) / divisor_override if divisor_override else win.mean(-1)
-    return out.squeeze(0) if squeeze else out
 
 
 def _sdpa(*args: Any, **kwargs: Any) -> torch.Tensor:
@@ -395,6 +266,97 @@ def _nll_loss_backward(grad_output, self, target, weight, reduction, ignore_inde
         scale = grad_output
     grad = -mask * scale
     return grad.squeeze(0) if squeeze else grad
+
+
+def _nll_loss2d_forward(self, target, weight, reduction, ignore_index):
+    """``nll_loss2d`` (cross-entropy on ``[N, C, H, W]``, and on ``[N, C, T]`` which torch reshapes to it):
+    the classes moved last, then :func:`_nll_loss_forward` on ``[N*H*W, C]``."""
+    c = self.shape[1]
+    losses, total = _nll_loss_forward(self.movedim(1, -1).reshape(-1, c), target.reshape(-1), weight, reduction,
+                                      ignore_index)
+    return (losses.reshape(target.shape) if reduction == _REDUCTION_NONE else losses), total
+
+
+def _nll_loss2d_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight):
+    c = self.shape[1]
+    g = grad_output.reshape(-1) if reduction == _REDUCTION_NONE else grad_output
+    grad = _nll_loss_backward(g, self.movedim(1, -1).reshape(-1, c), target.reshape(-1), weight, reduction,
+                              ignore_index, total_weight)
+    return grad.reshape(*self.shape[:1], *self.shape[2:], c).movedim(-1, 1)
+
+
+def _round_decimals(x, *, decimals=0):
+    """``torch.round(x, decimals=d)``: ``round(x * 10**d) / 10**d`` (``round(x / 10**-d) * 10**-d`` for
+    ``d < 0``), as torch computes it."""
+    if decimals >= 0:
+        scale = 10.0 ** decimals
+        return torch.round(x * scale) / scale
+    scale = 10.0 ** -decimals
+    return torch.round(x / scale) * scale
+
+
+def _new_empty_strided(x, size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
+    """A fresh tensor whose values are written before they are read (autograd's ``CopySlices``, the backward
+    of an in-place write into a view, makes one and copies the gradient into it): zeros of the dense layout.
+    Another layout is refused: the later ``as_strided`` views would read it by its strides."""
+    from ..errors import UnsupportedError
+    contiguous = []
+    step = 1
+    for d in reversed(size):
+        contiguous.insert(0, step)
+        step *= max(int(d), 1)
+    if any(int(a) != b for a, b, d in zip(stride, contiguous, size) if int(d) > 1):
+        raise UnsupportedError(
+            "unsupported-op", f"an in-place write into a view of a tensor with strides {list(stride)} (not "
+            "row-major) inside a differentiated function: its backward (autograd's CopySlices) needs a buffer of "
+            "that layout", op="aten.new_empty_strided",
+            hint="write the slice out of place: y = torch.cat([new_col.unsqueeze(1), y[:, 1:]], 1) or "
+                 "torch.where(mask, new, y), or make the tensor contiguous (.contiguous()) before writing into it")
+    return torch.zeros(size, dtype=dtype or x.dtype, device=device or x.device)
+
+
+def _as_strided_scatter(x, src, size, stride, storage_offset=None):
+    """``x`` with the strided view ``(size, stride, storage_offset)`` of its storage replaced by ``src``:
+    the view's flat positions ``offset + sum_i arange(size_i) * stride_i``, written with one ``index_put``
+    into the flattened ``x``. ``x`` must be row-major (a value computed in the step is; autograd's backward
+    of an in-place write into a view makes this op)."""
+    from ..errors import UnsupportedError
+    if not x.is_contiguous() or x.storage_offset() != 0:
+        raise UnsupportedError(
+            "unsupported-op", f"writing into a strided view of a tensor with strides {list(x.stride())} "
+            "(not row-major) inside a differentiated function", op="aten.as_strided_scatter",
+            hint="make the tensor contiguous (.contiguous()) before writing into it, or build the result out "
+                 "of place with torch.where / torch.cat")
+    pos = torch.full((), int(storage_offset or 0), dtype=torch.int64, device=x.device)
+    for d, (n, st) in enumerate(zip(size, stride)):
+        shape = [1] * len(size)
+        shape[d] = int(n)
+        pos = pos + torch.arange(int(n), device=x.device).reshape(shape) * int(st)
+    flat = x.reshape(-1).index_put((pos.expand(tuple(size)).reshape(-1),), src.reshape(-1).to(x.dtype))
+    return flat.reshape(x.shape)
+
+
+def _diagonal_scatter(x, src, offset=0, dim1=0, dim2=1):
+    """``x`` with its diagonal ``(offset, dim1, dim2)`` replaced by ``src`` (``jacrev`` and ``jacfwd`` write
+    their basis so): the diagonal's view of the row-major ``x`` through :func:`_as_strided_scatter`."""
+    x = x.contiguous()
+    view = x.diagonal(offset, dim1, dim2)
+    return _as_strided_scatter(x, src, view.shape, view.stride(), view.storage_offset())
+
+
+def _efficient_zero_tensor(size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    """``torch.func.jvp``'s symbolic zero tangent: an ordinary tensor of zeros."""
+    return torch.zeros(size, dtype=dtype, device=device)
+
+
+def _same_size(a, b):
+    """``is_same_size`` (forward-mode AD checks a tangent's shape with it): a Python bool fixed at capture."""
+    return tuple(a.shape) == tuple(b.shape)
+
+
+def _same_storage_numel(a, b):
+    """``_has_same_storage_numel`` (forward-mode AD's check of a tangent's storage): fixed at capture."""
+    return a.untyped_storage().nbytes() // a.element_size() == b.untyped_storage().nbytes() // b.element_size()
 
 
 def _var_mean(x, dim=None, *, correction=None, keepdim=False):
@@ -528,6 +490,15 @@ def decomposition_table() -> dict[torch._ops.OpOverload, Callable]:
     table = dict(get_decompositions(TORCH_DECOMPOSED))
     table[aten.nll_loss_forward.default] = _nll_loss_forward
     table[aten.nll_loss_backward.default] = _nll_loss_backward
+    table[aten.nll_loss2d_forward.default] = _nll_loss2d_forward
+    table[aten.nll_loss2d_backward.default] = _nll_loss2d_backward
+    table[aten.round.decimals] = _round_decimals
+    table[aten.new_empty_strided.default] = _new_empty_strided
+    table[aten.as_strided_scatter.default] = _as_strided_scatter
+    table[aten.diagonal_scatter.default] = _diagonal_scatter
+    table[aten._efficientzerotensor.default] = _efficient_zero_tensor
+    table[aten.is_same_size.default] = _same_size
+    table[aten._has_same_storage_numel.default] = _same_storage_numel
     table[aten.var_mean.correction] = _var_mean
     table[aten.var.correction] = _var
     table[aten.std.correction] = _std
@@ -540,6 +511,8 @@ def decomposition_table() -> dict[torch._ops.OpOverload, Callable]:
                    (aten._amp_update_scale.default, _amp_update_scale),
                    (aten.embedding_dense_backward.default, _embedding_dense_backward)):
         table[op] = fn
+    from .foreach import foreach_decompositions
+    table.update({op: fn for op, fn in foreach_decompositions().items() if op not in table})
     table.update(USER_DECOMPOSITIONS)
     return table
 
@@ -551,8 +524,8 @@ USER_DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {}
 def register_decomposition(*ops: torch._ops.OpOverload | torch._ops.OpOverloadPacket) -> Callable:
     """Decorator: trace ``ops`` through ``fn`` (written with torch ops tkx supports) from now on.
 
-    ``@tkx.register_decomposition(torch.ops.aten.hardsigmoid.default)`` then
-    ``def hardsigmoid(x): return torch.clamp(x / 6 + 0.5, 0, 1)``. A packet registers every
+    ``@tkx.register_decomposition(torch.ops.aten.softshrink.default)`` then
+    ``def softshrink(x, lambd=0.5): return x - torch.clamp(x, -lambd, lambd)``. A packet registers every
     overload. Later captures use it; :func:`unregister_decomposition` removes it.
     """
     def wrap(fn: Callable) -> Callable:

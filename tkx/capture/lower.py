@@ -56,7 +56,7 @@ VIEW_OPS = {
 }
 
 RANDOM_OPS = {"rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "bernoulli",
-              "normal", "uniform", "native_dropout", "dropout", "multinomial", "randperm",
+              "normal", "normal_functional", "uniform", "native_dropout", "dropout", "multinomial", "randperm",
               "exponential", "geometric", "cauchy", "log_normal", "poisson", "rrelu_with_noise"}
 
 #: torch functions whose internals fail lowering, with what to tell the user instead.
@@ -101,8 +101,10 @@ class Lowering:
     """One FX graph -> one Program. See the module docstring for the rules."""
 
     def __init__(self, gm: torch.fx.GraphModule, input_names: list[str], output_names: list[str],
-                 regions: dict[str, str], name: str) -> None:
+                 regions: dict[str, str], name: str,
+                 modules: dict[str, tuple[str, str | None]] | None = None) -> None:
         self.gm = gm
+        self.modules = modules or {}
         self.input_names = input_names
         self.output_names = output_names
         self.regions = regions
@@ -116,6 +118,11 @@ class Lowering:
     @property
     def source(self) -> SourceLine | None:
         return node_tag(self.node).get("source") if self.node is not None else None
+
+    @property
+    def module(self) -> tuple[str, str | None] | None:
+        """(path, class) of the ``nn.Module`` the current node came from (see :mod:`tkx.capture.modules`)."""
+        return self.modules.get(self.node.name) if self.node is not None else None
 
     def fail(self, kind: str, what: str, hint: str) -> UnsupportedError:
         node = self.node
@@ -137,9 +144,9 @@ class Lowering:
         if transform is not None and transform.group(1) in ("jvp", "jacfwd", "hessian", "linearize"):
             name = transform.group(1)
             return UnsupportedError(
-                "unsupported-transform", f"forward-mode differentiation (torch.func.{name}) is not supported; "
-                f"it made the internal op {e.op}", op=e.op, node=e.node, source=e.source,
-                hint="tkx compiles reverse-mode steps: use torch.func.grad / grad_and_value / vjp (a Hessian-vector "
+                e.kind, f"{e.what} (made by torch.func.{name}'s forward-mode rule for an op on this line, "
+                "not written by you)", op=e.op, node=e.node, source=e.source,
+                hint=f"{e.hint}; or take the derivative in reverse mode (torch.func.grad / vjp: a Hessian-vector "
                      "product is grad of (grad(f)(w) * v).sum())")
         if transform is not None and transform.group(1) in ("vmap", "jacrev"):
             name = transform.group(1)
@@ -148,6 +155,17 @@ class Lowering:
                 "not written by you)", op=e.op, node=e.node, source=e.source,
                 hint=f"{e.hint}; or compute the batch without {name} (most per-example steps have a batched form)")
         return e
+
+    def scalar_literal(self, node: torch.fx.Node) -> TensorSpec | None:
+        """A ``fill`` for a 0-d constant that tracing made from a Python number (``y[:, 0] = 1.0``,
+        ``torch.tensor(2.0)``: read only through ``lift_fresh_copy``); ``None`` for any other constant."""
+        value = getattr(self.gm, str(node.target), None)
+        if not (isinstance(value, torch.Tensor) and value.dim() == 0 and node.users
+                and all(u.target is aten.lift_fresh_copy.default for u in node.users)):
+            return None
+        dtype = ir_dtype(value.dtype, what=f"the constant {node.target}", node=node, source=self.source)
+        number = value.item()
+        return self.emit("fill", (), (), dtype, {"value": number})
 
     def fresh_id(self, base: str) -> str:
         candidate, i = base, 1
@@ -183,9 +201,10 @@ class Lowering:
                             f"compute it in float32 (e.g. x.float()); {kind} is not exact on integers in tkx")
         op_id = self.fresh_id(base or self.node.name)
         out = TensorSpec.dense(op_id, shape, dtype)
+        module, module_type = self.module or (None, None)
         self.ops.append(Op(op_id, kind, tuple(inputs), out, dict(attrs or {}),
                            region=self.regions.get(self.node.name, "optimizer"),
-                           source=self.source, fx_node=self.node.name))
+                           source=self.source, fx_node=self.node.name, module=module, module_type=module_type))
         return out
 
     def tensor(self, arg: Any) -> TensorSpec:
@@ -265,9 +284,11 @@ class Lowering:
             packet = getattr(node.target, "_overloadpacket", None)
             if node.op == "call_function" and packet is not None and packet.__name__ in RANDOM_OPS:
                 self.node = node
-                raise self.fail("random-op", f"random-number op {packet.__name__} drawn from torch's generator",
-                                "draw inside `with tkx.random.philox(state):` (state = tkx.random.philox_state(seed), "
-                                "an input of the step; see tkx.random), or pass random tensors in as inputs")
+                raise self.fail("random-op", f"random-number op {packet.__name__}, which tkx's Philox generator "
+                                "does not draw", "tkx draws F.dropout, torch.rand/randn/rand_like/randn_like, "
+                                "torch.bernoulli and SDPA's dropout inside the step (see tkx.random); make "
+                                f"{packet.__name__}'s numbers from those, or draw them outside the step and pass "
+                                "them in as inputs")
         for node in self.gm.graph.nodes:
             self.node = node
             if node.op == "placeholder":
@@ -281,6 +302,8 @@ class Lowering:
                 self.values[node] = spec
                 placeholder_index[node] = i
                 inputs.append(InputSpec(self.input_names[i], spec))
+            elif node.op == "get_attr" and (literal := self.scalar_literal(node)) is not None:
+                self.values[node] = literal  # y[:, 0] = 1.0 and torch.tensor(1.0): a number written in the step
             elif node.op == "get_attr":
                 user = next(iter(node.users), None)
                 self.node = user

@@ -8,12 +8,11 @@ one to one come from the op table (:func:`tkx.ops.lowerings`) instead; the rest 
 
 A notebook cell can add its own::
 
-    @tkx.register_lowering(torch.ops.aten.hardsigmoid.default)
-    def hardsigmoid(L, node):
-        x = L.tensor(node.args[0])
-        y = L.emit("clamp", (L.emit("add", (L.emit("div", (x, 6.0), x.shape, x.dtype), 0.5), x.shape, x.dtype),),
-                   x.shape, x.dtype, {"min": 0.0, "max": 1.0})
-        return y
+    @tkx.register_lowering(torch.ops.aten.softshrink.default)
+    def softshrink(L, node):  # x - clamp(x, -lambd, lambd)
+        x, lambd = L.tensor(node.args[0]), float(node.args[1] if len(node.args) > 1 else 0.5)
+        clamped = L.emit("clamp", (x,), x.shape, x.dtype, {"min": -lambd, "max": lambd})
+        return L.emit("sub", (x, clamped), x.shape, x.dtype)
 
 Built-in entries here: indexed reads (``gather``, ``index.Tensor``, ``index_select``,
 ``embedding``), indexed writes (``index_put``, ``scatter``, ``scatter_add``), writing into part
@@ -481,12 +480,6 @@ def philox_uniform(L: Any, node: torch.fx.Node) -> TensorSpec:
     return L.emit("philox", (seed, offset, counter), size, "float32", {"word": word})
 
 
-@builtin(aten.diagonal_scatter.default)
-def diagonal_scatter(L: Any, node: torch.fx.Node) -> TensorSpec:
-    raise L.fail("unsupported-op", "diagonal_scatter (writing a diagonal; jacrev's basis writes make it)",
-                 "use torch.func.grad/grad_and_value instead of jacrev, or build the matrix with torch.where")
-
-
 # -- attention composites (tkx.capture.attention) ------------------------------------------------
 
 from . import attention as _attention  # noqa: E402,F401 (registers torch.ops.tkx.attention*)
@@ -515,8 +508,10 @@ def attention(L: Any, node: torch.fx.Node) -> tuple[TensorSpec, TensorSpec]:
     causal, scale = bool(node.args[4]), float(node.args[5])
     lead, n_q, n_v = q.shape[:-2], q.shape[-2], v.shape[-1]
     n_out = math.prod(lead) * n_q * n_v
-    root = L.emit("attention", (q, k, v, *extra), (n_out + math.prod(lead) * n_q,), "float32",
-                  {"causal": causal, "scale": scale, "mask": mask})
+    attrs = {"causal": causal, "scale": scale, "mask": mask}
+    if mask != "none" and node.args[6] == "nan":  # a row masked whole is NaN, as hand-written attention in eager
+        attrs["empty_rows"] = "nan"
+    root = L.emit("attention", (q, k, v, *extra), (n_out + math.prod(lead) * n_q,), "float32", attrs)
     out = _cast_piece(L, _piece(root, (*lead, n_q, n_v), 0), q.dtype, f"{node.name}_out")
     return out, _piece(root, (*lead, n_q), n_out)
 

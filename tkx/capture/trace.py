@@ -24,6 +24,7 @@ from torch.overrides import TorchFunctionMode
 from ..errors import SourceLine
 from .attention import HandWrittenAttention
 from .decompositions import FUNCTION_OVERRIDES
+from .modules import ModuleStack
 
 _SKIP_DIRS = (os.path.dirname(os.path.realpath(torch.__file__)) + os.sep,) + tuple(
     os.path.realpath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib")
@@ -49,10 +50,29 @@ def _source_of(filename: str, lineno: int, function: str) -> SourceLine:
     return SourceLine(filename, lineno, code, function)
 
 
+#: Frames that replay a traced graph (``torch.fx.Interpreter.run``): below them the nodes' own tags
+#: name the user's line, and the frames above (the caller of ``tkx.capture``) are not the step.
+_REPLAY_CODES = {torch.fx.Interpreter.run.__code__}
+#: The torch functions that run autograd's backward pass.
+BACKWARD_FUNCTIONS = (torch.autograd.grad, torch.autograd.backward, torch.Tensor.backward)
+
+
 def user_frame(start: FrameType | None) -> SourceLine | None:
-    """The innermost user frame at or above ``start``."""
+    """The innermost user frame at or above ``start`` (``None`` inside a graph replay)."""
+    found = _frame_or_replay(start)
+    return None if found is REPLAY else found
+
+
+#: What :func:`_frame_or_replay` returns inside a graph replay.
+REPLAY = object()
+
+
+def _frame_or_replay(start: FrameType | None) -> Any:
+    """The innermost user frame at or above ``start``, :data:`REPLAY` when a graph replay comes first."""
     f = start
     while f is not None:
+        if f.f_code in _REPLAY_CODES:
+            return REPLAY
         if is_user_file(f.f_code.co_filename):
             return _source_of(f.f_code.co_filename, f.f_lineno, f.f_code.co_name)
         f = f.f_back
@@ -75,25 +95,33 @@ class SourceTagMode(TorchFunctionMode):
     ``grad_fn`` is remembered with its line, and while ``torch.autograd.grad`` runs, a pre-hook
     on each of those autograd nodes switches the tag to that line before the node's backward
     formula is traced (ops autograd adds on its own keep the ``grad(...)`` line).
+
+    Forward tags also carry the innermost ``nn.Module`` being called (``module``: path and class, from
+    :class:`~tkx.capture.modules.ModuleStack`) and the number of the torch call (``call``); a backward
+    node's tag names the call it differentiates (``differentiates_call``) and that call's module.
     """
 
     def __init__(self) -> None:
         super().__init__()
-        self.grad_fn_sources: dict[Any, tuple[SourceLine | None, str]] = {}
+        self.grad_fn_sources: dict[Any, tuple[SourceLine | None, str, Any, int]] = {}
+        self.modules = ModuleStack()
+        self.calls = 0
         self.attention = HandWrittenAttention()  # hand-written attention -> the tkx::attention composite
 
-    def _remember(self, result: Any, src: SourceLine | None, name: str) -> None:
+    def _remember(self, result: Any, tag: dict[str, Any]) -> None:
         for t in result if isinstance(result, (tuple, list)) else (result,):
             fn = getattr(t, "grad_fn", None) if isinstance(t, torch.Tensor) else None
             if fn is not None and fn not in self.grad_fn_sources:
-                self.grad_fn_sources[fn] = (src, name)
+                self.grad_fn_sources[fn] = (tag["source"], tag["torch_fn"], tag.get("module"), tag["call"])
 
     def _hooks(self) -> list[Any]:
         handles = []
-        for fn, (src, name) in list(self.grad_fn_sources.items()):
-            def hook(grad_outputs: Any, src: SourceLine | None = src, name: str = name) -> None:
+        for fn, (src, name, module, call) in list(self.grad_fn_sources.items()):
+            def hook(grad_outputs: Any, src: SourceLine | None = src, name: str = name, module: Any = module,
+                     call: int = call) -> None:
                 custom = dict(fx_traceback.current_meta.get("custom") or {})
                 tag = dict(custom.get(TAG, {}))
+                tag.update(module=module, differentiates_call=call)
                 if src is not None:
                     tag.update(source=src, backward=True, differentiates=name)
                 custom[TAG] = tag
@@ -108,21 +136,27 @@ class SourceTagMode(TorchFunctionMode):
         kwargs = kwargs or {}
         previous = fx_traceback.current_meta.get("custom")
         prev_tag = (previous or {}).get(TAG, {})
-        in_backward = prev_tag.get("backward", False) or func is torch.autograd.grad
-        src = user_frame(sys._getframe(1))
+        in_backward = prev_tag.get("backward", False) or func in BACKWARD_FUNCTIONS
+        src = _frame_or_replay(sys._getframe(1))
         name = getattr(func, "__name__", str(func))
-        tag = {"backward": in_backward, "source": src if src is not None else prev_tag.get("source"),
-               "torch_fn": name}
+        if src is REPLAY:  # a node of a traced graph run again: its own tag (line, module, call) holds
+            tag = {**prev_tag, "torch_fn": name}
+        else:
+            tag = {"backward": in_backward, "source": src if src is not None else prev_tag.get("source"),
+                   "torch_fn": name}
+            if not in_backward:
+                self.calls += 1
+                tag.update(module=self.modules.current, call=self.calls)
         custom = dict(previous or {})
         custom[TAG] = tag
         fx_traceback.current_meta["custom"] = custom
-        handles = self._hooks() if func is torch.autograd.grad else []
+        handles = self._hooks() if func in BACKWARD_FUNCTIONS else []
         try:
             replaced = None if in_backward else self.attention.before(func, args, kwargs)
             result = replaced if replaced is not None else FUNCTION_OVERRIDES.get(func, func)(*args, **kwargs)
             if not in_backward:
                 self.attention.after(func, args, kwargs, result)
-                self._remember(result, tag["source"], name)
+                self._remember(result, tag)
             return result
         finally:
             for h in handles:
@@ -134,7 +168,8 @@ class SourceTagMode(TorchFunctionMode):
 
 
 def node_tag(node: torch.fx.Node) -> dict[str, Any]:
-    """The tkx tag of an FX node: ``{"backward": bool, "source": SourceLine | None}``."""
+    """The tkx tag of an FX node: ``{"backward": bool, "source": SourceLine | None, "module": (path, class) | None,
+    ...}`` (see :class:`SourceTagMode`)."""
     custom = node.meta.get("custom") or {}
     return custom.get(TAG, {})
 

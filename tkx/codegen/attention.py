@@ -5,7 +5,9 @@ is staged once; for each key tile (causal: only the tiles at or left of the diag
 computes the scaled, masked scores ``S`` into shared memory, then one warp per row updates the
 running maximum ``m`` and sum ``l`` (the online softmax) and turns ``S`` into ``exp(S - m)``,
 and each thread rescales its accumulator entries by ``exp(m_old - m)`` before adding ``P @ V``.
-It writes ``out = acc / l`` and ``lse = m + log(l)`` into the packed float32 root ``[out | lse]``.
+It writes ``out = acc / l`` and ``lse = m + log(l)`` into the packed float32 root ``[out | lse]``. With a
+mask, a row that sees no key has ``l = 0``: its output is 0 (as torch's SDPA; ``lse = -inf``), or NaN for
+attention written by hand (``zero_empty_rows=False``, the plain softmax's 0/0, as eager).
 
 Backward (``flash_bwd``), no atomics: work items ``[0, B*KT)`` each own one key tile and loop over
 the query tiles (``dv += P^T dO``, ``dk += dS^T Q``), items ``[B*KT, B*KT + B*QT)`` each own one
@@ -72,15 +74,25 @@ def plan_scale(plan: AttentionPlan) -> float:
     return float(plan.scale)
 
 
+def _normalise(plan: AttentionPlan, zero_empty_rows: bool, num: str, den: str) -> str:
+    """C expression ``num / den``; 0 where ``den`` is 0 (a row whose keys are all masked) when the plan has a
+    mask and ``zero_empty_rows`` (without a mask no row is empty and the test is left out)."""
+    if plan.mask == "none" or not zero_empty_rows:
+        return f"{num} / {den}"
+    return f"({den} == 0.0f ? 0.0f : {num} / {den})"
+
+
 def forward(plan: AttentionPlan, *, threads: int, ld_q: Loader, ld_k: Loader, ld_v: Loader, ld_mask: Loader | None,
-            out: str, name: str) -> AttentionCode:
-    """The forward work item; ``out`` is the float32 pointer of the packed root ``[out | lse]``."""
+            out: str, name: str, zero_empty_rows: bool = True) -> AttentionCode:
+    """The forward work item; ``out`` is the float32 pointer of the packed root ``[out | lse]``. A row that sees
+    no key is 0 (``zero_empty_rows``) or NaN."""
     t, bq, bk, e, ev = threads, plan.tile_q, plan.tile_k, plan.head_dim, plan.value_dim
     lq, lk, qt = plan.q_len, plan.kv_len, plan.q_tiles
     nacc = ceil_div(bq * ev, t)
     lse_base = plan.batch * lq * ev
     kend = f"min({lk}, q0 + {bq})" if plan.causal else f"{lk}"
     score = _score(plan, ld_mask, "sQ", "sK")
+    normalised = _normalise(plan, zero_empty_rows, "acc[u]", f"sL[t / {ev}]")
     body = block(
         "float* sQ = reinterpret_cast<float*>(tkx_smem);",
         f"float* sK = sQ + {bq * e};",
@@ -143,7 +155,7 @@ def forward(plan: AttentionPlan, *, threads: int, ld_q: Loader, ld_k: Loader, ld
         f"for (int u = 0; u < {nacc}; ++u) {{",
         f"    const int t = threadIdx.x + u * {t};",
         f"    if (t < {bq * ev} && q0 + t / {ev} < {lq})",
-        f"        {out}[((long long)b * {lq} + q0 + t / {ev}) * {ev} + t % {ev}] = acc[u] / sL[t / {ev}];",
+        f"        {out}[((long long)b * {lq} + q0 + t / {ev}) * {ev} + t % {ev}] = {normalised};",
         "}",
         f"for (int i = threadIdx.x; i < {bq}; i += {t})",
         f"    if (q0 + i < {lq}) {out}[{lse_base}LL + (long long)b * {lq} + q0 + i] = sM[i] + logf(sL[i]);",
@@ -523,11 +535,12 @@ def decode_partial(plan: AttentionPlan, *, threads: int, ld_q: Loader, ld_k: Loa
     return AttentionCode(code, plan.batch * kt, ATTENTION_EMITTER.shared_floats(plan, threads) * 4)
 
 
-def decode_combine(plan: AttentionPlan, *, threads: int, partials: str, out: str, name: str) -> AttentionCode:
+def decode_combine(plan: AttentionPlan, *, threads: int, partials: str, out: str, name: str,
+                   zero_empty_rows: bool = True) -> AttentionCode:
     """Phase 2 of flash-decoding: one warp per (batch, query row) merges the ``k_tiles`` partials with the
     online-softmax weights ``w_p = exp(m_p - M)``, ``M = max_p m_p`` (0 for a tile with every key masked):
     ``out = sum_p w_p acc_p / sum_p w_p l_p`` and ``lse = M + log(sum_p w_p l_p)``, in tile order, into the
-    packed float32 root ``[out | lse]``."""
+    packed float32 root ``[out | lse]``; a row whose keys are all masked is 0 (``zero_empty_rows``) or NaN."""
     t, lq, ev, kt = threads, plan.tile_q, plan.value_dim, plan.k_tiles
     warps, rows = t // 32, plan.batch * plan.tile_q
     m_off, l_off, _ = decode_partials_layout(plan.batch, kt, lq, ev)
@@ -554,7 +567,7 @@ def decode_combine(plan: AttentionPlan, *, threads: int, partials: str, out: str
             f"        {weight}",
             f"        num = fmaf(w, {partials}[(((long long)b * {kt} + p) * {lq} + r) * {ev} + e], num);",
             "    }",
-            f"    {out}[(long long)row * {ev} + e] = num / den;",
+            f"    {out}[(long long)row * {ev} + e] = {_normalise(plan, zero_empty_rows, 'num', 'den')};",
             "}",
             f"if (lane == 0) {out}[{lse_base}LL + row] = mx + logf(den);")),
         "}")

@@ -56,7 +56,8 @@ class AttentionGroups(ValueEmitter):
         ptr, _ = self.home_pointer(self.s.homes[op.id], op.id)
         if op.kind == "attention":
             mask = loader(op.inputs[3]) if plan.mask != "none" else None
-            code = fa.forward(plan, threads=self.threads, ld_q=q, ld_k=k, ld_v=v, ld_mask=mask, out=ptr, name=g.id)
+            code = fa.forward(plan, threads=self.threads, ld_q=q, ld_k=k, ld_v=v, ld_mask=mask, out=ptr, name=g.id,
+                              zero_empty_rows=op.attr("empty_rows", "zero") == "zero")
         else:
             mask = loader(op.inputs[6]) if plan.mask != "none" else None
             code = fa.backward(plan, threads=self.threads, ld_q=q, ld_k=k, ld_v=v, ld_mask=mask,
@@ -74,7 +75,8 @@ class AttentionGroups(ValueEmitter):
         scratch, _ = self.pointer(plan.partials)
         if g.kind == "attention":
             out, _ = self.home_pointer(self.s.homes[op.id], op.id)
-            code = fa.decode_combine(plan, threads=self.threads, partials=scratch, out=out, name=g.id)
+            code = fa.decode_combine(plan, threads=self.threads, partials=scratch, out=out, name=g.id,
+                                     zero_empty_rows=op.attr("empty_rows", "zero") == "zero")
             self.plan.notes[g.id] = {"variant": "flash_decode combine", "k_tiles": plan.k_tiles}
             return code.code, code.work_items, code.shared_bytes
 

@@ -35,8 +35,6 @@ from .cuda_prelude import round_to
 #: Integer dtypes whose ``long long`` registers always hold a 32-bit value (round_to wraps them).
 _NARROW_INTS = ("int32", "int16", "int8", "uint8")
 
-#: Kinds whose result is a 0/1 float whatever their operands.
-BOOLEAN_RESULT = table.BOOLEAN_RESULT
 #: Operands of these positions are not converted to the compute type (a condition is tested against 0).
 _UNCONVERTED = {"where": (0,), "philox": (0, 1, 2), "order_key": (0,)}
 

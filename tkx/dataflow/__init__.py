@@ -6,6 +6,7 @@
 * :mod:`tkx.dataflow.vm`: a CPU VM with the exact counter semantics (many interleavings,
   deadlock and poisoned-read detection, results against the reference interpreter);
 * :mod:`tkx.dataflow.timeline`: per-task timelines (from the kernel or the VM);
+* :mod:`tkx.dataflow.trace`: a timeline as a Chrome / Perfetto trace, merged with ``torch.profiler``'s;
 * :mod:`tkx.dataflow.cost`: the sync choice and the cost constants (calibrated JSON).
 """
 

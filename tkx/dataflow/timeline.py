@@ -4,13 +4,14 @@ A :class:`Timeline` holds one :class:`Span` per task: ``block``, ``task`` (globa
 ``group``, ``item``, ``start`` and ``end`` and ``wait`` (ns, relative to the earliest start).
 It comes from the kernel (``Options(timeline=True)``, :meth:`CompiledRunner.timeline`) or from
 the task VM (:meth:`Timeline.from_vm`, logical event times scaled by estimated task costs).
-``svg()`` draws it as a Gantt chart (:mod:`tkx.render.timeline`).
+``svg()`` draws it as a Gantt chart (:mod:`tkx.render.timeline`); :meth:`Timeline.to_chrome_trace`
+writes it for Perfetto and ``chrome://tracing`` (:mod:`tkx.dataflow.trace`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .dag import TaskDAG
@@ -29,11 +30,19 @@ class Span:
 
 @dataclass(frozen=True)
 class Timeline:
-    """Spans of one launch (``unit``: ``"ns"`` from the GPU, ``"events"`` from the VM)."""
+    """Spans of one launch (``unit``: ``"ns"`` from the GPU, ``"events"`` from the VM).
+
+    ``origin``: the clock reading of time 0 in ``unit``, an int (the kernel's ``%globaltimer`` in ns,
+    exact; 0 for the VM); ``kernel``: the kernel's entry name (what profilers call it); ``dag``: the
+    :class:`~tkx.dataflow.dag.TaskDAG` the spans belong to (``None`` when unknown, e.g. after
+    :meth:`from_json`): the trace export takes waits, modules and arena bytes from it."""
 
     name: str
     spans: tuple[Span, ...]
     unit: str = "ns"
+    origin: int = 0
+    kernel: str = ""
+    dag: Any = field(default=None, repr=False, compare=False)
 
     @property
     def blocks(self) -> int:
@@ -49,8 +58,9 @@ class Timeline:
         return sum(s.end - s.start for s in self.spans) / total if total else 0.0
 
     @classmethod
-    def from_records(cls, dag: TaskDAG, rows: Sequence[Sequence[int]]) -> Timeline:
-        """From the kernel's buffer: rows ``(block << 32 | task, start, end, wait)``."""
+    def from_records(cls, dag: TaskDAG, rows: Sequence[Sequence[int]], *, kernel: str = "") -> Timeline:
+        """From the kernel's buffer: rows ``(block << 32 | task, start, end, wait)`` (``%globaltimer`` ns);
+        ``origin`` is the earliest ``start - wait``, the time every span is measured from."""
         tasks = dag.tasks
         rows = [r for r in rows if r[1] and r[2]]
         t0 = min((r[1] - r[3] for r in rows), default=0)
@@ -60,7 +70,8 @@ class Timeline:
             t = tasks[task] if 0 <= task < len(tasks) else None
             spans.append(Span(block, task, t.group if t else "?", t.item if t else -1, float(r[1] - t0),
                               float(r[2] - t0), float(r[3])))
-        return cls(dag.schedule.program.name, tuple(sorted(spans, key=lambda s: (s.block, s.start))), "ns")
+        return cls(dag.schedule.program.name, tuple(sorted(spans, key=lambda s: (s.block, s.start))), "ns",
+                   int(t0), kernel, dag)
 
     @classmethod
     def from_vm(cls, vm_run: Any, launch: int = 0) -> Timeline:
@@ -69,22 +80,36 @@ class Timeline:
         t0 = min((r.ready for r in recs), default=0)
         spans = tuple(Span(r.block, r.task, r.group, r.item, float(r.start - t0), float(r.end - t0),
                            float(r.start - r.ready)) for r in recs)
-        return cls(vm_run.dag.schedule.program.name, spans, "events")
+        return cls(vm_run.dag.schedule.program.name, spans, "events", dag=vm_run.dag)
 
     def svg(self) -> str:
         from ..render.timeline import timeline_svg
         return timeline_svg(self)
 
     def to_json(self) -> dict[str, Any]:
-        """The spans as plain data (``{"name", "unit", "blocks", "makespan", "busy", "spans": [...]}``, each
-        span a dict of :class:`Span`'s fields; times in :attr:`unit`)."""
-        return {"name": self.name, "unit": self.unit, "blocks": self.blocks, "makespan": self.makespan,
-                "busy": self.busy(), "spans": [dict(vars(s)) for s in self.spans]}
+        """The spans as plain data (``{"name", "unit", "origin", "kernel", "blocks", "makespan", "busy",
+        "spans": [...]}``, each span a dict of :class:`Span`'s fields; times in :attr:`unit`)."""
+        return {"name": self.name, "unit": self.unit, "origin": self.origin, "kernel": self.kernel,
+                "blocks": self.blocks, "makespan": self.makespan, "busy": self.busy(),
+                "spans": [dict(vars(s)) for s in self.spans]}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Timeline:
         """The inverse of :meth:`to_json`."""
-        return cls(data["name"], tuple(Span(**s) for s in data["spans"]), data.get("unit", "ns"))
+        return cls(data["name"], tuple(Span(**s) for s in data["spans"]), data.get("unit", "ns"),
+                   int(data.get("origin", 0)), str(data.get("kernel", "")))
+
+    def chrome_trace(self, **options: Any) -> dict[str, Any]:
+        """The timeline as a Trace Event Format object (Perfetto, ``chrome://tracing``); ``options`` and
+        the layout: :func:`tkx.dataflow.trace.chrome_trace`."""
+        from .trace import chrome_trace
+        return chrome_trace(self, **options)
+
+    def to_chrome_trace(self, path: Any, **options: Any) -> str:
+        """Write :meth:`chrome_trace` as JSON to ``path`` (gzip-compressed when it ends in ``.gz``; Perfetto
+        UI opens both); returns the path. Raises ``OSError`` when it cannot be written."""
+        from .trace import write_trace
+        return write_trace(self.chrome_trace(**options), path)
 
     def write(self, folder: Any, stem: str | None = None) -> tuple[str, str]:
         """Write ``<stem>.svg`` (the Gantt chart) and ``<stem>.json`` (:meth:`to_json`) into ``folder``
@@ -111,7 +136,25 @@ class Timeline:
         except Exception:  # never a traceback in a notebook cell
             return {"text/plain": text}
         return {"text/plain": text, "text/html": f'<div class="tkx-timeline" style="overflow:auto;max-height:70vh">'
-                                                 f"<p>{text.strip('<>')}</p>{svg}</div>"}
+                                                 f"<p>{text.strip('<>')}{self._download_link()}</p>{svg}</div>"}
+
+    def _download_link(self) -> str:
+        """`` · <a download>`` of :meth:`chrome_trace` as a data URI (empty above 4 MB of JSON or on failure:
+        then :meth:`to_chrome_trace` writes the file)."""
+        import base64
+        import json
+        from html import escape
+
+        try:
+            data = json.dumps(self.chrome_trace(), separators=(",", ":")).encode()
+        except Exception:  # a timeline the export cannot convert: the chart alone
+            return ""
+        if len(data) > 4 << 20:
+            return " · trace too large to embed: <code>tl.to_chrome_trace(path)</code> writes it"
+        name = escape(f"timeline-{self.name}.json", quote=True)
+        return (f' · <a download="{name}" href="data:application/json;base64,{base64.b64encode(data).decode()}" '
+                f'title="Trace Event Format JSON: open it in Perfetto UI or chrome://tracing">'
+                f"download the trace (Perfetto)</a>")
 
     def __repr__(self) -> str:
         return (f"<tkx.Timeline {self.name}: {len(self.spans)} tasks on {self.blocks} blocks, makespan "

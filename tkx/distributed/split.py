@@ -364,12 +364,13 @@ def split_at_gradients(program: Program, *, loss_index: int | None = None, batch
         inputs=tuple(InputSpec(i.name, i.value, False) for i in program.inputs),
         ops=tuple(a_ops),
         outputs=tuple(OutputSpec(c.name if c.kind != "local" else f"{c.name} (local)", roots[c.buffer]) for c in cut),
-        updates=(), name=f"{program.name}.forward_backward", in_tree=program.in_tree, out_tree=None)
+        updates=(), name=f"{program.name}.forward_backward", in_tree=program.in_tree, out_tree=None,
+        modules=program.modules, rng_input=program.rng_input)
     b = Program(
         inputs=program.inputs + tuple(InputSpec(f"{c.name} ({'averaged' if c.reduce == 'average' else 'local'})",
                                                 roots[c.buffer]) for c in cut),
         ops=tuple(b_ops), outputs=program.outputs, updates=program.updates,
-        name=f"{program.name}.update", in_tree=None, out_tree=program.out_tree)
+        name=f"{program.name}.update", in_tree=None, out_tree=program.out_tree, modules=program.modules)
     validate(a)
     validate(b)
     return GradientSplit(program, a, b, tuple(cut), batch_args, batch_inputs, replicated, checked)

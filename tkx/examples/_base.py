@@ -45,6 +45,9 @@ def seeded_generator(seed: int) -> torch.Generator:
 
 
 def randn(gen: torch.Generator, *shape: int, scale: float = 1.0, dtype=torch.float32, device="cpu"):
-    """``scale * randn(shape)`` drawn in fp32 from ``gen``, then cast to ``dtype`` and moved to ``device``."""
-    t = torch.randn(shape, generator=gen, dtype=torch.float32) * scale
+    """``scale * randn(shape)`` drawn in fp32 from ``gen``, then cast to ``dtype`` and moved to ``device``
+    (drawn on ``gen``'s device; on ``meta`` nothing is drawn: shapes only)."""
+    if torch.device(device).type == "meta":
+        return torch.empty(shape, dtype=dtype, device="meta")
+    t = torch.randn(shape, generator=gen, dtype=torch.float32, device=gen.device) * scale
     return t.to(device=device, dtype=dtype)

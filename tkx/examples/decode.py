@@ -29,6 +29,12 @@ the GEMV's operand load):
 Shapes of the registered configurations (:data:`CONFIGS`): ``decode`` is 4 layers, width 512,
 8 heads of 64, SwiGLU hidden 1536, vocabulary 4096, a cache of 1024 positions and batch 4; ``decode_tiny``
 (2 layers, width 64, 2 heads of 32, hidden 128, vocabulary 256, cache 32, batch 2) keeps the CPU tests fast.
+``llama_1b`` has Llama-3.2-1B's shapes (:data:`LLAMA_1B`: 16 layers, width 2048, 32 query heads over 8 K/V
+heads of 64, SwiGLU hidden 8192, vocabulary 128,256 with the LM head tied to the embedding, rope theta
+500,000 without Llama 3's long-context frequency scaling), bf16, batch 1 (``llama_1b_b4``: 4), a cache of
+2,048 positions filled to 1,024; 1.24e9 random weights (2.47 GB in bf16) made on the device.
+``llama_1b_tiny`` runs the same code path at CPU-test size. Every model runs on ``meta`` tensors too, so
+tkx's stages up to the CUDA source can be explored at full size without allocating the weights.
 This module imports nothing from the rest of tkx.
 """
 
@@ -36,7 +42,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
@@ -54,7 +60,10 @@ __all__ = ["DecodeConfig", "DecodeExample", "CONFIGS", "QUANTS", "get", "names",
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """Sizes of a decode model. ``group``: input columns sharing one quantisation scale."""
+    """Sizes of a decode model. ``group``: input columns sharing one quantisation scale; ``kv_heads``:
+    K/V heads of grouped-query attention (``None``: as many as query heads); ``tied_head``: the LM head is
+    the embedding matrix (as in Llama-3.2-1B); ``prefill``: cache positions holding (random) keys and
+    values before the first step, which then runs at ``pos = prefill``."""
 
     layers: int = 4
     width: int = 512
@@ -66,16 +75,30 @@ class DecodeConfig:
     group: int = 128
     eps: float = 1e-6
     theta: float = 10000.0
+    kv_heads: int | None = None
+    tied_head: bool = False
+    prefill: int = 0
 
     @property
     def head_dim(self) -> int:
         return self.width // self.heads
 
+    @property
+    def kv(self) -> int:
+        """K/V heads: ``kv_heads``, or ``heads`` when unset (no grouped-query attention)."""
+        return self.heads if self.kv_heads is None else self.kv_heads
+
     def linear_shapes(self) -> dict[str, tuple[int, int]]:
         """name -> ``(N_out, K_in)`` of every projection of one layer."""
-        c, h = self.width, self.hidden
-        return {"wq": (c, c), "wk": (c, c), "wv": (c, c), "wo": (c, c),
+        c, h, ckv = self.width, self.hidden, self.kv * self.head_dim
+        return {"wq": (c, c), "wk": (ckv, c), "wv": (ckv, c), "wo": (c, c),
                 "w_gate": (h, c), "w_up": (h, c), "w_down": (c, h)}
+
+    def parameter_count(self) -> int:
+        """Weights of the model (the tied LM head counted once)."""
+        per_layer = sum(n * k for n, k in self.linear_shapes().values()) + 2 * self.width
+        head = 0 if self.tied_head else self.vocab * self.width
+        return self.layers * per_layer + self.vocab * self.width + self.width + head
 
 
 # -- quantisation (as users store weights) ----------------------------------------------------------
@@ -138,7 +161,8 @@ def make_decode_step(cfg: DecodeConfig, quant: str = "bf16", *, return_logits: b
     with ``return_logits`` it returns ``(next_tokens, logits)`` (fp32 ``[B, V]``) instead of the tokens."""
     if quant not in QUANTS:
         raise ValueError(f"quant must be one of {QUANTS}, got {quant!r}")
-    L, H, D, S = cfg.layers, cfg.heads, cfg.head_dim, cfg.cache
+    L, H, D, S, HKV = cfg.layers, cfg.heads, cfg.head_dim, cfg.cache, cfg.kv
+    G = H // HKV                                                       # query heads per K/V head
 
     def weight(p: dict, name: str) -> torch.Tensor:
         if quant == "bf16":
@@ -153,23 +177,26 @@ def make_decode_step(cfg: DecodeConfig, quant: str = "bf16", *, return_logits: b
             p = {name: weight(params, f"l{layer}.{name}") for name in LINEARS}
             h = rms_norm(x, params[f"l{layer}.attn_norm"], cfg.eps)
             q = F.linear(h, p["wq"]).view(b, H, D)
-            k = F.linear(h, p["wk"]).view(b, H, D)
-            v = F.linear(h, p["wv"]).view(b, H, D)
+            k = F.linear(h, p["wk"]).view(b, HKV, D)
+            v = F.linear(h, p["wv"]).view(b, HKV, D)
             q, k = rope_at(q, pos, cfg.theta), rope_at(k, pos, cfg.theta)
             at = pos.view(1)                                           # a 1-element index: index_put
             kc, vc = k_cache[layer], v_cache[layer]
             kc[:, :, at] = k.unsqueeze(2)                              # the cache append, in place
             vc[:, :, at] = v.unsqueeze(2)
-            scores = (q.unsqueeze(2) @ kc.transpose(-2, -1)).float() / math.sqrt(D)   # [B, H, 1, S]
+            # grouped-query attention: the G query heads of one K/V head are G rows over its cache
+            qg = q.unsqueeze(2) if G == 1 else q.view(b, HKV, G, D)
+            scores = (qg @ kc.transpose(-2, -1)).float() / math.sqrt(D)  # [B, HKV, G, S]
             scores = torch.where(keep, scores, float("-inf"))
-            att = scores.softmax(-1).to(BF16) @ vc                     # [B, H, 1, D]
+            att = scores.softmax(-1).to(BF16) @ vc                     # [B, HKV, G, D]
             x = x + F.linear(att.reshape(b, H * D), p["wo"])
             h = rms_norm(x, params[f"l{layer}.mlp_norm"], cfg.eps)
             x = x + F.linear(F.silu(F.linear(h, p["w_gate"])) * F.linear(h, p["w_up"]), p["w_down"])
         # the LM head in fp32 (its bf16 weight widened in the GEMV's load): bf16 logits tie often over a
         # vocabulary of thousands, and a tie makes the greedy token depend on the summation order
         h = rms_norm(x, params["final_norm"], cfg.eps)
-        logits = F.linear(h.float(), params["head"].float())          # [B, V] fp32
+        head = params["embed"] if cfg.tied_head else params["head"]
+        logits = F.linear(h.float(), head.float())                    # [B, V] fp32
         return (logits.argmax(-1), logits) if return_logits else logits.argmax(-1)
 
     decode_step.__name__ = f"decode_step_{quant}"
@@ -178,38 +205,53 @@ def make_decode_step(cfg: DecodeConfig, quant: str = "bf16", *, return_logits: b
 
 
 def make_params(cfg: DecodeConfig, quant: str = "bf16", seed: int = 0, device="cpu") -> dict[str, torch.Tensor]:
-    """Random weights (bf16; the projections quantised when ``quant`` says so), drawn on the CPU."""
+    """Random weights (bf16; the projections quantised when ``quant`` says so), drawn on the CPU; a model
+    of over 2**28 weights (``llama_1b``: 1.24e9) is drawn on ``device`` itself, so a seed gives the same
+    weights on one kind of device only."""
     gen = seeded_generator(seed)
+    if cfg.parameter_count() > 2 ** 28 and torch.device(device).type not in ("cpu", "meta"):
+        gen = torch.Generator(device=device).manual_seed(int(seed))
     c = cfg.width
     params = {"embed": randn(gen, cfg.vocab, c, scale=1.0, dtype=BF16, device=device)}
     for layer in range(cfg.layers):
-        params[f"l{layer}.attn_norm"] = (1 + randn(gen, c, scale=0.1)).to(device=device, dtype=BF16)
-        params[f"l{layer}.mlp_norm"] = (1 + randn(gen, c, scale=0.1)).to(device=device, dtype=BF16)
+        params[f"l{layer}.attn_norm"] = (1 + randn(gen, c, scale=0.1, device=device)).to(dtype=BF16)
+        params[f"l{layer}.mlp_norm"] = (1 + randn(gen, c, scale=0.1, device=device)).to(dtype=BF16)
         for name, (n, k) in cfg.linear_shapes().items():
-            w = randn(gen, n, k, scale=1 / math.sqrt(k))
+            w = randn(gen, n, k, scale=1 / math.sqrt(k), device=device)
             if quant == "bf16":
                 params[f"l{layer}.{name}"] = w.to(device=device, dtype=BF16)
             else:
                 q, s = (quantize_int8 if quant == "int8" else quantize_int4)(w, cfg.group)
                 params[f"l{layer}.{name}.q"], params[f"l{layer}.{name}.s"] = q.to(device), s.to(device)
-    params["final_norm"] = (1 + randn(gen, c, scale=0.1)).to(device=device, dtype=BF16)
-    # a head with large weights makes the greedy choice well separated (few near-ties in bf16)
-    params["head"] = randn(gen, cfg.vocab, c, scale=4 / math.sqrt(c), dtype=BF16, device=device)
+    params["final_norm"] = (1 + randn(gen, c, scale=0.1, device=device)).to(dtype=BF16)
+    if not cfg.tied_head:
+        # a head with large weights makes the greedy choice well separated (few near-ties in bf16)
+        params["head"] = randn(gen, cfg.vocab, c, scale=4 / math.sqrt(c), dtype=BF16, device=device)
     return params
 
 
-def make_decode_inputs(cfg: DecodeConfig, quant: str = "bf16", seed: int = 0, device="cpu", start: int = 0):
-    """``(params, k_cache, v_cache, tokens, pos)``: empty caches (tuples of zeros, one per layer), random
-    tokens, ``pos = start``."""
+def make_decode_inputs(cfg: DecodeConfig, quant: str = "bf16", seed: int = 0, device="cpu",
+                       start: int | None = None):
+    """``(params, k_cache, v_cache, tokens, pos)``: caches (tuples of ``[B, kv_heads, cache, head_dim]``
+    bf16 tensors, one per layer) holding random keys and values at the first ``cfg.prefill`` positions
+    and zeros after them, random tokens, ``pos = start`` (default: ``cfg.prefill``)."""
     gen = seeded_generator(seed + 1000)
-    shape = (cfg.batch, cfg.heads, cfg.cache, cfg.head_dim)
+    shape = (cfg.batch, cfg.kv, cfg.cache, cfg.head_dim)
     tokens = torch.randint(0, cfg.vocab, (cfg.batch,), generator=gen).to(device)
 
     def caches():
-        return tuple(torch.zeros(shape, dtype=BF16, device=device) for _ in range(cfg.layers))
+        out = []
+        for _ in range(cfg.layers):
+            t = torch.zeros(shape, dtype=BF16, device=device)
+            if cfg.prefill and t.device.type != "meta":
+                t[:, :, :cfg.prefill] = randn(gen, cfg.batch, cfg.kv, cfg.prefill, cfg.head_dim, dtype=BF16,
+                                              device=device)
+            out.append(t)
+        return tuple(out)
 
+    pos = cfg.prefill if start is None else start
     return (make_params(cfg, quant, seed, device), caches(), caches(), tokens,
-            torch.tensor(start, dtype=torch.int64, device=device))
+            torch.tensor(pos, dtype=torch.int64, device=device))
 
 
 def generate(step: Callable, inputs: tuple, n: int) -> torch.Tensor:
@@ -289,12 +331,13 @@ def weight_bytes(cfg: DecodeConfig, quant: str = "bf16") -> int:
         for nn_, kk in cfg.linear_shapes().values():
             n += int(nn_ * kk * per_el) + (0 if quant == "bf16" else 2 * nn_ * (kk // cfg.group))
         n += 2 * 2 * cfg.width
-    return n + 2 * cfg.width + 2 * cfg.vocab * cfg.width + 2 * cfg.batch * cfg.width
+    head = 2 * cfg.vocab * cfg.width            # the LM head (the embedding itself when tied)
+    return n + 2 * cfg.width + head + 2 * cfg.batch * cfg.width
 
 
 def cache_bytes(cfg: DecodeConfig) -> int:
     """Bytes of K/V cache one step reads when attention spans the whole cache (bf16)."""
-    return 2 * 2 * cfg.layers * cfg.batch * cfg.heads * cfg.cache * cfg.head_dim
+    return 2 * 2 * cfg.layers * cfg.batch * cfg.kv * cfg.cache * cfg.head_dim
 
 
 @dataclass(frozen=True)
@@ -310,7 +353,7 @@ class DecodeExample:
     def __post_init__(self) -> None:
         object.__setattr__(self, "step_fn", make_decode_step(self.config, self.quant))
 
-    def make_inputs(self, seed: int = 0, device="cpu", start: int = 0) -> tuple:
+    def make_inputs(self, seed: int = 0, device="cpu", start: int | None = None) -> tuple:
         return make_decode_inputs(self.config, self.quant, seed, device, start)
 
     @property
@@ -318,21 +361,35 @@ class DecodeExample:
         return self.make_inputs(0)
 
 
+# Llama-3.2-1B's shapes (its published config: 16 layers, hidden size 2048, 32 attention heads and 8 K/V
+# heads of 64, intermediate size 8192, vocabulary 128,256, RMSNorm eps 1e-5, rope theta 500,000, word
+# embeddings tied to the LM head); random weights, batch 1, a cache of 2,048 positions filled to 1,024.
+LLAMA_1B = DecodeConfig(layers=16, width=2048, heads=32, kv_heads=8, hidden=8192, vocab=128256, cache=2048,
+                        batch=1, group=128, eps=1e-5, theta=500000.0, tied_head=True, prefill=1024)
+
 CONFIGS = {"decode": DecodeConfig(),
            "decode_tiny": DecodeConfig(layers=2, width=64, heads=2, hidden=128, vocab=256, cache=32, batch=2,
-                                       group=32)}
+                                       group=32),
+           "llama_1b": LLAMA_1B,
+           "llama_1b_b4": replace(LLAMA_1B, batch=4),
+           # the same code path (grouped-query attention, a tied head, theta 500,000, a filled cache) at a
+           # size the CPU tests run in seconds
+           "llama_1b_tiny": replace(LLAMA_1B, layers=2, width=128, heads=4, kv_heads=2, hidden=256, vocab=512,
+                                    cache=64, batch=1, group=32, prefill=24)}
 
 _REGISTRY = {
     (name if quant == "bf16" else f"{name}_{quant}"): DecodeExample(
         name if quant == "bf16" else f"{name}_{quant}", cfg, quant,
-        f"Llama-style decode step ({cfg.layers} layers, width {cfg.width}, {cfg.heads} heads, vocabulary "
-        f"{cfg.vocab}, cache {cfg.cache}, batch {cfg.batch}), {quant} weights")
+        f"Llama-style decode step ({cfg.layers} layers, width {cfg.width}, {cfg.heads} heads"
+        f"{'' if cfg.kv == cfg.heads else f' ({cfg.kv} K/V heads)'}, vocabulary {cfg.vocab}"
+        f"{' tied' if cfg.tied_head else ''}, cache {cfg.cache}, batch {cfg.batch}), {quant} weights")
     for name, cfg in CONFIGS.items() for quant in QUANTS
 }
 
 
 def names() -> list[str]:
-    """Registered decode examples: ``decode``, ``decode_int8``, ``decode_int4`` and the ``decode_tiny`` ones."""
+    """Registered decode examples: ``decode``, ``llama_1b``, ``llama_1b_b4``, their ``_int8``/``_int4``
+    variants and the ``_tiny`` configurations of both."""
     return list(_REGISTRY)
 
 

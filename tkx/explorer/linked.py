@@ -36,8 +36,9 @@ def link_data(ex: Any) -> dict[str, Any]:
     ops = iter(program.ops)
     ir_rows = []
     for kind, text, region in program_lines(program):
-        op = next(ops).id if kind == "op" else ""
-        ir_rows.append({"text": text, "op": op, "region": region or ""})
+        op = next(ops) if kind == "op" else None
+        ir_rows.append({"text": text, "op": op.id if op else "", "region": region or "",
+                        "module": (op.module or "") if op else ""})
     line_ops: dict[str, str] = {}
     for op_id, lines in cuda.op_lines.items():
         for n in lines:

@@ -125,7 +125,7 @@ class Explorer(W.VBox):
 
     ``Explorer(step_fn, example_inputs, **options)`` or ``Explorer(exploration)``. Keywords:
 
-    * ``name``, ``loss``: as for :func:`tkx.explore`; ``make_inputs``: passed to the benchmark;
+    * ``name``, ``loss``, ``state``: as for :func:`tkx.explore`; ``make_inputs``: passed to the benchmark;
     * ``debounce_s`` (0.3): control changes within this many seconds make one update (0: each
       change updates at once); ``scheduler``: ``scheduler(delay_s, callback) -> handle`` with
       ``handle.cancel()`` (default: the kernel's asyncio loop, else a thread timer);
@@ -146,13 +146,13 @@ class Explorer(W.VBox):
                  name: str | None = None, loss: int | None = None, make_inputs: Callable[..., Any] | None = None,
                  bench_fn: Callable[..., Any] | None = None, debounce_s: float = 0.3,
                  scheduler: Scheduler | None = None, lazy_render: bool = True,
-                 registers_in_headline: bool = True, **options: Any) -> None:
+                 registers_in_headline: bool = True, state: Any = None, **options: Any) -> None:
         if isinstance(step_fn, Exploration):
             ex = step_fn.with_options(**options) if options else step_fn
         else:
             if example_inputs is None:
                 raise TypeError("Explorer(step_fn, example_inputs, **options) needs example_inputs")
-            ex = Exploration(step_fn, example_inputs, Options.make(**options), name=name, loss=loss)
+            ex = Exploration(step_fn, example_inputs, Options.make(**options), name=name, loss=loss, state=state)
         self.make_inputs = make_inputs
         self.lazy_render = lazy_render
         #: Tabs whose content is out of date, rendered when opened (or by :meth:`render_all`).

@@ -59,6 +59,8 @@ def captured_html(cg: CapturedGraph, *, graph: bool = True) -> str:
             ids.append(f"src:{n.source.short()}")
         if n.name in buf_of:
             ids.append(f"buf:{buf_of[n.name]}")
+        if n.module is not None:
+            ids.append(f"mod:{n.module}")
         args = ", ".join(_ref(f"fx:{a}", a) if a in names else esc(a) for a in n.args)
         op_refs = " ".join(_ref(f"op:{i}", i) for i in ops_of.get(n.name, []))
         if n.op == "placeholder":
@@ -78,7 +80,7 @@ def captured_html(cg: CapturedGraph, *, graph: bool = True) -> str:
                     f'<td class="tkx-b" style="border-left-color:{border}">{esc(n.name)}</td>'
                     f'<td><b>{esc(_short_target(n.target))}</b></td><td>{esc(_node_type(n))}</td>'
                     f'<td>{_region_span(n.region)}</td><td>{args}</td>'
-                    f'<td class="tkx-id">{op_refs}</td>{_src_cell(n.source, prev)}</tr>')
+                    f'<td class="tkx-id">{op_refs}</td>{_src_cell(n.source, prev, n.module, n.module_type)}</tr>')
         prev = n.source
     no_ops = sum(1 for n in cg.nodes if n.op == "call_function" and n.name not in ops_of)
     summary = (f'<div class="tkx-sum"><b>{len(cg.nodes)}</b> FX nodes '

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..ir import Op, TensorSpec
-from ..printer import Namer
+from ..printer import Namer, module_label
 from .base import REGION_COLORS, esc, graph_html
 
 #: Above this many ops (or FX nodes) ``graph()`` collapses each region into one summary node.
@@ -27,6 +27,7 @@ CSS = """
 .tkx-ir tr.tkx-reg td{font-weight:600;padding-top:5px;font-family:system-ui,sans-serif}
 .tkx-ir tr.tkx-sec td{font-weight:600;padding-top:5px;font-family:system-ui,sans-serif;color:#24292f}
 .tkx-ir td.tkx-src{color:#6e7781}
+.tkx-ir span.tkx-mod{color:#8250df;cursor:pointer}
 .tkx-ir td.tkx-b{border-left:3px solid transparent;padding-left:4px}
 .tkx-ir .tkx-sum{font-family:system-ui,sans-serif;margin:0 0 4px 0;color:#24292f}
 .tkx-ir .tkx-sum b{font-weight:600}
@@ -64,15 +65,25 @@ def _region_counts(regions: Iterable[str | None]) -> str:
     return ", ".join(_region_span(r, f"{r} {counts[r]}") for r in REGION_COLORS if counts[r])
 
 
-def _src_cell(source: Any, prev: Any) -> str:
-    """``file.py:LINE  code``; the code only where it differs from the row above."""
+def _module_span(module: str | None, module_type: str | None) -> str:
+    """The module an op came from, before its source line (its class in the tooltip)."""
+    label = module_label(module, module_type)
+    if not label:
+        return ""
+    tip = f"nn.Module {label}" + (f" ({module_type})" if module_type else "")
+    return f'<span class="tkx-mod" data-tkx-key="{esc(f"mod:{module}")}" title="{esc(tip)}">{esc(label)}</span> '
+
+
+def _src_cell(source: Any, prev: Any, module: str | None = None, module_type: str | None = None) -> str:
+    """``[module] file.py:LINE  code``; the code only where it differs from the row above."""
+    mod = _module_span(module, module_type)
     if source is None:
-        return '<td class="tkx-src"></td>'
+        return f'<td class="tkx-src">{mod}</td>'
     code = source.code if (prev is None or (prev.file, prev.line) != (source.file, source.line)) else ""
     if len(code) > MAX_CODE:
         code = code[:MAX_CODE - 3] + "..."
     text = f"{source.short()}  {code}" if code else source.short()
-    return f'<td class="tkx-src" title="{esc(str(source))}">{esc(text)}</td>'
+    return f'<td class="tkx-src" title="{esc(str(source))}">{mod}{esc(text)}</td>'
 
 
 def _ref(key: str, text: str) -> str:
@@ -98,6 +109,8 @@ def _op_ids(op: Op) -> list[str]:
         ids.append(f"fx:{op.fx_node}")
     if op.source is not None:
         ids.append(f"src:{op.source.short()}")
+    if op.module is not None:
+        ids.append(f"mod:{op.module}")
     return ids
 
 

@@ -50,7 +50,7 @@ def _program_rows(program: Program, namer: Namer) -> list[str]:
             f'<td class="tkx-n tkx-b" style="border-left-color:{border}">{esc(namer.names[op.id])}</td>'
             f'<td>{esc(type_str(op.out))}</td><td><b>{esc(op.kind)}</b></td>'
             f'<td>{_operands(op, namer, op_ids)}</td><td class="tkx-dim">{esc(_attrs(op).strip())}</td>'
-            f'{_src_cell(op.source, prev)}</tr>')
+            f'{_src_cell(op.source, prev, op.module, op.module_type)}</tr>')
         prev = op.source
     rows.append(f'<tr class="tkx-sec"><td colspan="6">outputs ({len(program.outputs)})</td></tr>')
     for i, o in enumerate(program.outputs):

@@ -294,16 +294,16 @@ def write_report(exploration: Any, path: str | os.PathLike[str], **kwargs: Any) 
 def report(step_fn: Callable[..., Any], example_inputs: Sequence[Any], path: str | os.PathLike[str], *,
            name: str | None = None, loss: int | None = None, description: str | None = None,
            make_inputs: Callable[..., Any] | None = None, timings: bool = False, gpu: bool | None = None,
-           **options: Any) -> str:
+           state: Any = None, **options: Any) -> str:
     """Compile ``step_fn`` for ``example_inputs`` under ``options`` and write every stage to ONE
     self-contained HTML file at ``path``; returns ``path``.
 
     ``options`` are :class:`tkx.Options` fields (an invalid one raises
-    :class:`tkx.OptionsError`); ``name``/``loss`` as for :func:`tkx.explore`. See
+    :class:`tkx.OptionsError`); ``name``/``loss``/``state`` as for :func:`tkx.explore`. See
     :func:`report_html` for ``description``, ``make_inputs``, ``timings`` and ``gpu``.
     Raises whatever a stage raises (e.g. :class:`tkx.UnsupportedError` from capture).
     """
     from ..explore import explore
 
-    exp = explore(step_fn, example_inputs, name=name, loss=loss, **options)
+    exp = explore(step_fn, example_inputs, name=name, loss=loss, state=state, **options)
     return write_report(exp, path, description=description, make_inputs=make_inputs, timings=timings, gpu=gpu)

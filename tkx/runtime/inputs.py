@@ -19,6 +19,7 @@ from torch.utils._pytree import keystr, tree_flatten, tree_flatten_with_path, tr
 
 from ..errors import TkxError
 from ..ir import InputSpec, Program
+from ..random import with_state
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
                 "int64": torch.int64, "int32": torch.int32, "bool": torch.bool,
@@ -80,7 +81,8 @@ def leaf_names(args: Sequence[Any], names: Sequence[str]) -> list[str]:
 
 
 def flatten_args(program: Program, args: Sequence[Any]) -> list[Any]:
-    """The flat leaves of ``args`` (the step's positional arguments), in ``program.inputs`` order.
+    """The flat leaves of ``args`` (the step's positional arguments), in ``program.inputs`` order, with a
+    fresh implicit Philox state (:func:`tkx.random.next_state`) where the step draws random numbers.
 
     Raises :class:`InputMismatchError` listing missing and unexpected leaves by name when the
     pytree structure differs from the one captured.
@@ -88,11 +90,12 @@ def flatten_args(program: Program, args: Sequence[Any]) -> list[Any]:
     flat, tree = tree_flatten(tuple(args))
     expected = program.in_tree
     if expected is None:
+        flat = with_state(program, flat)
         if len(flat) != len(program.inputs):
             raise InputMismatchError(f"expected {len(program.inputs)} input tensors, got {len(flat)}")
         return flat
     if tree == expected:
-        return flat
+        return with_state(program, flat)  # a step that draws random numbers: a fresh Philox state
     names = arg_names(program)
     want = [i.name for i in program.inputs]
     got = leaf_names(args, names)

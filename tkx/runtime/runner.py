@@ -20,12 +20,14 @@ from typing import Any
 import torch
 
 from ..errors import TkxError
+from ..random import next_state
 from . import inputs as _inputs
+from . import ranges as _ranges
 from . import status as _status
 from . import tma as _tma
 from .backends import compile
 from .device import require_cuda
-from .kernel import arena_bytes_of, launch_contract, source_options, source_program
+from .kernel import arena_bytes_of, kernel_name, launch_contract, source_options, source_program
 
 
 def _stream_handle(device: torch.device) -> int:
@@ -162,11 +164,26 @@ class CompiledRunner:
         from ..dataflow.timeline import Timeline
 
         torch.cuda.synchronize(self.device)
-        return Timeline.from_records(self.source.dag, self.timeline_buffer().cpu().tolist())
+        return Timeline.from_records(self.source.dag, self.timeline_buffer().cpu().tolist(),
+                                     kernel=kernel_name(self.source))
 
     def launch(self, flat: Sequence[torch.Tensor], outs: Sequence[torch.Tensor], arena: torch.Tensor,
                words: torch.Tensor | None = None) -> None:
-        """Launch once on the current stream with already checked tensors (no checks, no sync)."""
+        """Launch once on the current stream with already checked tensors (no checks, no sync). Inside a
+        range named :meth:`range_name` ``("launch")`` while a profiler listens (:mod:`tkx.runtime.ranges`)."""
+        if _ranges.listening():
+            with _ranges.annotate(self.range_name("launch")):
+                self._launch(flat, outs, arena, words)
+        else:
+            self._launch(flat, outs, arena, words)
+
+    def range_name(self, what: str) -> str:
+        """The NVTX / profiler range name of ``what`` (``"launch"``, ``"graph replay"``) of this step:
+        ``"tkx <program> <what> [options that differ from the defaults]"``."""
+        return _ranges.range_name(self.program.name, what, self.options)
+
+    def _launch(self, flat: Sequence[torch.Tensor], outs: Sequence[torch.Tensor], arena: torch.Tensor,
+                words: torch.Tensor | None) -> None:
         args = self.kernel_args(flat, outs, arena, self._words if words is None else words)
         if torch.cuda.current_device() != self.device.index:
             with torch.cuda.device(self.device):
@@ -231,7 +248,9 @@ class CompiledRunner:
         For each seed: inputs from ``make_inputs(seed)`` (``device=`` passed when accepted)
         or random ones shaped like the compiled inputs (normal floats; integers in the range
         the step accepts: the classes or rows they index, else ``[0, int_high)``, else the
-        example inputs' range, see :func:`~tkx.runtime.verify.integer_ranges`); outputs and
+        example inputs' range, see :func:`~tkx.runtime.verify.integer_ranges`; masks, bool or
+        holding ``-inf``, are the example inputs' own, so a padding mask that leaves an attention
+        row without keys is verified as the step will meet it); outputs and
         workspace are poisoned with NaN before the launch. Integer inputs outside that range
         (from ``make_inputs``) raise :class:`~tkx.runtime.verify.InputRangeError` before
         anything runs on the GPU, since eager would trip a device-side assert.
@@ -357,8 +376,17 @@ class GraphRunner:
                 self.inputs[i].copy_(saved)
 
     def replay(self) -> Any:
-        """Replay the step on the current stream; returns the outputs in the step's pytree."""
-        self.graph.replay()
+        """Replay the step on the current stream; returns the outputs in the step's pytree. Inside a range
+        named ``runner.range_name("graph replay")`` while a profiler listens (:mod:`tkx.runtime.ranges`). A
+        step that draws random numbers gets a fresh Philox state first (:func:`tkx.random.next_state`)."""
+        rng = self.runner.program.rng_input
+        if rng is not None:
+            self.inputs[rng].copy_(next_state(), non_blocking=True)
+        if _ranges.listening():
+            with _ranges.annotate(self.runner.range_name("graph replay")):
+                self.graph.replay()
+        else:
+            self.graph.replay()
         _bump_versions([self.inputs[i] for i in self.runner._mutated])
         return _inputs.unflatten_outputs(self.runner.program, self.outputs)
 

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ..errors import ERR_INDEX, KernelError, TkxError  # noqa: F401 (KernelError lives in tkx.errors)
-from ..ops import index_error
+from ..indexing import index_error
 
 WORDS = 8
 SYNC_OFFSET = 0      # words

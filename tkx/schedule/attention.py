@@ -110,8 +110,10 @@ def _math(op: Op) -> Any:
     causal, scale = bool(op.attr("causal")), float(op.attr("scale"))
     masked = op.attr("mask", "none") != "none"
     if op.kind == "attention":
+        empty_rows = str(op.attr("empty_rows", "zero"))
+
         def fwd(q, k, v, *mask):
-            return list(ref.forward(q, k, v, mask[0] if masked else None, causal, scale))
+            return list(ref.forward(q, k, v, mask[0] if masked else None, causal, scale, empty_rows))
         return fwd
 
     def bwd(q, k, v, out, lse, dout, *mask):
@@ -132,8 +134,12 @@ def _lower_math(op: Op, taken: set[str]) -> tuple[list[Op], list[TensorSpec]]:
 
     class Splice(Lowering):
         @property
-        def source(self):  # every op of the math points at the user's attention line
+        def source(self):  # every op of the math points at the user's attention line and module
             return op.source
+
+        @property
+        def module(self):
+            return (op.module, op.module_type) if op.module is not None else None
 
     L = Splice(gm, [], [], {}, op.id)
     L.ids |= taken
@@ -191,7 +197,7 @@ def _expand(program: Program, expand: list[Op]) -> Program:
             if not spec.is_dense or spec.buffer not in {o.id for o in body}:
                 cid = f"{op.id}_piece{k}"
                 body.append(Op(cid, "cast", (spec,), TensorSpec.dense(cid, spec.shape, "float32"), {},
-                               region=op.region, source=op.source))
+                               region=op.region, source=op.source, module=op.module, module_type=op.module_type))
                 taken.add(cid)
                 spec = body[-1].out
             placed.append((start, spec.numel, spec))

@@ -21,6 +21,7 @@ from .. import ops as optable
 from ..arena import ArenaPlan
 from ..dtypes import TORCH
 from ..errors import TkxError
+from ..indexing import scatter_writes
 from ..ir import Op, TensorSpec
 from ..reference import Execution, evaluate, flatten_inputs, in_captured_layout
 from .model import FusedSchedule, Group, Home
@@ -254,7 +255,7 @@ class _Machine:
         target = self.inputs[home.index]
         if not target.is_contiguous():
             raise ScheduleError(f"group {grp.id}: input {home.index} is not dense, so no slice write goes to it")
-        pos, vals = optable.scatter_writes(op, op.out.shape, index, values)
+        pos, vals = scatter_writes(op, op.out.shape, index, values)
         target.view(-1)[pos] = vals.to(target.dtype)
         self.written.add(op.id)
 

@@ -1,0 +1,255 @@
+"""Module-and-optimizer steps (``loss.backward(); opt.step(); opt.zero_grad()``) captured with ``state=``:
+five steps of the schedule interpreter against eager on a deep copy (loss, parameters, buffers,
+gradients, optimizer state), for each optimizer and option, the tutorials' models, an LR scheduler,
+train/eval, gradient clipping and accumulation; and what is refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from stateful_steps import (
+    CNN,
+    MLP,
+    TransformerLM,
+    accumulate_step,
+    assert_same_state,
+    classify_step,
+    lm_step,
+    run_both,
+    twin,
+)
+
+import tkx
+
+STEPS = 5
+X, Y = torch.randn(6, 8, generator=torch.Generator().manual_seed(1)), torch.tensor([0, 1, 2, 3, 1, 2])
+BATCHES = [(X + 0.1 * k, Y.roll(k)) for k in range(STEPS)]
+
+OPTIMIZERS = {
+    "sgd": lambda ps, fe: torch.optim.SGD(ps, lr=0.1, foreach=fe),
+    "sgd-momentum-wd": lambda ps, fe: torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=1e-2, foreach=fe),
+    "sgd-nesterov": lambda ps, fe: torch.optim.SGD(ps, lr=0.1, momentum=0.9, nesterov=True, foreach=fe),
+    "adam": lambda ps, fe: torch.optim.Adam(ps, lr=1e-2, foreach=fe),
+    "adam-amsgrad": lambda ps, fe: torch.optim.Adam(ps, lr=1e-2, amsgrad=True, foreach=fe),
+    "adamw-maximize": lambda ps, fe: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1, maximize=True, foreach=fe),
+    "rmsprop-momentum-centered": lambda ps, fe: torch.optim.RMSprop(ps, lr=1e-2, momentum=0.9, centered=True,
+                                                                    foreach=fe),
+    "adagrad": lambda ps, fe: torch.optim.Adagrad(ps, lr=0.1, foreach=fe),
+}
+
+
+@pytest.mark.parametrize("foreach", [False, True], ids=["single-tensor", "foreach"])
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_optimizer_matches_eager(name, foreach):
+    mine, ref = twin(MLP, lambda ps: OPTIMIZERS[name](ps, foreach))
+    exp = tkx.explore(classify_step(*mine), BATCHES[0], state=mine)
+    run_both(exp.run, classify_step(*ref), BATCHES)
+    assert_same_state(mine, ref)
+    assert not exp.recomputed
+
+
+def test_capture_leaves_state_alone_and_names_it():
+    (model, opt), _ = twin(MLP, lambda ps: torch.optim.AdamW(ps, lr=3e-4, weight_decay=0.1))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    cap = tkx.capture(classify_step(model, opt), BATCHES[0], state=(model, opt))
+    assert len(opt.state) == 0 and all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    names = cap.input_names
+    assert names[:4] == ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")
+    assert "opt.state[fc1.weight].exp_avg" in names and "opt.state[fc2.bias].step" in names
+    assert "opt.param_groups[0].lr" in names and names[-2:] == ("x", "y")
+    updated = {cap.program.inputs[u.input_index].name for u in cap.program.updates}
+    assert {"fc1.weight", "opt.state[fc1.weight].exp_avg_sq", "opt.state[fc1.weight].step"} <= updated
+    assert "opt.param_groups[0].lr" not in updated
+    assert cap.region_counts()["backward"] > 0 and cap.region_counts()["optimizer"] > 0
+
+
+def test_cnn_batchnorm_sgd_and_train_eval():
+    mine, ref = twin(CNN, lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9))
+    g = torch.Generator().manual_seed(2)
+    batches = [(torch.randn(4, 1, 8, 8, generator=g), torch.tensor([0, 1, 2, 1])) for _ in range(STEPS)]
+    exp = tkx.explore(classify_step(*mine), batches[0], state=mine)
+    run_both(exp.run, classify_step(*ref), batches[:3])
+    assert_same_state(mine, ref)
+    assert int(mine[0].bn.num_batches_tracked) == 3
+    for m in (mine[0], ref[0]):
+        m.eval()
+    run_both(exp.run, classify_step(*ref), batches[3:])  # eval: running statistics, no update of them
+    assert exp.recomputed and "eval()" in exp.recomputed[-1]
+    assert_same_state(mine, ref)
+    assert int(mine[0].bn.num_batches_tracked) == 3
+
+
+def test_transformer_lm_adam():
+    mine, ref = twin(TransformerLM, lambda ps: torch.optim.Adam(ps, lr=1e-2))
+    g = torch.Generator().manual_seed(3)
+    batches = [(torch.randint(0, 16, (2, 8), generator=g), torch.randint(0, 16, (2, 8), generator=g))
+               for _ in range(STEPS)]
+    exp = tkx.explore(lm_step(*mine), batches[0], state=mine)
+    run_both(exp.run, lm_step(*ref), batches)
+    # the key bias has a zero true gradient: Adam moves it by rounding noise, at most lr per step
+    assert_same_state(mine, ref, noise={"layer.self_attn.in_proj_bias": (slice(16, 32), 2 * 1e-2 * STEPS)})
+
+
+def test_lr_scheduler_between_calls_needs_no_new_capture():
+    mine, ref = twin(MLP, lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1))
+    scheds = [torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5) for _, opt in (mine, ref)]
+    exp = tkx.explore(classify_step(*mine), BATCHES[0], state=mine)
+    run_both(exp.run, classify_step(*ref), BATCHES, between=lambda: [s.step() for s in scheds])
+    assert mine[1].param_groups[0]["lr"] == pytest.approx(1e-2 / 2 ** STEPS)
+    assert_same_state(mine, ref)
+    assert not exp.recomputed
+
+
+def test_clip_grad_norm():
+    mine, ref = twin(MLP, lambda ps: torch.optim.SGD(ps, lr=0.5, momentum=0.5))
+    exp = tkx.explore(classify_step(*mine, clip=0.05), BATCHES[0], state=mine)
+    run_both(exp.run, classify_step(*ref, clip=0.05), BATCHES)
+    assert_same_state(mine, ref)
+
+
+def test_gradient_accumulation_over_micro_batches():
+    mine, ref = twin(MLP, lambda ps: torch.optim.Adam(ps, lr=1e-2))
+    exp = tkx.explore(accumulate_step(*mine), BATCHES[0], state=mine)
+    run_both(exp.run, accumulate_step(*ref), BATCHES)
+    assert_same_state(mine, ref)
+
+
+def test_gradients_kept_between_calls():
+    """zero_grad(set_to_none=False) before backward: the gradients are lifted, the first call's
+    missing ones start at zero, and they are left behind as eager leaves them."""
+    def make(model, opt):
+        def step(x, y):
+            opt.zero_grad(set_to_none=False)
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+        return step
+    mine, ref = twin(MLP, lambda ps: torch.optim.SGD(ps, lr=0.1))
+    exp = tkx.explore(make(*mine), BATCHES[0], state=mine)
+    assert "fc1.weight.grad" in exp.captured.input_names
+    run_both(exp.run, make(*ref), BATCHES[:3])
+    assert_same_state(mine, ref)
+
+
+def test_verify_on_the_cpu_prints_a_table(capsys):
+    mine, _ = twin(CNN, lambda ps: torch.optim.AdamW(ps, lr=1e-2))
+    g = torch.Generator().manual_seed(4)
+    batch = (torch.randn(4, 1, 8, 8, generator=g), torch.tensor([0, 1, 2, 1]))
+    exp = tkx.explore(classify_step(*mine), batch, state=mine)
+    before = {k: v.clone() for k, v in mine[0].state_dict().items()}
+    result = exp.verify()
+    assert result.passed
+    kinds = {c.kind for c in result.comparisons}
+    assert {"update (reference)", "update (schedule)", "output (schedule)"} <= kinds
+    out = capsys.readouterr().out
+    assert "bn.running_mean" in out and "vs fp64" in out
+    assert all(torch.equal(before[k], v) for k, v in mine[0].state_dict().items())
+    assert len(mine[1].state) == 0
+
+
+def test_noise_dominated_value_passes_arbitration_and_a_real_error_does_not():
+    from tkx.runtime.verify import compare
+    exact = torch.zeros(16, dtype=torch.float64)
+    eager = torch.full((16,), 1e-3)
+    noisy = torch.full((16,), -3e-3)      # as far from float64 as eager, in the other direction
+    assert compare("b", "update", "float32", 0, noisy, eager, noisy, exact, 1e-5).ok
+    wrong = torch.full((16,), 1.0)
+    assert not compare("b", "update", "float32", 0, wrong, eager, wrong, exact, 1e-5).ok
+    accurate_eager = torch.full((16,), 1e-9)  # eager is accurate: no noise excuse
+    assert not compare("b", "update", "float32", 0, noisy, accurate_eager, noisy, exact, 1e-5).ok
+
+
+def test_refusals_name_state_and_functional_call():
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(tkx.UnsupportedError) as e:
+        tkx.capture(classify_step(model, opt), BATCHES[0])
+    assert e.value.kind == "not-functional" and "state=" in str(e.value) and "functional_call" in str(e.value)
+    assert "stateful_steps.py" in str(e.value.source)  # the line running the module
+    fused = torch.optim.Adam(model.parameters(), lr=0.1, fused=True)
+    with pytest.raises(tkx.UnsupportedError, match="fused") as e:
+        tkx.capture(classify_step(model, fused), BATCHES[0], state=(model, fused))
+    assert e.value.kind == "state-not-liftable"
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1)
+    with pytest.raises(tkx.UnsupportedError, match="StepLR") as e:
+        tkx.capture(classify_step(model, opt), BATCHES[0], state=(model, opt, sched))
+    assert "leave LR schedulers out" in str(e.value)
+    dampened = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, dampening=0.5)
+    with pytest.raises(tkx.UnsupportedError, match="momentum_buffer"):
+        tkx.capture(classify_step(model, dampened), BATCHES[0], state=(model, dampened))
+    # a failed capture breaks nothing: the next one works
+    assert tkx.capture(classify_step(model, opt), BATCHES[0], state=(model, opt)).program.inputs
+
+
+def test_stateful_runner_keeps_one_variant_per_train_eval_setting():
+    """StatefulRunner's bookkeeping on the CPU, the kernel's part played by the schedule interpreter."""
+    from tkx.runtime.stateful import StatefulRunner
+    from tkx.schedule.interpreter import run as run_schedule
+
+    mine, ref = twin(CNN, lambda ps: torch.optim.Adam(ps, lr=1e-2))
+    g = torch.Generator().manual_seed(5)
+    batches = [(torch.randn(4, 1, 8, 8, generator=g), torch.tensor([0, 1, 2, 1])) for _ in range(STEPS)]
+    built = []
+
+    def make(inputs):
+        exp = tkx.explore(classify_step(*mine), inputs, state=mine)
+        built.append(exp)
+        return (lambda *args, check=True: run_schedule(exp.schedule, exp.arena, args, update_inputs=True)
+                .output_tree()), exp.captured.stateful
+
+    runner = StatefulRunner(make, batches[0])
+    for k, (x, y) in enumerate(batches):
+        for m in (mine[0], ref[0]):
+            m.train(k % 2 == 0)
+        run_both(runner, classify_step(*ref), [(x, y)])
+    assert len(built) == 2 and len(runner.variants) == 2
+    assert_same_state(mine, ref)
+
+
+def test_plain_tensor_attribute_is_named():
+    class Scaled(MLP):
+        def __init__(self):
+            super().__init__()
+            self.scale = torch.ones(4)  # not registered: neither a parameter nor a buffer
+
+        def forward(self, x):
+            return super().forward(x) * self.scale
+    model = Scaled()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(tkx.UnsupportedError, match="'scale' is neither a parameter nor a buffer") as e:
+        tkx.capture(classify_step(model, opt), BATCHES[0], state=(model, opt))
+    assert "register_buffer" in str(e.value)
+
+
+def test_verify_on_the_cpu_for_a_functional_step(capsys):
+    def step(w, x, y):
+        loss, g = None, None
+        g, loss = torch.func.grad_and_value(lambda w: F.cross_entropy(x @ w, y))(w)
+        w.sub_(0.1 * g)
+        return loss
+    exp = tkx.explore(step, (torch.randn(8, 4), X, Y))
+    result = exp.verify()
+    assert result.passed and {"output (schedule)", "update (reference)"} <= {c.kind for c in result.comparisons}
+    assert "w" in capsys.readouterr().out
+
+
+def test_cli_state_argument_loads_the_objects(tmp_path):
+    from tkx.cli import _parser
+    from tkx.user_step import UserStepError, load_function, load_state
+
+    path = tmp_path / "mystep.py"
+    path.write_text("import torch\nmodel = torch.nn.Linear(4, 2)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                    "state = (model, opt)\ndef make_state():\n    return {'model': model, 'opt': opt}\n"
+                    "def step(x):\n    return model(x).sum()\n")
+    step = load_function(f"{path}:step")
+    model, opt = load_state(f"{path}:state")
+    assert isinstance(model, torch.nn.Linear) and isinstance(opt, torch.optim.SGD)
+    assert step.__globals__["model"] is model  # one import of the file, shared with the step
+    assert set(load_state(f"{path}:make_state")) == {"model", "opt"}
+    with pytest.raises(UserStepError):
+        load_state(f"{path}:nothing")
+    args = _parser().parse_args(["report", f"{path}:step", "--inputs", f"{path}:step", "--state", f"{path}:state"])
+    assert args.state == f"{path}:state"
