@@ -32,6 +32,10 @@ FAST = {
     "sm_90a-tf32": {"arch": "sm_90a", "fp32_math": "tf32"},
 }
 
+#: Examples whose code generation takes minutes under the whole fast matrix (the int8/int4 dequantising
+#: GEMVs): the fast test runs them with these option sets only, the slow test with all.
+HEAVY = {"decode_int8": ("default", "sm_90a"), "decode_int4": ("default", "sm_90a")}
+
 #: The slow matrix adds combinations (pytest -m slow).
 SLOW = {
     **FAST,
@@ -64,9 +68,10 @@ def examples() -> dict:
     return out
 
 
-def source_hashes(matrix: dict[str, dict], names: list[str] | None = None) -> dict[str, dict[str, str]]:
+def source_hashes(matrix: dict[str, dict], names: list[str] | None = None,
+                  heavy: dict[str, tuple[str, ...]] | None = None) -> dict[str, dict[str, str]]:
     """``{example: {option set: sha256 of the CUDA source}}``; an option set the example refuses is
-    recorded as ``"error: <ExceptionType>"``."""
+    recorded as ``"error: <ExceptionType>"``. ``heavy``: examples limited to the option sets named."""
     import tkx
 
     out: dict[str, dict[str, str]] = {}
@@ -74,7 +79,8 @@ def source_hashes(matrix: dict[str, dict], names: list[str] | None = None) -> di
         if names is not None and name not in names:
             continue
         base = tkx.explore(ex.step_fn, ex.example_inputs, name=name)
-        out[name] = {key: _hash(base, opts) for key, opts in matrix.items()}
+        keys = (heavy or {}).get(name, tuple(matrix))
+        out[name] = {key: _hash(base, matrix[key]) for key in keys}
     return out
 
 
@@ -132,5 +138,5 @@ SWITCHES: dict[str, dict] = {
     "split_k_final=last_slice": {"split_k_final": "last-slice"},
     "split_k_min_steps=4": {"split_k_min_steps": 4},
 }
-SWITCH_EXAMPLES = ("online", "small", "medium", "mixed_precision", "llama_block", "decode_tiny", "decode_int4",
+SWITCH_EXAMPLES = ("online", "small", "medium", "mixed_precision", "llama_block", "decode_tiny",
                    "decode_tiny_int8")

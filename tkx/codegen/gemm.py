@@ -48,7 +48,6 @@ from .gemm_epilogue import (
     WGMMA_EPILOGUE_BATCH,
     WGMMA_EPILOGUE_EARLY_REGS,
     WGMMA_EPILOGUE_VECTOR_REGS,
-    WGMMA_GUARDED_BATCH,
     _batched_epilogue,
     _cs_at,
     _cs_swizzle,
@@ -91,7 +90,7 @@ __all__ = [
     "VARIANTS", "GemmCode", "GemmProblem", "SplitFinal", "WgmmaKnobs", "Epilogue", "LoadA", "LoadB", "PtrA", "PtrB",
     "TmaMap", "choose_variant", "emit_gemm", "simt_gemm", "wmma_gemm", "wgmma_gemm", "gemv", "work_loop",
     "wgmma_stages", "tensormap_prefetch", "WGMMA_STAGES", "WGMMA_MAX_STAGES", "WGMMA_C_PAD", "WGMMA_CLUSTER_SLACK",
-    "WGMMA_EPILOGUE_BATCH", "WGMMA_EPILOGUE_EARLY_REGS", "WGMMA_EPILOGUE_VECTOR_REGS", "WGMMA_GUARDED_BATCH",
+    "WGMMA_EPILOGUE_BATCH", "WGMMA_EPILOGUE_EARLY_REGS", "WGMMA_EPILOGUE_VECTOR_REGS",
     "_batched_epilogue", "_cs_at", "_cs_swizzle",
 ]
 

@@ -23,12 +23,6 @@ from .text import block, indent
 WGMMA_EPILOGUE_BATCH = 16
 
 
-#: A tile that crosses the edge of C (M or N not a multiple of the tile) batches its epilogue too:
-#: the elements outside C get clamped coordinates (their loads read an element inside C) and are not
-#: stored. Off: such tiles keep the rolled loop, one element per iteration, each waiting a memory
-#: latency: mixed_precision's 32-row GEMMs on 64-row tiles with an SGD update (16 serial iterations of
-#: ~0.7 µs per work item made that step 1.9x slower than torch.compile on the H200).
-WGMMA_GUARDED_BATCH = True
 
 
 #: Register estimate of one vectorized pass (:meth:`~tkx.codegen.epilogue_vector.VectorAccesses.registers_per_element`
@@ -265,7 +259,7 @@ def _wgmma_store_c(base: str, acc_regs: int, wn: int, ldc: int, tm: int, tn: int
     :data:`WGMMA_EPILOGUE_BATCH` elements per thread and pass (halved until the tile holds a whole pass;
     :func:`_batched_epilogue`); a tile crossing the edge of C clamps the coordinates of the elements
     outside (their loads stay inside C) and stores only the elements inside
-    (:data:`WGMMA_GUARDED_BATCH`; off: one element per iteration). With ``vec`` (:func:`_vector_tile`,
+    (tiles that do not split into whole passes keep one element per iteration). With ``vec`` (:func:`_vector_tile`,
     tiles inside C): the vector passes of :class:`_VectorTile` when every pointer is 16-byte aligned
     (runtime test), the scalar batched passes otherwise."""
     swz = _cs_swizzle(tn, vector)
@@ -283,8 +277,13 @@ def _wgmma_store_c(base: str, acc_regs: int, wn: int, ldc: int, tm: int, tn: int
     ub = WGMMA_EPILOGUE_BATCH
     while ub > 1 and (tm * tn) % (threads * ub):  # a small tile: fewer per pass, still batched
         ub //= 2
+    # A tile that crosses the edge of C (M or N not a multiple of the tile) batches its epilogue too: the
+    # elements outside C get clamped coordinates (their loads read an element inside C) and are not stored.
+    # The rolled loop (one element per iteration, each waiting a memory latency) made mixed_precision's
+    # step 1.9x slower than torch.compile on the H200 (32-row GEMMs on 64-row tiles with an SGD update:
+    # 16 serial iterations of ~0.7 µs per work item); it stays for tiles that do not split into passes.
     guarded = m_guard or n_guard
-    batched = None if (tm * tn) % (threads * ub) or (guarded and not WGMMA_GUARDED_BATCH) else \
+    batched = None if (tm * tn) % (threads * ub) else \
         _batched_epilogue(epilogue, ub, guarded=guarded)
     if batched is not None:
         comp, stores = batched
