@@ -32,6 +32,11 @@ FAST = {
     "sm_90a-tf32": {"arch": "sm_90a", "fp32_math": "tf32"},
 }
 
+#: The default test's share (seconds on 2 cores): these option sets of every example, the switches on
+#: these examples; ``pytest -m slow`` checks the whole record.
+QUICK_SETS = ("default", "sm_90a", "block")
+QUICK_SWITCH_EXAMPLES = ("small", "decode_tiny_int8")
+
 #: Examples whose code generation takes minutes under the whole fast matrix (the int8/int4 dequantising
 #: GEMVs): the fast test runs them with these option sets only, the slow test with all.
 HEAVY = {"decode_int8": ("default", "sm_90a"), "decode_int4": ("default", "sm_90a")}
@@ -88,13 +93,13 @@ def load() -> dict:
     return json.loads(GOLDEN.read_text())
 
 
-def switch_hashes() -> dict[str, dict[str, str]]:
-    """``{example: {switch: sha256}}`` for :data:`SWITCHES` on :data:`SWITCH_EXAMPLES` (sm_90a)."""
+def switch_hashes(names: tuple[str, ...] | None = None) -> dict[str, dict[str, str]]:
+    """``{example: {switch: sha256}}`` for :data:`SWITCHES` on :data:`SWITCH_EXAMPLES` (or ``names``), sm_90a."""
     import tkx
 
     every = examples()
     out: dict[str, dict[str, str]] = {}
-    for name in SWITCH_EXAMPLES:
+    for name in names or SWITCH_EXAMPLES:
         ex = every[name]
         base = tkx.explore(ex.step_fn, ex.example_inputs, name=name, arch="sm_90a")
         out[name] = {key: _hash(base, opts) for key, opts in SWITCHES.items()}
