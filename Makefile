@@ -1,6 +1,8 @@
 # make tour  - build the virtual environment (first run only) and walk an example through tkx
 # make test  - build the virtual environment (first run only) and run the CPU test suite
+# make test-full - the same plus the option x arch matrix of the largest examples (marker `full`)
 # make lint  - ruff
+# make fuzz  - an hour of the differential fuzzer (scripts/fuzz-campaign), resumed where the last run stopped
 #
 # The browser test (tests/test_browser.py) drives Debian's chromium through Playwright for Python:
 # as root with apt-get, `make venv` installs the chromium package when /usr/bin/chromium is missing
@@ -13,7 +15,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.make-stamp
 INCOMPLETE := $(VENV)/.make-incomplete
 
-.PHONY: venv tour test test-fast lab lint docs student-notebooks apt-package
+.PHONY: venv tour test test-full test-fast lab lint docs student-notebooks apt-package fuzz
 
 venv: $(STAMP)
 
@@ -33,6 +35,8 @@ $(STAMP): pyproject.toml
 	@for ext in formgrader validate_assignment assignment_list course_list; do \
 		$(VENV)/bin/jupyter server extension disable --sys-prefix nbgrader.server_extensions.$$ext >/dev/null 2>&1 || true; \
 	done
+	@# JupyterLab's defaults for this venv (binder/overrides.json): no Jupyter news pop-up, no update check.
+	@mkdir -p $(VENV)/share/jupyter/lab/settings && cp binder/overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json
 	@rm -f $(INCOMPLETE)
 	@$(MAKE) --no-print-directory apt-package PKG=graphviz CHECK="command -v dot" WHY="graphs will show as text and DOT source"
 	@$(MAKE) --no-print-directory apt-package PKG=chromium CHECK="test -x /usr/bin/chromium" WHY="the browser tests will skip"
@@ -69,11 +73,17 @@ tour: venv
 # outputs compared after notebooks/sanitize.cfg), the benchmark notebook, whose numbers depend on the
 # machine, with --nbval-lax (cells must run; outputs are not compared). GPU cells are tagged nbval-skip.
 # scripts/store-notebook-outputs.py re-stores the compared outputs after a deliberate change.
+# `make test` leaves out the tests marked `full` (the option x arch matrix of the largest examples,
+# minutes of NVRTC on 2 cores); `make test-full` runs them too.
 LAX_NOTEBOOKS := notebooks/06_run_and_benchmark.ipynb
+TEST_MARKS ?= not gpu and not full
 test: venv
 	$(PY) -m pytest -q -p no:cacheprovider $(LAX_NOTEBOOKS) --nbval-lax --nbval-current-env
-	$(PY) -m pytest -q -m "not gpu" tests notebooks --nbval --nbval-current-env \
+	$(PY) -m pytest -q -m "$(TEST_MARKS)" tests notebooks --nbval --nbval-current-env \
 		--nbval-sanitize-with notebooks/sanitize.cfg $(foreach nb,$(LAX_NOTEBOOKS),--ignore=$(nb))
+
+test-full: venv
+	$(MAKE) --no-print-directory test TEST_MARKS="not gpu"
 
 # A quick check of every stage (aimed at < 3 minutes on 2 cores): capture and IR, passes, schedule, arena,
 # CUDA source map and NVRTC, the views, the exported report, the CLI and the package structure, on every
@@ -96,6 +106,11 @@ docs: venv
 # The notebooks with every exercise's solution cleared (nbgrader's markers), for a class.
 student-notebooks: venv
 	$(PY) scripts/student-notebooks.py build/student-notebooks
+
+FUZZ_OUT ?= fuzz-out
+FUZZ_SECONDS ?= 3600
+fuzz: venv
+	PYTHONPATH=$(CURDIR) $(PY) scripts/fuzz-campaign --out $(FUZZ_OUT) --seconds $(FUZZ_SECONDS) --resume --quiet
 
 lint: venv
 	$(VENV)/bin/ruff check .

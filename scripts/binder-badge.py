@@ -31,6 +31,9 @@ def badge(owner: str, repo: str, ref: str = "HEAD") -> str:
 
 
 def main() -> int:
+    if sys.argv[1:] and sys.argv[1] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0
     found = repository()
     if found is None:
         print("no GitHub URL in pyproject.toml ([project.urls] Repository = \"https://github.com/OWNER/REPO\"): "

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# decode-gpu.sh OUT - the decode step on a CUDA GPU (issue 16), in one run of about 4 minutes:
+# decode-gpu.sh OUT - the decode step on a CUDA GPU, in one run of about 4 minutes:
 #   1. warm the caches in parallel: the tkx kernels (NVRTC disk cache) and torch.compile (Inductor's caches),
 #      two processes per weight format (bf16, int8, int4);                            -> OUT/prepare.log
 #   2. scripts/decode-bench.py: 20 greedy tokens equal to eager for every format, then µs per step and
@@ -8,6 +8,10 @@
 #   3. the GPU tests of tests/test_decode.py (cache hits by then).                     -> OUT/pytest-gpu.log
 # Environment: PYTHON (default python), DECODE_QUANTS (default bf16,int8,int4), DECODE_TESTS=0 skips step 3.
 set -u -o pipefail
+if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
+    sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'
+    exit 0
+fi
 OUT="${1:-decode-gpu-out}"
 mkdir -p "$OUT"
 PY="${PYTHON:-python}"

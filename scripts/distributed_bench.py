@@ -1,7 +1,7 @@
 """Data-parallel throughput (samples/s): tkx.distributed against PyTorch DDP (+ torch.compile), in one run.
 
     python -m torch.distributed.run --standalone --nproc_per_node 2 scripts/distributed_bench.py \
-        --out docs/results/h200-distributed.json
+        --out distributed.json
 
 Needs torchrun and, with ``--device cuda`` (the default), one GPU per rank and at least two ranks: NCCL,
 tkx's compiled kernels (program A = forward + backward, program B = the update, the bucketed all-reduce

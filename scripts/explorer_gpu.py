@@ -1,7 +1,7 @@
 """The Explorer's "Compile & benchmark" round trip on a GPU, driven from Python (no browser).
 
 ``python scripts/explorer_gpu.py [--out FILE]``: builds ``tkx.Explorer`` for digits_mlp, runs the
-benchmark once (baselines timed once per session), then flips options and measures the time from
+benchmark once (baselines timed once per kernel), then flips options and measures the time from
 the control change to the new µs/step row in the results table.
 """
 

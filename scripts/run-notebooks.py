@@ -80,6 +80,9 @@ def run_as_script(path: Path, out: Path) -> dict:
 
 
 def main() -> int:
+    if sys.argv[1:] and sys.argv[1] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("/tmp/notebooks-run")
     out.mkdir(parents=True, exist_ok=True)
     try:

@@ -46,6 +46,9 @@ def student_version(nb: nbformat.NotebookNode) -> tuple[nbformat.NotebookNode, i
 
 
 def main(argv: list[str]) -> int:
+    if argv and argv[0] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0
     out = Path(argv[0]) if argv else ROOT / "build" / "student-notebooks"
     out.mkdir(parents=True, exist_ok=True)
     for path in sorted(NOTEBOOKS.glob("*.ipynb")):

@@ -11,7 +11,7 @@ with ``linecache`` so tkx's errors quote its lines). :func:`check` runs one case
 float64 arbitration does not excuse). :func:`shrink` reduces a failing case field by field to a
 small one that still fails, and :func:`reproduction` prints it as a runnable script.
 
-Used by ``tests/test_fuzz.py`` (bounded, in CI) and ``scripts/fuzz-campaign.py`` (long runs).
+Used by ``tests/test_fuzz.py`` (bounded, in CI) and ``scripts/fuzz-campaign`` (long runs, as the ``mlp`` family).
 Builds on user-level steps, not on IR, so that it keeps working when the op table grows.
 """
 

@@ -35,7 +35,8 @@ def _close(got: torch.Tensor, want: torch.Tensor, what: str, rtol: float, atol: 
     assert ok, f"{what}: max abs diff {(got.double() - want.double()).abs().max().item():.3g}"
 
 
-def check_step(step, inputs, *, rtol: float = 1e-4, atol: float = 1e-5, nvrtc: bool = True, **options):
+def check_step(step, inputs, *, rtol: float = 1e-4, atol: float = 1e-5, nvrtc: bool = True,
+               archs: tuple[str, ...] = ("sm_80", "sm_90"), **options):
     exp = tkx.explore(step, inputs, **options)
     eager_inputs = clone(inputs)
     eager_out, _ = tree_flatten(step(*eager_inputs))
@@ -54,7 +55,7 @@ def check_step(step, inputs, *, rtol: float = 1e-4, atol: float = 1e-5, nvrtc: b
                 _close(got, want, f"{name}: input {k} after the step", rtol, atol)
     cuda = exp.cuda
     if nvrtc and nvrtc_available():
-        for arch in ("sm_80", "sm_90"):
+        for arch in archs:
             report = cuda.check(arch)
             assert report.spill_bytes == 0, f"{arch}: {report}"
     return exp

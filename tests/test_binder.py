@@ -259,3 +259,16 @@ def test_readme_binder_badge_comes_from_the_one_setting():
     badge = mod.badge("someone", "tkx")
     m = re.search(r"https://mybinder\.org/v2/gh/[^/]+/[^/]+/[^/?]+\?urlpath=lab/tree/(?P<path>[^&#)]+)", badge)
     assert m and (ROOT / m["path"]).is_file() and m["path"] == "notebooks/00_tour.ipynb"
+
+
+def test_jupyterlab_news_is_off_in_binder_and_the_venv():
+    """binder/overrides.json switches JupyterLab's news pop-up and update check off; make venv and
+    repo2docker's postBuild both install it as the environment's settings overrides."""
+    import json
+
+    settings = json.loads((BINDER / "overrides.json").read_text())["@jupyterlab/apputils-extension:notification"]
+    assert settings["fetchNews"] == "false" and settings["checkForUpdates"] is False
+    target = "share/jupyter/lab/settings/overrides.json"
+    assert f"cp binder/overrides.json $(VENV)/{target}" in (ROOT / "Makefile").read_text()
+    post = BINDER / "postBuild"
+    assert target in post.read_text() and post.stat().st_mode & 0o111, "binder/postBuild must be executable"

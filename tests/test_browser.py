@@ -233,7 +233,9 @@ def test_arena_slot_lights_its_op_and_cuda_lines(browser, digits_report):
         assert lines.count() >= 1
         assert found["buf"] in (lines.first.get_attribute("data-tkx-ids") or "").split()
         op = found["buf"].replace("buf:", "op:")
-        assert page.locator(f'#tkx-sec-optimized [data-tkx-key="{op}"].tkx-hl').count() == 1
+        # its row of the IR listing, and its box in the section's graph when the first view draws it
+        assert page.locator(f'#tkx-sec-optimized .tkx-view [data-tkx-key="{op}"].tkx-hl').count() == 1
+        assert page.locator(f'#tkx-sec-optimized .tkx-hg [data-tkx-key="{op}"]:not(.tkx-hl)').count() == 0
         assert errors == [], errors
     finally:
         page.close()

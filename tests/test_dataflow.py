@@ -248,7 +248,8 @@ def test_timeline_is_a_stage_with_a_report_section():
     ex = get("tiny_online")
     exp = tkx.explore(ex.step_fn, ex.example_inputs, mode="grid")
     tl = exp.timeline
-    assert tl.unit == "events" and len(tl.spans) == dataflow.build(exp.schedule, exp.arena).num_tasks
+    assert (tl.unit, tl.kind) == ("ns", "predicted")
+    assert len(tl.spans) == dataflow.build(exp.schedule, exp.arena, work_items=exp.cuda.work_items).num_tasks
     html = report_html(exp, gpu=False)
     sec = html.split('id="tkx-sec-timeline"', 1)[1].split("</section>", 1)[0]
     assert "<svg" in sec and sec.count("<title>") == len(tl.spans)

@@ -615,7 +615,7 @@ def test_decode_registry_and_byte_counts():
 def test_decode_kernel_gives_eagers_20_tokens_on_the_gpu(name):
     """20 greedy steps, teacher-forced on eager's tokens: every token equals eager's, or is a near-tie in
     eager's own fp32 logits (cuBLAS and tkx sum in different orders; a 4096-way argmax over bf16 activations
-    meets a near-tie now and then, see docs/results/decode-h200.md)."""
+    meets a near-tie now and then, see docs/decode.md)."""
     ex = D.get(name)
     runner = tkx.runtime.build(ex.step_fn, ex.make_inputs(0, device="cuda"))
     cmp = D.compare_greedy(runner, ex, TOKENS, device="cuda")

@@ -2,7 +2,7 @@
 per run, each a random training step with random fusion options, through the reference
 interpreter, the schedule interpreter and NVRTC, against eager with float64 arbitration.
 A failure is shrunk and its reproduction printed. Bounded to about two minutes; the long
-campaign is scripts/fuzz-campaign.py."""
+campaign is scripts/fuzz-campaign (this generator is its ``mlp`` family)."""
 
 from __future__ import annotations
 

@@ -120,6 +120,15 @@ def test_explorer_flips_fuse_epilogues_in_jupyterlab(lab, browser):  # noqa: F81
         assert "schedule" in widget["tabs"], widget
         broken = _broken_children(page)
 
+        # the first screen: headline and pipeline table on top, the options in a collapsed panel
+        assert page.locator(".jp-OutputArea .tkx-pipeline").count() == 1
+        assert page.locator(".jp-OutputArea .tkx-headline").first.inner_text().strip()
+        panel = page.locator(".jp-OutputArea .jupyter-widget-Collapse-header", has_text="options").first
+        assert not page.locator(".jp-OutputArea .widget-checkbox", has_text="fuse_epilogues").first.is_visible()
+        panel.click()
+        groups = page.locator(".jp-OutputArea .tkx-opt-group").all_inner_texts()
+        assert groups[:5] == ["fusion", "tiling", "launch", "numerics", "compilation"], groups
+
         # open the schedule tab (lazy: the kernel renders it when it is selected)
         page.locator(".jp-OutputArea .lm-TabBar-tab", has_text="schedule").first.click()
         page.wait_for_function(f"() => ({SCHEDULE_TEXT})() !== null", timeout=UPDATE_S * 1000, polling=200)
@@ -161,6 +170,20 @@ def test_explorer_flips_fuse_epilogues_in_jupyterlab(lab, browser):  # noqa: F81
               f"schedule text: {len(before)} -> {len(after)} chars\nscreenshots: {', '.join(map(str, shots))}")
         assert "fuse_epilogues is off" not in before
         assert "fuse_epilogues=False" in status, status[-500:]
+        # the graph above the linked views: a readable first view; an op clicked there lights its CUDA
+        # lines in the linked views
+        page.locator(".jp-OutputArea .lm-TabBar-tab", has_text="linked views").first.click()
+        page.wait_for_selector(".jp-OutputArea .tkx-hg .tkx-gn", timeout=UPDATE_S * 1000)
+        hg = page.locator(".jp-OutputArea .tkx-hg").first
+        m = hg.evaluate("""(el) => { const t = Array.from(el.querySelectorAll('.tkx-gn text'));
+            const px = t.map(x => parseFloat(getComputedStyle(x).fontSize) * x.getScreenCTM().a);
+            return {boxes: el.querySelectorAll('.tkx-gn').length, minPx: Math.min(...px)}; }""")
+        assert 1 <= m["boxes"] <= 60 and m["minPx"] >= 11, m
+        hg.locator(".tkx-hg-search").fill("mm")
+        hg.locator(".tkx-hg-search").press("Enter")
+        hg.locator(".tkx-hg-found").click()
+        page.wait_for_selector(".jp-OutputArea .tkx-linked .tkx-linked-hl", timeout=UPDATE_S * 1000)
+        shots += _screenshot(page, "explorer-graph.png")
         # a child widget the front-end could not create shows "Click to show javascript error."
         assert not broken, f"widgets inside the Explorer failed to render: {broken}; console: {console_errors}"
         assert not page_errors, page_errors

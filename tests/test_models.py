@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from pipeline import check_step
+from pipeline import LARGE_EXAMPLES, check_step
 
 import tkx
 
@@ -146,6 +146,35 @@ def test_torch_nn_attention_modules(layer):
 def test_batch_norm_eval_uses_running_stats():
     exp = check_step(_bn_step(False), (f(4) + 1, f(4), f(4), torch.rand(4, generator=g) + 0.5, f(16, 4)))
     assert not exp.program.updates
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+def test_cudnn_batch_norm_decomposes_like_native_batch_norm(training):
+    """On CUDA, batch norm under autograd dispatches to aten.cudnn_batch_norm (and its backward): the
+    decomposition table turns it into native_batch_norm's math; the reference interpreter's loss,
+    gradients and running statistics equal eager native_batch_norm's (cuDNN has no CPU kernel)."""
+    from pipeline import clone
+
+    def step_with(op):
+        def step(w, b, running_mean, running_var, x):
+            def loss(w, b):
+                y = op(x, w, b, running_mean, running_var, training, 0.1, 1e-5)[0]
+                ramp = torch.arange(y.numel(), dtype=y.dtype).reshape(y.shape) / y.numel()
+                return (y * ramp).sin().sum()
+            (gw, gb), value = torch.func.grad_and_value(loss, argnums=(0, 1))(w, b)
+            return value, gw, gb
+        return step
+
+    inputs = (f(3) + 1, f(3), f(3), torch.rand(3, generator=g) + 0.5, f(8, 3, 2, 2))
+    exp = tkx.explore(step_with(torch.ops.aten.cudnn_batch_norm), inputs)
+    mine, want_inputs = clone(inputs), clone(inputs)
+    result = tkx.reference.run(exp.optimized, mine, update_inputs=True)
+    want = step_with(torch.ops.aten.native_batch_norm)(*want_inputs)
+    for got, expected in zip(result.outputs, want, strict=True):
+        torch.testing.assert_close(got, expected)
+    for got, expected in zip(mine, want_inputs, strict=True):  # the running statistics
+        torch.testing.assert_close(got, expected)
+    assert bool(exp.program.updates) == training
 
 
 def rms_norm(x, w, eps=1e-6):
@@ -311,6 +340,8 @@ def test_sdpa_with_dropout_inside_the_block():
 #: llama_block's hand-written attention is captured as the attention composite (float32 inside, rounded
 #: once, as FlashAttention), where eager rounds scores and probabilities to bf16: its gradients differ from
 #: eager's by a few bf16 roundings (~2e-3 absolute at ~0.2), see tests/test_attention.py.
+#: The largest examples' default kernels are compiled for sm_80 here; sm_90 is in ``make test-full``.
+LARGE_ARCHS = ("sm_80",)
 ZOO_TOLERANCES = {"gpt_block": (5e-3, 5e-4), "llama_block": (5e-3, 3e-3)}
 
 
@@ -318,7 +349,7 @@ ZOO_TOLERANCES = {"gpt_block": (5e-3, 5e-4), "llama_block": (5e-3, 3e-3)}
 def test_transformer_blocks_through_every_cpu_stage(name):
     ex = tkx.examples.get(name)
     rtol, atol = ZOO_TOLERANCES[name]
-    exp = check_step(ex.step_fn, ex.make_inputs(0), rtol=rtol, atol=atol)
+    exp = check_step(ex.step_fn, ex.make_inputs(0), rtol=rtol, atol=atol, archs=LARGE_ARCHS)
     kinds = {op.kind for op in exp.program.ops}
     assert {"gather", "amax", "exp"} <= kinds and ("bmm" in kinds or "attention" in kinds)
     if name == "llama_block":
@@ -533,9 +564,21 @@ def test_conv2d_with_groups_that_do_not_divide_is_refused_with_the_line():
 
 def test_cnn_digits_through_every_cpu_stage():
     ex = tkx.examples.get("cnn_digits")
-    exp = check_step(ex.step_fn, ex.make_inputs(0), rtol=1e-3, atol=1e-4)
+    exp = check_step(ex.step_fn, ex.make_inputs(0), rtol=1e-3, atol=1e-4, archs=LARGE_ARCHS)
     kinds = [op.kind for op in exp.program.ops]
     assert "philox" in kinds and "gather" in kinds
+
+
+@pytest.mark.full
+@pytest.mark.parametrize("name", sorted(LARGE_EXAMPLES))
+def test_large_examples_portable_kernels_compile_for_sm_90_without_spills(name):
+    """The other cell of the largest examples' portable-code matrix (``make test-full``): ``make test``
+    compiles their default kernels for sm_80 (above) and their Hopper kernels for sm_90a
+    (tests/test_codegen_examples.py)."""
+    ex = tkx.examples.get(name)
+    cuda = tkx.explore(ex.step_fn, ex.make_inputs(0), name=name).cuda
+    report = cuda.check("sm_90")
+    assert report.registers > 0 and report.spill_bytes == 0, report.summary()
 
 
 def test_verify_accepts_any_philox_state_but_refuses_a_label_out_of_range():

@@ -164,3 +164,51 @@ def test_views_show_modules_next_to_the_source_line():
         assert "region, module" in str(e)
     else:
         raise AssertionError("group_by='layer' was accepted")
+
+
+def test_schedule_and_source_map_carry_modules():
+    step, inputs = gpt_step_inputs(layers=2)
+    exp = tkx.explore(step, inputs)
+    sched = exp.schedule
+    text = str(sched)
+    assert "[blocks.1.attn" in text and "[blocks.0.mlp.0" in text
+    html = sched._repr_mimebundle_()["text/html"]
+    assert "mod:blocks.1.attn" in html
+    # passes keep the attribution: every scheduled op that came from a module still names it
+    captured = {op.id: op.module for op in exp.captured.program.ops}
+    assert all(op.module == captured[op.id] for op in sched.program.ops if op.id in captured)
+    cuda = exp.cuda
+    lines = cuda.module_lines
+    assert set(lines) >= {"blocks.0.attn", "blocks.1.attn", "head"}
+    ops_at = {n for op in sched.program.ops if op.module == "blocks.1.attn" for n in cuda.op_lines.get(op.id, ())}
+    assert set(lines["blocks.1.attn"]) == ops_at
+    assert "blocks.1.attn" not in cuda.text  # the kernel text itself is unchanged
+
+
+class ConvBlock(torch.nn.Module):
+    def __init__(self, cin, cout):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(cin, cout, 3, padding=1)
+        self.norm = torch.nn.GroupNorm(2, cout)
+
+    def forward(self, x):
+        return F.relu(self.norm(self.conv(x)))
+
+
+def test_small_cnn_through_functional_call():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(ConvBlock(1, 4), ConvBlock(4, 4), torch.nn.Flatten(), torch.nn.Linear(4 * 36, 3))
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+
+    def step(params, x, y):
+        grads, loss = torch.func.grad_and_value(
+            lambda p: F.cross_entropy(torch.func.functional_call(model, p, (x,)), y))(params)
+        return loss, {k: p - 0.05 * grads[k] for k, p in params.items()}
+
+    prog = tkx.capture(step, (params, torch.randn(2, 1, 6, 6), torch.tensor([0, 2]))).program
+    fwd = {op.module for op in prog.ops if op.region == "forward"}
+    assert {"0.conv", "0.norm", "1.conv", "1.norm", "3"} <= fwd and "0" in fwd  # the relu: ConvBlock "0" itself
+    assert {op.module_type for op in prog.ops if op.module in ("0.conv", "1.conv")} == {"Conv2d"}
+    bwd = {op.module for op in prog.ops if op.region == "backward"}
+    assert {"0.conv", "1.norm", "3"} <= bwd
+    assert {op.module for op in prog.ops if op.region == "optimizer"} == {"0.conv", "0.norm", "1.conv", "1.norm", "3"}

@@ -41,6 +41,14 @@ def test_notebooks_numbered_in_order_without_gaps():
     assert [p.stem[:2] for p in NOTEBOOKS] == [f"{i:02d}" for i in range(len(NOTEBOOKS))]
 
 
+def test_every_notebook_is_listed_in_the_readme_and_the_docs():
+    table = (ROOT / "notebooks" / "README.md").read_text()
+    toctree = (ROOT / "docs" / "index.md").read_text()
+    for path in NOTEBOOKS:
+        assert f"| `{path.stem}` |" in table, f"{path.name} is missing from notebooks/README.md's table"
+        assert f"\nnotebooks/{path.stem}\n" in toctree, f"{path.name} is missing from docs/index.md's toctree"
+
+
 def test_the_makefile_treats_exactly_the_lax_notebooks_as_lax():
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(r"^LAX_NOTEBOOKS := (.*)$", makefile, re.M).group(1).split() == \

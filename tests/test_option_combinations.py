@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from pipeline import LARGE_EXAMPLES
 
 import tkx
 from tkx.codegen.nvrtc import nvrtc_available
@@ -78,8 +79,15 @@ def test_combinations_that_crashed_or_spilled_now_compile(name, changes):
         assert any("tile_k=8 raised to 16" in g.plan.adjusted for g in gemms if g.plan.impl.startswith("wmma"))
 
 
-@pytest.mark.parametrize("arch", ["sm_90a", "wgmma"])
-@pytest.mark.parametrize("name", tkx.examples.names())
+def _defaults_cases():
+    """(example, arch) for every example; the portable code of the largest examples compiled for sm_90a
+    runs in ``make test-full`` only (marker ``full``): minutes of NVRTC on 2 cores, while their Hopper code
+    (``wgmma``) and their portable code for sm_80/sm_90 (tests/test_models.py) stay in ``make test``."""
+    return [pytest.param(name, arch, marks=pytest.mark.full if arch == "sm_90a" and name in LARGE_EXAMPLES else ())
+            for name in tkx.examples.names() for arch in ("sm_90a", "wgmma")]
+
+
+@pytest.mark.parametrize(("name", "arch"), _defaults_cases())
 def test_defaults_never_spill(name, arch):
     """Default options (portable code) compiled for sm_90a, and arch='sm_90a' (the code the runtime
     generates on Hopper, wgmma GEMMs); tests/test_codegen_examples.py covers sm_80 and sm_90."""

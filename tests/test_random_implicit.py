@@ -34,7 +34,9 @@ def _loss(w, x):
 
 def step(w, x):
     grads, loss = torch.func.grad_and_value(_loss)(w, x)
-    noise = torch.rand(4, 5) + torch.randn(4, 5) + torch.bernoulli(torch.full((4, 5), 0.5))
+    # on the inputs' device, as eager needs them to be for a step on the GPU
+    noise = (torch.rand(4, 5, device=x.device) + torch.randn(4, 5, device=x.device)
+             + torch.bernoulli(torch.full((4, 5), 0.5, device=x.device)))
     return loss, w - 0.1 * grads, noise
 
 
@@ -142,6 +144,24 @@ def test_an_explicit_block_inside_grad_says_what_to_do():
 
     with pytest.raises((ValueError, tkx.UnsupportedError), match="Drop the block"):
         inside(*INPUTS, tkx.random.philox_state(1))
+
+
+def test_draws_follow_the_device_they_are_made_for():
+    """With the state on CUDA (fake tensors: no GPU needed), rand/randn with device=, the _like forms and
+    bernoulli of a probability tensor give tensors on that device; bernoulli of a CPU probability
+    tensor compares on the CPU, as eager's bernoulli returns a tensor on its input's device."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        state = tkx.random.philox_state(3, device="cuda")
+        x = torch.empty(4, 5, device="cuda")
+        with tkx.random.drawing(state):
+            drawn = [torch.rand(4, 5, device=x.device), torch.randn(4, 5, device=x.device),
+                     torch.bernoulli(torch.full((4, 5), 0.5, device=x.device)), torch.rand_like(x),
+                     torch.randn_like(x), torch.bernoulli(x, 0.3), x.bernoulli(),
+                     torch.bernoulli(torch.full((4, 5), 0.5))]
+    assert [t.device.type for t in drawn] == ["cuda"] * 7 + ["cpu"]
+    assert all(t.shape == (4, 5) for t in drawn)
 
 
 @pytest.mark.skipif(not nvrtc_available(), reason="needs NVRTC")

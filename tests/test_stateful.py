@@ -65,6 +65,22 @@ def test_capture_leaves_state_alone_and_names_it():
     assert cap.region_counts()["backward"] > 0 and cap.region_counts()["optimizer"] > 0
 
 
+@pytest.mark.parametrize("name", ["adam", "adamw-maximize", "rmsprop-momentum-centered", "adagrad"])
+def test_state_created_on_another_device_is_moved_to_the_step_device(name):
+    """torch.optim keeps its step counts on the CPU (capturable=False) whatever device the parameters
+    are on, and creates Adam's and RMSprop's lazily: the captured step's examples are all on the
+    parameters' device (here 'meta', standing in for CUDA), the optimizer is left untouched."""
+    model = MLP().to("meta")
+    opt = OPTIMIZERS[name](model.parameters(), False)
+    before = {id(p): dict(st) for p, st in opt.state.items()}
+    x, y = torch.empty(6, 8, device="meta"), torch.empty(6, dtype=torch.long, device="meta")
+    cap = tkx.capture(classify_step(model, opt), (x, y), state=(model, opt))
+    assert "opt.state[fc1.weight].step" in cap.input_names
+    stateful = cap.stateful
+    assert {stateful.example(s).device.type for s in stateful.slots} == {"meta"}
+    assert {id(p): dict(st) for p, st in opt.state.items()} == before
+
+
 def test_cnn_batchnorm_sgd_and_train_eval():
     mine, ref = twin(CNN, lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9))
     g = torch.Generator().manual_seed(2)

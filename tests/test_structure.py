@@ -205,3 +205,194 @@ def test_cuda_source_carries_a_typed_launch_contract():
     with pytest.raises(TypeError, match="not a SimpleNamespace without a LaunchContract"):
         import types
         launch_contract(types.SimpleNamespace(text="", threads=256))
+
+
+# -- module size -----------------------------------------------------------------------------------
+
+#: The largest a module of tkx may be (lines; aim for <= 600).
+MODULE_LINES_LIMIT = 800
+#: Modules still over the limit while they are split into one module per concern (the GEMM/GEMV
+#: emitters, the kernel emitter, the target table). An entry leaves this set when its module is split;
+#: the test fails on an entry whose module is under the limit, so the set only shrinks.
+OVERSIZED_MODULES = {"codegen/gemm.py", "codegen/kernel.py", "target.py"}
+
+
+def module_lines() -> dict[str, int]:
+    return {str(p.relative_to(ROOT)): len(p.read_text(encoding="utf-8").splitlines()) for p in ROOT.rglob("*.py")}
+
+
+def test_no_module_over_the_line_limit():
+    sizes = module_lines()
+    over = {m: n for m, n in sizes.items() if n > MODULE_LINES_LIMIT and m not in OVERSIZED_MODULES}
+    assert over == {}, f"modules over {MODULE_LINES_LIMIT} lines (split them by concern): {over}"
+    split = sorted(m for m in OVERSIZED_MODULES if sizes.get(m, 0) <= MODULE_LINES_LIMIT)
+    assert split == [], f"remove from OVERSIZED_MODULES (now within the limit or gone): {split}"
+
+
+# -- repeated code ---------------------------------------------------------------------------------
+#
+# The rule of the ``duplicates`` command, written here so that CI needs no such command: a pair is two
+# places (two files, or two places of one file) that share a run of 6 lines of the same *shape*: each
+# line's tokens with names, strings and numbers replaced by placeholders and white space folded. Blank
+# lines, comments, import lines, lines of punctuation only and lines of text only (docstrings, messages)
+# are passed over; a run standing in more than 8 places is too common to count. Pairs are counted per
+# pair of files. Calibration on this tree: this detector finds 64 file pairs where ``duplicates tkx``
+# reports 31 (it merges more runs); restricted to identical lines (``shape=False``) 4 where it reports 3.
+# KNOWN_DUPLICATES holds the 74 pairs found when the guard was written.
+
+DUPLICATE_WINDOW = 6
+DUPLICATE_MAX_PLACES = 8
+#: The most pairs of repeated code allowed in tkx/ outside KNOWN_DUPLICATES.
+DUPLICATE_PAIRS_LIMIT = 10
+#: File pairs that repeated code when this guard was written. Each entry is removed when its repetition
+#: goes (the test names entries no longer found); once the set is empty the limit applies to all of tkx.
+KNOWN_DUPLICATES = {
+    ("arena/__init__.py", "codegen/gemm.py"),
+    ("arena/__init__.py", "dataflow/timeline.py"),
+    ("arena/__init__.py", "dataflow/vm.py"),
+    ("arena/__init__.py", "schedule/model.py"),
+    ("arena/__init__.py", "target.py"),
+    ("arena/diff.py", "arena/diff.py"),
+    ("codegen/abi.py", "target.py"),
+    ("codegen/attention.py", "schedule/rules.py"),
+    ("codegen/cuda_prelude.py", "codegen/cuda_prelude.py"),
+    ("codegen/gemm.py", "codegen/gemm.py"),
+    ("codegen/gemm.py", "codegen/gemv.py"),
+    ("codegen/gemm.py", "codegen/nvrtc.py"),
+    ("codegen/gemm.py", "dataflow/timeline.py"),
+    ("codegen/gemm.py", "dataflow/vm.py"),
+    ("codegen/gemm.py", "distributed/split.py"),
+    ("codegen/gemm.py", "runtime/kernel.py"),
+    ("codegen/gemm.py", "schedule/model.py"),
+    ("codegen/gemm.py", "target.py"),
+    ("codegen/kernel.py", "codegen/kernel.py"),
+    ("codegen/nvrtc.py", "distributed/split.py"),
+    ("codegen/nvrtc.py", "examples/decode.py"),
+    ("codegen/nvrtc.py", "runtime/kernel.py"),
+    ("codegen/nvrtc.py", "schedule/model.py"),
+    ("codegen/nvrtc.py", "target.py"),
+    ("codegen/reduce.py", "codegen/reduce.py"),
+    ("codegen/reduce.py", "codegen/testing.py"),
+    ("codegen/reduce.py", "dataflow/timeline.py"),
+    ("codegen/reduce.py", "examples/mlp.py"),
+    ("codegen/source.py", "codegen/source.py"),
+    ("codegen/testing.py", "dataflow/timeline.py"),
+    ("codegen/testing.py", "examples/mlp.py"),
+    ("dataflow/dag.py", "dataflow/dag.py"),
+    ("dataflow/dag.py", "ir.py"),
+    ("dataflow/dag.py", "schedule/model.py"),
+    ("dataflow/dag.py", "target.py"),
+    ("dataflow/timeline.py", "dataflow/vm.py"),
+    ("dataflow/timeline.py", "examples/mlp.py"),
+    ("dataflow/timeline.py", "schedule/model.py"),
+    ("dataflow/timeline.py", "schedule/rules.py"),
+    ("dataflow/timeline.py", "target.py"),
+    ("dataflow/vm.py", "schedule/model.py"),
+    ("dataflow/vm.py", "target.py"),
+    ("display.py", "display.py"),
+    ("distributed/planner.py", "ir.py"),
+    ("distributed/planner.py", "puzzles/core.py"),
+    ("distributed/split.py", "passes/trace.py"),
+    ("distributed/split.py", "runtime/kernel.py"),
+    ("distributed/split.py", "schedule/model.py"),
+    ("distributed/split.py", "target.py"),
+    ("errors.py", "errors.py"),
+    ("errors.py", "runtime/extension.py"),
+    ("examples/__init__.py", "examples/decode.py"),
+    ("examples/cnn.py", "examples/digits.py"),
+    ("examples/everyday.py", "examples/everyday.py"),
+    ("examples/everyday.py", "examples/transformer.py"),
+    ("examples/layernorm_adamw.py", "examples/linear.py"),
+    ("examples/layernorm_adamw.py", "examples/mixed_precision.py"),
+    ("examples/linear.py", "examples/mixed_precision.py"),
+    ("explore.py", "explore.py"),
+    ("ops.py", "ops.py"),
+    ("options.py", "options.py"),
+    ("passes/__init__.py", "schedule/__init__.py"),
+    ("passes/trace.py", "schedule/model.py"),
+    ("puzzles/__init__.py", "puzzles/__init__.py"),
+    ("render/captured.py", "render/hgraph.py"),
+    ("render/captured.py", "render/program.py"),
+    ("render/graphs.py", "render/hgraph.py"),
+    ("render/hgraph.py", "render/hgraph.py"),
+    ("runtime/extension.py", "runtime/kernel.py"),
+    ("runtime/kernel.py", "schedule/model.py"),
+    ("runtime/kernel.py", "target.py"),
+    ("schedule/model.py", "target.py"),
+    ("target.py", "target.py"),
+    ("train_cnn.py", "train_digits.py"),
+}
+
+
+def _line_shapes(text: str, shape: bool) -> list[tuple[int, str]]:
+    """(line number, normalised tokens) of each line of Python source that counts (see above)."""
+    import io
+    import keyword
+    import re
+    import tokenize
+
+    punct = re.compile(r"^[\s()\[\]{},:;.]*$")
+    tokens: dict[int, list[str]] = {}
+    skip = {tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
+    for t in tokenize.generate_tokens(io.StringIO(text).readline):
+        if t.type in skip:
+            continue
+        if shape and t.type == tokenize.NAME and not keyword.iskeyword(t.string):
+            word = "N"
+        elif t.type == tokenize.STRING or t.type == getattr(tokenize, "FSTRING_START", -1):
+            word = "S" if shape else t.string
+        elif shape and t.type == tokenize.NUMBER:
+            word = "0"
+        else:
+            word = t.string
+        tokens.setdefault(t.start[0], []).append(word)
+    out = []
+    for number, line in enumerate(text.splitlines(), 1):
+        folded = " ".join(line.split())
+        if not folded or folded.startswith(("#", "import ", "from ")) or punct.match(folded):
+            continue
+        words = tokens.get(number, [folded])
+        if all(w == "S" or w == "+" or punct.match(w) for w in words):
+            continue  # text only
+        out.append((number, " ".join(words)))
+    return out
+
+
+def duplicate_pairs(root: Path, shape: bool = True) -> dict[tuple[str, str], int]:
+    """{(file a, file b): shared windows} for the Python files below ``root`` (paths relative to it)."""
+    places: dict[tuple[str, ...], list[tuple[str, int, int]]] = {}
+    for path in sorted(root.rglob("*.py")):
+        lines = _line_shapes(path.read_text(encoding="utf-8"), shape)
+        name = path.relative_to(root).as_posix()
+        for k in range(len(lines) - DUPLICATE_WINDOW + 1):
+            w = lines[k:k + DUPLICATE_WINDOW]
+            places.setdefault(tuple(s for _, s in w), []).append((name, w[0][0], w[-1][0]))
+    found: dict[tuple[str, str], int] = {}
+    for where in places.values():
+        if not 2 <= len(where) <= DUPLICATE_MAX_PLACES:
+            continue
+        for i, (fa, sa, ea) in enumerate(where):
+            for fb, sb, eb in where[i + 1:]:
+                if fa != fb or ea < sb or eb < sa:  # two places, not overlapping windows of one file
+                    key = (min(fa, fb), max(fa, fb))
+                    found[key] = found.get(key, 0) + 1
+    return found
+
+
+def test_the_duplicate_detector_finds_a_renamed_copy(tmp_path):
+    body = "def f(a, b):\n    c = a + b\n    d = c * 2\n    if d > 3:\n        d -= 1\n    e = [d, c]\n    return e\n"
+    (tmp_path / "one.py").write_text(body)
+    (tmp_path / "two.py").write_text('"""doc"""\n\n' + body.replace("a", "x").replace("2", "7"))
+    (tmp_path / "three.py").write_text("x = 1\n" * 3 + "print('text')\n")
+    assert duplicate_pairs(tmp_path) == {("one.py", "two.py"): 2}
+    assert duplicate_pairs(tmp_path, shape=False) == {}
+
+
+def test_repeated_code_in_tkx_stays_within_the_limit():
+    found = duplicate_pairs(ROOT)
+    new = sorted(set(found) - KNOWN_DUPLICATES)
+    assert len(new) <= DUPLICATE_PAIRS_LIMIT, (
+        f"{len(new)} pairs of places repeat 6 lines or more (limit {DUPLICATE_PAIRS_LIMIT}): {new}; "
+        "`duplicates --repo tkx` shows the lines")
+    gone = sorted(KNOWN_DUPLICATES - set(found))
+    assert gone == [], f"remove from KNOWN_DUPLICATES (no longer repeated): {gone}"

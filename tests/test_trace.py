@@ -57,8 +57,11 @@ def validate(trace):
 
 @pytest.fixture(scope="module")
 def vm_tl():
+    from tkx.dataflow.timeline import vm_timeline
+
     ex = tkx.examples.get("digits_mlp")
-    return tkx.explore(ex.step_fn, ex.example_inputs, mode="grid", sync="counters").timeline
+    exp = tkx.explore(ex.step_fn, ex.example_inputs, mode="grid", sync="counters")
+    return vm_timeline(exp.schedule, exp.arena, ex.example_inputs)  # the task VM's, in events
 
 
 def kernel_like(tl, origin=1_700_000_000_123_456_789):
@@ -278,6 +281,37 @@ def test_merge_expands_the_last_kernel_slice_on_the_gpu_clock(vm_tl, tmp_path):
         1000.0 + min(s.start for s in tl.spans) / 1000)
 
 
+def test_slices_that_touch_on_the_gpu_clock_do_not_overlap_at_profiler_times():
+    """At a profiler's absolute times (~5.3e12 µs, as CUPTI writes them) a double holds only ~1 ns: a wait
+    that ends where its task starts, and a task that ends where the next wait starts (%globaltimer ticks
+    in 32 ns steps, so ties are common), stay disjoint in the merged trace for every slice start: a slice's
+    ``ts + dur`` must not pass the next slice's ``ts`` by the rounding of either."""
+    import random
+
+    rng, spans = random.Random(0), []
+    for b in range(8):  # per block: tasks with and without a wait before them, some touching the previous one
+        t = rng.randint(0, 500)
+        for k in range(6):
+            wait = rng.choice([0, rng.randint(1, 900)])
+            start, end = t + wait, t + wait + rng.randint(100, 3000)
+            spans.append(Span(b, 6 * b + k, f"g{k}", b, float(start), float(end), float(wait)))
+            t = end + rng.choice([0, rng.randint(1, 50)])
+    tl = Timeline("touching", tuple(spans), "ns", origin=1_700_000_000_000_000_000, kernel="tkx_step")
+    assert check_trace(tl.chrome_trace()) == []
+    for i in range(40):
+        slice_ts = round(5333342183900.0 + 37.123 * i, 3)
+        merged = merge_profiler_trace(profiler_trace(("tkx_step", slice_ts, 25.0)), tl)
+        pid = merged["otherData"]["tkx_alignment"]["pid"]
+        ours = [e for e in merged["traceEvents"] if e.get("pid") == pid or e.get("cat") == "tkx"]
+        assert check_trace({"traceEvents": ours}) == [], slice_ts
+        waits = [e for e in ours if e.get("cat") == "wait"]
+        assert len(waits) == sum(s.wait > 0 for s in spans) and all(e["dur"] > 0 for e in waits)
+        tasks = {e["args"]["task"]: e for e in ours if e.get("cat") == "task"}
+        for s in spans:  # each slice within a ns of its own time: nothing was shifted to make room
+            assert tasks[s.task]["ts"] == pytest.approx(slice_ts + s.start / 1000, abs=1.1e-3)
+            assert tasks[s.task]["dur"] == pytest.approx((s.end - s.start) / 1000, abs=2.1e-3)
+
+
 def test_merge_on_the_clock_places_tasks_at_their_own_globaltimer_reading(vm_tl):
     tl, origin = kernel_like(vm_tl)
     base = 1_790_000_000_000_000_000
@@ -378,7 +412,7 @@ def test_runner_launches_and_replays_inside_named_ranges(monkeypatch):
     monkeypatch.setattr(torch.cuda.nvtx, "range_pop", lambda: calls.append("pop"))
     monkeypatch.setattr(ranges, "_OFF", False)
     runner = object.__new__(CompiledRunner)
-    runner.program = SimpleNamespace(name="digits_step")
+    runner.program = SimpleNamespace(name="digits_step", rng_input=None)
     runner.options = tkx.Options(mode="grid")
     runner._mutated = []
     monkeypatch.setattr(runner, "_launch", lambda *a: calls.append("kernel"), raising=False)

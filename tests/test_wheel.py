@@ -26,12 +26,15 @@ def test_wheel_contains_widget_assets(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     (wheel,) = tmp_path.glob("tkx-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    assets = sorted(p.name for p in (ROOT / "widgets").iterdir() if p.suffix in (".js", ".css"))
-    assert {"linked.js", "linked.css"} <= set(assets)
+    assets = sorted(p.relative_to(ROOT / "widgets").as_posix() for p in (ROOT / "widgets").rglob("*")
+                    if p.suffix in (".js", ".css") or p.name.endswith("LICENSE.txt"))
+    assert {"linked.js", "linked.css", "hgraph.js", "hgraph.css", "vendor/dagre.min.js",
+            "vendor/dagre.LICENSE.txt"} <= set(assets)
     for name in assets:
         assert f"tkx/_widgets/{name}" in names, f"{name} missing from the wheel"
     assert "tkx/explorer/widget.py" in names and "tkx/explorer/linked.py" in names
     assert not any(n.startswith("widgets/") for n in names)  # only under tkx/_widgets
     # what the installed package reads is byte-identical to the checkout
     with zipfile.ZipFile(wheel) as z:
-        assert z.read("tkx/_widgets/linked.js") == (ROOT / "widgets" / "linked.js").read_bytes()
+        for name in ("linked.js", "vendor/dagre.min.js"):
+            assert z.read(f"tkx/_widgets/{name}") == (ROOT / "widgets" / name).read_bytes()

@@ -141,7 +141,8 @@ class Exploration:
 
     @property
     def timeline(self):
-        """:class:`tkx.dataflow.timeline.Timeline`: the task VM's Gantt chart of one launch (CPU; VM events)."""
+        """:class:`tkx.dataflow.timeline.Timeline`: the predicted Gantt chart of one launch (no GPU; ns;
+        :func:`tkx.dataflow.timeline.predicted_timeline`)."""
         return self._get("timeline")
 
     @property

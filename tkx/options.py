@@ -14,7 +14,7 @@ from typing import Any
 
 from .errors import TkxError
 
-__all__ = ["Options", "OptionsError"]
+__all__ = ["Options", "OptionsError", "OPTION_GROUPS", "option_group"]
 
 #: Resident threads one SM can hold on sm_80 and sm_90.
 MAX_THREADS_PER_SM = 2048
@@ -329,3 +329,23 @@ def _check_passes(value: Any) -> tuple[str, ...] | None:
                                message=f"invalid option passes: {name!r} is not a registered pass; "
                                        f"allowed: {', '.join(known)}")
     return tuple(value)
+
+
+#: The Explorer's option groups, in display order: group -> fields. A field in none of them is
+#: shown under "compilation" (:func:`option_group`).
+OPTION_GROUPS: dict[str, tuple[str, ...]] = {
+    "fusion": ("fuse_pointwise", "fuse_epilogues", "fuse_reductions", "fuse_rows", "fuse_attention", "passes",
+               "rules"),
+    "tiling": ("tile_m", "tile_n", "tile_k", "split_k", "gemm_copy"),
+    "launch": ("mode", "threads_per_block", "blocks_per_sm", "max_blocks", "sync", "spin_limit"),
+    "numerics": ("fp32_math", "exact"),
+    "compilation": ("arch", "backend", "timeline"),
+    "code variants": ("grid_barrier", "cheap_int_math", "wgmma_min_macs", "wgmma_in_flight", "split_k_final",
+                      "split_k_min_steps", "epilogue_vector", "epilogue_prefetch", "tensormap_prefetch",
+                      "gemm_cluster", "cluster_scope", "cluster_multicast"),
+}
+
+
+def option_group(name: str) -> str:
+    """The group of option ``name`` in :data:`OPTION_GROUPS` (``"compilation"`` when in none)."""
+    return next((g for g, names in OPTION_GROUPS.items() if name in names), "compilation")

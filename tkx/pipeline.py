@@ -118,17 +118,8 @@ def _cuda(ctx: Context, get: Callable[[str], Any]) -> Any:
 
 
 def _timeline(ctx: Context, get: Callable[[str], Any]) -> Any:
-    from .dataflow.timeline import vm_timeline
-    return vm_timeline(get("schedule"), get("arena"), example_arguments(ctx, get("captured")))
-
-
-def example_arguments(ctx: Context, captured: Any) -> tuple[Any, ...]:
-    """The arguments of the captured program: the example inputs, after the lifted state of a
-    stateful step (its live tensors; nothing is written)."""
-    stateful = getattr(captured, "stateful", None)
-    if stateful is None:
-        return ctx.example_inputs
-    return (*(stateful.example(s) for s in stateful.slots), *ctx.example_inputs)
+    from .dataflow.timeline import predicted_timeline
+    return predicted_timeline(get("cuda"))
 
 
 def _runner(ctx: Context, get: Callable[[str], Any]) -> Any:
@@ -186,11 +177,12 @@ STAGES: tuple[Stage, ...] = (
     Stage("cuda", "CUDA source", "CUDA", "CudaSource", ("schedule", "arena"), _cuda,
           about="The generated source of ONE cooperative persistent kernel that runs the whole training "
                 "step."),
-    Stage("timeline", "Task timeline", "timeline", "Timeline", ("schedule", "arena"), _timeline,
-          about="Which block runs which task (a work item of a group) when: the task DAG run by the CPU task VM "
-                "with the exact counter semantics, times in VM events (a task's wait is the grey bar before "
-                "it; barriers show as gaps). On a GPU, Options(timeline=True) and runner.timeline() give the "
-                "same chart from %globaltimer in ns."),
+    Stage("timeline", "Task timeline", "timeline", "Timeline", ("cuda",), _timeline,
+          about="Which block runs which task (a work item of a group) when, predicted without a GPU: the "
+                "kernel's tasks timed by the cost model, in its grid-stride order and with its barriers or "
+                "counters (a task's wait is the grey bar before it; barriers show as gaps; the critical path "
+                "is outlined). On a GPU, Options(timeline=True) and runner.timeline() give the same chart "
+                "measured with %globaltimer, and predicted.compare(measured) puts the two side by side."),
     Stage("runner", "Compiled runner and verification", "runner", "CompiledRunner", ("cuda",), _runner,
           gpu=True,
           about="The kernel compiled with NVRTC and loaded on the GPU: registers, shared memory, spills, "

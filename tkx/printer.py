@@ -217,7 +217,8 @@ def captured_lines(cg: CapturedGraph) -> list[tuple[str, str | None]]:
         else:
             target = n.target.replace("aten.", "").replace(".default", "")
             comment = f"{n.region or '':<9} {where(n.source, n.module, n.module_type)}".rstrip()
-            rows.append((_join(f"{n.name}: {ty} = {target}({', '.join(n.args)})", comment), n.region))
+            args = ", ".join(getattr(n, "arguments", ()) or n.args)
+            rows.append((_join(f"{n.name}: {ty} = {target}({args})", comment), n.region))
     rows.append(("}", None))
     return rows
 

@@ -166,11 +166,11 @@ class _Philox(TorchFunctionMode):
             x = args[0]
             dtype = kwargs.pop("dtype", None) or x.dtype
             u = self.uniform(x.shape) if func is torch.rand_like else self.normal(x.shape)
-            return u.to(dtype)
+            return u.to(dtype=dtype, device=kwargs.pop("device", None) or x.device)
         if func in (torch.bernoulli, torch.Tensor.bernoulli):
             p_arg = args[0]
             prob = kwargs.pop("p", args[1] if len(args) > 1 else None)
-            u = self.uniform(p_arg.shape)
+            u = self.uniform(p_arg.shape).to(p_arg.device)  # drawn on the state's device, compared on p's
             if prob is None:
                 return (u < p_arg).to(p_arg.dtype)
             return (u < prob).to(p_arg.dtype)

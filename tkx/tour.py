@@ -104,14 +104,9 @@ def run_tour(example: str = "digits_mlp", console: Any = None, html: str | None 
     console.print(Text(f"(lines 1-{first_line - 1}: the fixed prelude - dtype helpers, barriers, reductions - and "
                        f"the device functions of inlined values; {rest} more kernel lines: see exp.cuda.body(), "
                        "or tkx tour --html report.html)", style="dim"))
-    from .codegen.nvrtc import nvrtc_available
+    from .render.cuda import compile_table
 
-    ok, why = nvrtc_available()
-    if ok:
-        for arch in ("sm_80", "sm_90"):
-            console.print(f"NVRTC check: {cuda.check(arch).summary()}")
-    else:
-        console.print(f"[yellow]NVRTC unavailable ({why}): skipping the compile check[/yellow]")
+    console.print(compile_table(cuda))
     gpu: dict[str, Any] = {}
     code = _gpu_part(console, ex, exp, gpu)
     if html:

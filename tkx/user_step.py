@@ -163,8 +163,13 @@ def report_command(step: str, inputs: str, output: str | None, options: Sequence
         example = (example,)
     path_part, _, name = step.rpartition(":")
     out = output or f"{Path(path_part).stem}-{name}.html"
+    from rich.console import Console
+
+    from .render.cuda import compile_table
+
     exp = explore(step_fn, example, name=name, loss=loss, options=opts, state=state_objs)
     written = write_report(exp, out)
+    Console(soft_wrap=True).print(compile_table(exp.cuda))
     print(f"tkx report of {name} ({Path(path_part).name}): {os.fspath(written)}")
     if trace:
         print(f"tkx report: the predicted timeline (task VM) as a trace for Perfetto: "

@@ -29,7 +29,7 @@ SUITES = {
     "mlp": ("tiny_online", "online", "small", "medium"),
     # training steps written the way people write them (embedding, gather, chunk, cat, clipping, Adam)
     "everyday": ("char_lm", "q_learning", "glu_mlp", "poly_clip_adamw"),
-    # transformer blocks and a small CNN (issue 15)
+    # transformer blocks and a small CNN
     "models": ("gpt_block", "llama_block", "cnn_digits"),
 }
 

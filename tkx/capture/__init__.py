@@ -53,6 +53,8 @@ class FxNodeInfo:
     args: tuple[str, ...]
     module: str | None = None
     module_type: str | None = None
+    #: Every argument as written in the graph, scalars and keywords too (``("addmm", "0.5")``).
+    arguments: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,20 @@ class CapturedGraph:
         """The :class:`~tkx.passes.diff.ProgramDiff` of the two lowered programs
         (``other``: a CapturedGraph or a Program)."""
         return display.diff(self, other)
+
+
+def _arg_text(a: Any) -> str:
+    """One FX argument as the captured graph's text shows it: a node by name, a scalar, list or dtype as
+    written (``0.5``, ``[1, -1]``, ``float32``)."""
+    if isinstance(a, torch.fx.Node):
+        return a.name
+    if isinstance(a, (list, tuple)):
+        return "[" + ", ".join(_arg_text(x) for x in a) + "]"
+    if isinstance(a, torch.dtype):
+        return str(a).removeprefix("torch.")
+    if isinstance(a, (torch.device, torch.layout, torch.memory_format)):
+        return str(a)
+    return repr(a)
 
 
 def _arg_names(step_fn: Callable, n: int) -> list[str]:
@@ -627,6 +643,8 @@ def capture(step_fn: Callable[..., Any], example_inputs: Sequence[Any], *, loss:
             module=modules.get(node.name, (None, None))[0], module_type=modules.get(node.name, (None, None))[1],
             shape=tuple(int(d) for d in val.shape) if is_t else None,
             dtype=TORCH_DTYPES.get(val.dtype) if is_t else None,
-            args=tuple(a.name for a in node.all_input_nodes)))
+            args=tuple(a.name for a in node.all_input_nodes),
+            arguments=tuple(_arg_text(a) for a in node.args) + tuple(f"{k}={_arg_text(v)}"
+                                                                       for k, v in node.kwargs.items())))
     return CapturedGraph(name, gm, tuple(infos), tuple(flat_names), tuple(output_names),
                          loss_index, program, in_tree, out_tree)

@@ -76,6 +76,8 @@ TORCH_DECOMPOSED = [
     aten._native_batch_norm_legit_functional, aten._batch_norm_with_update,
     aten._batch_norm_with_update_functional, aten._batch_norm_no_update, aten.native_batch_norm_backward,
     aten.batch_norm_backward,
+    # cuDNN's BatchNorm, which batch norm reaches under autograd on CUDA (as native_batch_norm, and its backward)
+    aten.cudnn_batch_norm, aten.cudnn_batch_norm_backward,
     # GroupNorm (nn.GroupNorm, F.group_norm) and its backward
     aten.native_group_norm, aten.native_group_norm_backward,
 ]
@@ -481,6 +483,23 @@ def _amp_update_scale(scale, growth_tracker, found_inf, growth_factor, backoff_f
     return new_scale, new_tracker
 
 
+def _constant_pad_nd(x, pad, value=0.0):
+    """``F.pad(x, pad, value=value)`` in constant mode: a negative pad narrows the dim, a positive one
+    concatenates a block filled with ``value`` (torch's own rule writes into a slice with ``copy_to``).
+    ``pad`` lists (before, after) pairs from the last dim backwards, as ``F.pad``."""
+    for i in range(len(pad) // 2):
+        dim, before, after = x.dim() - 1 - i, pad[2 * i], pad[2 * i + 1]
+        if before < 0:
+            x = x.narrow(dim, -before, x.shape[dim] + before)
+        if after < 0:
+            x = x.narrow(dim, 0, x.shape[dim] + after)
+        blocks = [x.new_full((*x.shape[:dim], n, *x.shape[dim + 1:]), value) if n > 0 else None
+                  for n in (before, 0, after)]
+        blocks = [b for b in (blocks[0], x, blocks[2]) if b is not None]
+        x = torch.cat(blocks, dim) if len(blocks) > 1 else x.clone()
+    return x
+
+
 def _foreach_norm(tensors, ord=2, dtype=None):
     return [torch.linalg.vector_norm(t, ord) for t in tensors]
 
@@ -509,7 +528,8 @@ def decomposition_table() -> dict[torch._ops.OpOverload, Callable]:
                    (aten._foreach_norm.Scalar, _foreach_norm),
                    (aten._amp_foreach_non_finite_check_and_unscale.default, _amp_unscale),
                    (aten._amp_update_scale.default, _amp_update_scale),
-                   (aten.embedding_dense_backward.default, _embedding_dense_backward)):
+                   (aten.embedding_dense_backward.default, _embedding_dense_backward),
+                   (aten.constant_pad_nd.default, _constant_pad_nd)):
         table[op] = fn
     from .foreach import foreach_decompositions
     table.update({op: fn for op, fn in foreach_decompositions().items() if op not in table})

@@ -355,8 +355,8 @@ class StatefulStep:
             return torch.tensor(float(live), dtype=torch.float32, device=device)
         if live is None and s.kind == "gradient":
             return torch.zeros_like(s.param)
-        if live is None:
-            return self._initial_state(s.owner, real=False)[s.param][s.key]
+        if live is None:  # made as torch.optim makes it (Adam's step count on the CPU), then moved
+            live = self._initial_state(s.owner, real=False)[s.param][s.key]
         return live if live.device == device else live.to(device)
 
     def lift(self, example_inputs: Sequence[Any], caller: Any = None) -> None:

@@ -79,19 +79,19 @@ def _stage_loop(parts: list[tuple[Group, str, int]], paired: frozenset[str] | se
 
 
 
-def _sync_plan(s: FusedSchedule, arena: ArenaPlan, stage_code: list) -> tuple[str, str, Any]:
-    """(sync, reason, task DAG or None): the DAG (with the emitters' work item counts) is built
+def _sync_plan(s: FusedSchedule, arena: ArenaPlan, stage_code: list) -> tuple[str, str, Any, dict[str, int]]:
+    """(sync, reason, task DAG or None, the emitters' work item count of each group): the DAG is built
     when counters or a timeline need it."""
+    items = {g.id: n for _, parts in stage_code for g, _, n in parts}
     want_dag = getattr(s.options, "sync", "barrier") != "barrier" or getattr(s.options, "timeline", False)
     if not want_dag:
-        return "barrier", "sync='barrier' (the default): a barrier between stages", None
+        return "barrier", "sync='barrier' (the default): a barrier between stages", None, items
     from ..dataflow import build
     from ..dataflow.cost import choose_sync
 
-    items = {g.id: n for _, parts in stage_code for g, _, n in parts}
     dag = build(s, arena, work_items=items)
     sync, reason = choose_sync(dag, s.options, s.mode, s.blocks)
-    return sync, reason, dag
+    return sync, reason, dag, items
 
 
 def _tile_counter_base(sync: str, dag: Any) -> int:
@@ -192,7 +192,7 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
         params.append(abi.Param("tmaps", "const unsigned char* __restrict__", "tensormaps"))
     mode = s.mode
     spin = s.options.spin_limit
-    sync, sync_reason, dag = _sync_plan(s, arena, stage_code)
+    sync, sync_reason, dag, work_items = _sync_plan(s, arena, stage_code)
     timeline = bool(getattr(s.options, "timeline", False))
     pointers = [p for p in params if p.role in ("input", "output", "arena", "status")]
     body: list[str] = [
@@ -304,4 +304,4 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
                       tensor_cores=em.plan.tensor_cores, notes=em.plan.notes, sync=sync, sync_reason=sync_reason,
                       sync_words=_sync_words(sync, dag, em.plan.tile_counter_words),
                       timeline_tasks=dag.num_tasks if timeline and dag else 0,
-                      dag=dag)
+                      dag=dag, work_items=work_items)

@@ -30,7 +30,8 @@ class CudaSource:
       same names are properties of the source (``source.threads`` ...);
     * ``op_lines``: IR op id -> 1-based line numbers that compute or store it;
       ``group_lines``: schedule group id -> (first, last) line of its code;
-    * ``schedule``/``arena``: the stages this source implements (provenance).
+    * ``schedule``/``arena``: the stages this source implements (provenance); ``dag``: the task DAG
+      (counters or a recorded timeline), ``work_items``: group id -> its tasks.
     """
 
     text: str
@@ -48,6 +49,8 @@ class CudaSource:
     sync_words: int = 8
     timeline_tasks: int = 0
     dag: Any = field(default=None, repr=False, compare=False)
+    #: Schedule group id -> the work items (tasks) its emitter deals over the grid.
+    work_items: Mapping[str, int] = field(default_factory=dict, repr=False, compare=False)
 
     # -- the launch contract, by its old names ---------------------------------------------------
     @property
@@ -159,6 +162,17 @@ class CudaSource:
                             out[sl.buffer].append(no)
         return {k: tuple(v) for k, v in out.items()}
 
+    @cached_property
+    def module_lines(self) -> Mapping[str, tuple[int, ...]]:
+        """``nn.Module`` path (as :attr:`tkx.ir.Op.module`; ``""`` the root module) -> the sorted 1-based
+        lines that compute or store its ops (from :attr:`op_lines`; the kernel text carries no module
+        names)."""
+        out: dict[str, set[int]] = {}
+        for op in self.program.ops if self.schedule is not None else ():
+            if op.module is not None and op.id in self.op_lines:
+                out.setdefault(op.module, set()).update(self.op_lines[op.id])
+        return {m: tuple(sorted(v)) for m, v in out.items()}
+
     def lines_of(self, op_or_group: str) -> tuple[int, ...]:
         """The line numbers implementing an IR op or a schedule group (``()`` for one with no
         lines of its own); :class:`~tkx.errors.UnknownOpError` for any other name."""
@@ -195,11 +209,12 @@ class CudaSource:
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
         return display.mimebundle(self, include, exclude)
 
-    def html(self, check: bool = True, start: int = 1, limit: int | None = None) -> str:
+    def html(self, check: bool = True, start: int = 1, limit: int | None = None, *, whole: bool = False) -> str:
         """The HTML view; ``check=False`` leaves out the NVRTC report (no compile). A kernel
         longer than ``limit`` lines (default 2000) is shown from line ``start``, one piece at a
-        time (see :meth:`page`)."""
-        return display.html_of(self, check=check, start=start, limit=limit)
+        time (see :meth:`page`); ``whole=True`` shows every line with a line, group and module index
+        (what the exported report shows)."""
+        return display.html_of(self, check=check, start=start, limit=limit, whole=whole)
 
     def page(self, n: int = 1, *, lines: int | None = None) -> Any:
         """Piece ``n`` (1-based) of a long kernel's view, ``lines`` source lines each (default: the

@@ -10,7 +10,11 @@ proves each one ordered by the waits alone, independent of grid size and interle
   larger one can never be met (a deadlock);
 * orderings compose (``A -> B -> C`` orders ``A`` before ``C``);
 * a wait on a group later in the global order could deadlock (a block could wait on a task
-  queued behind the wait in its own list) and is reported.
+  queued behind the wait in its own list) and is reported;
+* a wait on the counter of a group that bumps it without a release fence (``dag.unfenced``)
+  orders nothing (the bump may be seen before the stores); a block that skips a group's waits
+  (``dag.skips``) leaves that group's hazards unordered; an epoch that does not advance per
+  launch (``dag.epoch_step != 1``) lets a replay's waits be met by the previous launch's bumps.
 """
 
 from __future__ import annotations
@@ -40,8 +44,19 @@ def check(dag: TaskDAG) -> list[str]:
             elif w.threshold < n:
                 problems.append(f"partial wait: {g} waits for counter c{w.counter} of {p} to reach only "
                                 f"{w.threshold} of its {n} tasks (orders none of them)")
+            elif p in dag.unfenced:
+                problems.append(f"missing release fence: {p} bumps counter c{w.counter} without a fence, so "
+                                f"{g}'s wait on it may succeed before {p}'s stores are visible")
             else:
                 full[g].add(p)
+    for b, g in sorted(dag.skips):
+        if dag.waits.get(g):
+            problems.append(f"block {b} skips the waits of {g}: its tasks of {g} are ordered after nothing")
+            full[g] = set()
+    if dag.epoch_step != 1 and any(dag.waits.values()):
+        problems.append(f"the epoch advances by {dag.epoch_step} per launch (not 1): in a replay every counter "
+                        "already stands at its threshold from the previous launch, so the waits order nothing")
+        full = {g: set() for g in dag.order}
     ancestors: dict[str, set[str]] = {}
     for g in dag.order:
         anc: set[str] = set()

@@ -16,20 +16,34 @@ from .. import costs
 from .dag import TaskDAG
 
 
-def group_us(dag: TaskDAG, gid: str, blocks: int, c: dict[str, float]) -> float:
-    """Estimated µs of group ``gid`` on ``blocks`` blocks."""
+def task_us(dag: TaskDAG, gid: str, c: dict[str, float]) -> float:
+    """Estimated µs of one task (work item) of group ``gid``: a tenth of the fixed item overhead plus
+    the item's share of the group's FLOPs or bytes, whichever takes one SM longer (the roofline of one
+    SM, constants from :func:`tkx.costs.constants`)."""
     g = dag.schedule.groups[gid]
     n = max(dag.items[gid], 1)
-    per_item = c["item_overhead_us"] * 0.1 + max(g.flops / c["sm_flops_per_us"], g.bytes / c["sm_bytes_per_us"]) / n
-    return math.ceil(n / max(blocks, 1)) * per_item
+    return c["item_overhead_us"] * 0.1 + max(g.flops / c["sm_flops_per_us"], g.bytes / c["sm_bytes_per_us"]) / n
+
+
+def barrier_us(blocks: int, mode: str, c: dict[str, float]) -> float:
+    """Estimated µs of one barrier: ``__syncthreads`` in block mode, else a grid barrier of ``blocks``
+    blocks (half fixed, half growing with the blocks up to ``barrier_blocks``)."""
+    if mode == "block":
+        return c["block_barrier_us"]
+    return c["grid_barrier_us"] * (0.5 + 0.5 * min(blocks, c["barrier_blocks"]) / c["barrier_blocks"])
+
+
+def group_us(dag: TaskDAG, gid: str, blocks: int, c: dict[str, float]) -> float:
+    """Estimated µs of group ``gid`` on ``blocks`` blocks."""
+    return math.ceil(max(dag.items[gid], 1) / max(blocks, 1)) * task_us(dag, gid, c)
 
 
 def estimate(dag: TaskDAG, blocks: int) -> dict[str, float]:
     """``{"barrier": µs, "counters": µs}`` for ``dag`` on ``blocks`` blocks."""
     c = costs.constants()
     s = dag.schedule
-    barrier_us = c["grid_barrier_us"] * (0.5 + 0.5 * min(blocks, c["barrier_blocks"]) / c["barrier_blocks"])
-    t_bar = sum(max(group_us(dag, g, blocks, c) for g in st) for st in s.stages) + barrier_us * (len(s.stages) - 1)
+    t_bar = sum(max(group_us(dag, g, blocks, c) for g in st) for st in s.stages) \
+        + barrier_us(blocks, "grid", c) * (len(s.stages) - 1)
     finish: dict[str, float] = {}
     for g in dag.order:
         start = max((finish[dag.counters[w.counter].group] + c["handoff_us"] for w in dag.waits[g]), default=0.0)

@@ -108,7 +108,13 @@ class TaskDAG:
     * ``waits``: group id -> the :class:`Wait` records each of its tasks performs first;
     * ``edges``: every ordering the memory requires (before dropping implied waits);
     * ``stage_of``: group id -> its stage (tasks of one stage share a grid-stride loop);
-    * ``arena``: the plan whose byte ranges were used.
+    * ``arena``: the plan whose byte ranges were used;
+    * ``unfenced``: groups whose tasks bump their counter without a release fence first (the
+      bump may become visible before the tile's stores: a planted fault; empty as built);
+    * ``skips``: ``(block, group)`` pairs: that block runs the group's tasks without their waits
+      (a barrier or wait skipped by one block: a planted fault; empty as built);
+    * ``epoch_step``: how far the epoch advances per launch (1: the kernel's exit count raises it
+      once; 0: a replay reuses the last launch's epoch, a planted fault).
     """
 
     schedule: FusedSchedule = field(repr=False, compare=False)
@@ -120,6 +126,9 @@ class TaskDAG:
     waits: Mapping[str, tuple[Wait, ...]]
     edges: tuple[Edge, ...]
     stage_of: Mapping[str, int]
+    unfenced: frozenset[str] = frozenset()
+    skips: frozenset[tuple[int, str]] = frozenset()
+    epoch_step: int = 1
 
     @property
     def tasks(self) -> list[Task]:
@@ -161,6 +170,13 @@ class TaskDAG:
     def with_waits(self, waits: Mapping[str, tuple[Wait, ...]]) -> TaskDAG:
         """A copy with other waits (for planting faults in tests)."""
         return replace(self, waits=dict(waits))
+
+    def with_faults(self, *, unfenced: frozenset[str] | None = None,
+                    skips: frozenset[tuple[int, str]] | None = None, epoch_step: int | None = None) -> TaskDAG:
+        """A copy with planted protocol faults (see the class text); ``None`` keeps a field."""
+        return replace(self, unfenced=self.unfenced if unfenced is None else frozenset(unfenced),
+                       skips=self.skips if skips is None else frozenset(skips),
+                       epoch_step=self.epoch_step if epoch_step is None else int(epoch_step))
 
     def with_arena(self, arena: ArenaPlan) -> TaskDAG:
         """A copy that keeps the waits but claims another arena plan (a planted reuse fault)."""

@@ -2,10 +2,16 @@
 
 A :class:`Timeline` holds one :class:`Span` per task: ``block``, ``task`` (global number),
 ``group``, ``item``, ``start`` and ``end`` and ``wait`` (ns, relative to the earliest start).
-It comes from the kernel (``Options(timeline=True)``, :meth:`CompiledRunner.timeline`) or from
-the task VM (:meth:`Timeline.from_vm`, logical event times scaled by estimated task costs).
-``svg()`` draws it as a Gantt chart (:mod:`tkx.render.timeline`); :meth:`Timeline.to_chrome_trace`
-writes it for Perfetto and ``chrome://tracing`` (:mod:`tkx.dataflow.trace`).
+Three kinds come from three sources, all drawn by one renderer (:mod:`tkx.render.timeline`):
+
+* ``"measured"``: the kernel's ``%globaltimer`` (``Options(timeline=True)``, :meth:`CompiledRunner.timeline`);
+* ``"predicted"``: :func:`predicted_timeline`, the task DAG timed by the cost model (no GPU; ns);
+* ``"events"``: the task VM's interleaving (:meth:`Timeline.from_vm`, times are VM event numbers).
+
+:meth:`Timeline.compare` puts a prediction beside a measurement, group by group.
+
+``svg()`` draws it as a Gantt chart; :meth:`Timeline.to_chrome_trace` writes it for Perfetto and
+``chrome://tracing`` (:mod:`tkx.dataflow.trace`).
 """
 
 from __future__ import annotations
@@ -29,13 +35,32 @@ class Span:
 
 
 @dataclass(frozen=True)
+class GroupTime:
+    """One group in a timeline: its first ``start`` and last ``end`` (the timeline's unit), its
+    ``tasks`` and ``busy`` (the sum of its tasks' durations)."""
+
+    group: str
+    start: float
+    end: float
+    tasks: int
+    busy: float
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
 class Timeline:
-    """Spans of one launch (``unit``: ``"ns"`` from the GPU, ``"events"`` from the VM).
+    """Spans of one launch (``unit``: ``"ns"`` measured or predicted, ``"events"`` from the VM).
 
     ``origin``: the clock reading of time 0 in ``unit``, an int (the kernel's ``%globaltimer`` in ns,
-    exact; 0 for the VM); ``kernel``: the kernel's entry name (what profilers call it); ``dag``: the
-    :class:`~tkx.dataflow.dag.TaskDAG` the spans belong to (``None`` when unknown, e.g. after
-    :meth:`from_json`): the trace export takes waits, modules and arena bytes from it."""
+    exact; 0 for the VM and a prediction); ``kernel``: the kernel's entry name (what profilers call it);
+    ``dag``: the :class:`~tkx.dataflow.dag.TaskDAG` the spans belong to (``None`` when unknown, e.g. after
+    :meth:`from_json`): the trace export takes waits, modules and arena bytes from it. ``kind``:
+    ``"measured"``, ``"predicted"`` or ``"events"`` (see the module text); ``critical``: the task numbers on
+    the critical path (a prediction knows it); ``note``: where the times come from.
+    """
 
     name: str
     spans: tuple[Span, ...]
@@ -43,6 +68,9 @@ class Timeline:
     origin: int = 0
     kernel: str = ""
     dag: Any = field(default=None, repr=False, compare=False)
+    kind: str = "measured"
+    critical: tuple[int, ...] = ()
+    note: str = ""
 
     @property
     def blocks(self) -> int:
@@ -71,7 +99,7 @@ class Timeline:
             spans.append(Span(block, task, t.group if t else "?", t.item if t else -1, float(r[1] - t0),
                               float(r[2] - t0), float(r[3])))
         return cls(dag.schedule.program.name, tuple(sorted(spans, key=lambda s: (s.block, s.start))), "ns",
-                   int(t0), kernel, dag)
+                   int(t0), kernel, dag, "measured", (), "the kernel's %globaltimer")
 
     @classmethod
     def from_vm(cls, vm_run: Any, launch: int = 0) -> Timeline:
@@ -80,16 +108,39 @@ class Timeline:
         t0 = min((r.ready for r in recs), default=0)
         spans = tuple(Span(r.block, r.task, r.group, r.item, float(r.start - t0), float(r.end - t0),
                            float(r.start - r.ready)) for r in recs)
-        return cls(vm_run.dag.schedule.program.name, spans, "events", dag=vm_run.dag)
+        return cls(vm_run.dag.schedule.program.name, spans, "events", dag=vm_run.dag, kind="events",
+                   note="task VM event numbers")
 
-    def svg(self) -> str:
+    def groups(self) -> dict[str, GroupTime]:
+        """Group id -> its :class:`GroupTime`, in order of the group's first start."""
+        acc: dict[str, list[float]] = {}
+        for s in self.spans:
+            a = acc.get(s.group)
+            if a is None:
+                acc[s.group] = [s.start, s.end, 1, s.end - s.start]
+            else:
+                a[0], a[1], a[2], a[3] = min(a[0], s.start), max(a[1], s.end), a[2] + 1, a[3] + s.end - s.start
+        out = {g: GroupTime(g, a[0], a[1], int(a[2]), a[3]) for g, a in acc.items()}
+        return dict(sorted(out.items(), key=lambda kv: (kv[1].start, kv[1].end)))
+
+    def compare(self, measured: Timeline) -> TimelineComparison:
+        """This (predicted) timeline beside ``measured``, group by group (:class:`TimelineComparison`).
+        Raises ``ValueError`` when the units differ."""
+        if self.unit != measured.unit:
+            raise ValueError(f"cannot compare a timeline in {self.unit} with one in {measured.unit}")
+        return TimelineComparison(self, measured)
+
+    def svg(self, *, span: float | None = None) -> str:
+        """The Gantt chart as SVG text (``span``: the time the axis covers, to draw several timelines
+        on one scale; default :attr:`makespan`)."""
         from ..render.timeline import timeline_svg
-        return timeline_svg(self)
+        return timeline_svg(self, span=span)
 
     def to_json(self) -> dict[str, Any]:
-        """The spans as plain data (``{"name", "unit", "origin", "kernel", "blocks", "makespan", "busy",
-        "spans": [...]}``, each span a dict of :class:`Span`'s fields; times in :attr:`unit`)."""
+        """The spans as plain data (``{"name", "unit", "origin", "kernel", "kind", "critical", "note", "blocks",
+        "makespan", "busy", "spans": [...]}``, each span a dict of :class:`Span`'s fields; times in :attr:`unit`)."""
         return {"name": self.name, "unit": self.unit, "origin": self.origin, "kernel": self.kernel,
+                "kind": self.kind, "critical": list(self.critical), "note": self.note,
                 "blocks": self.blocks, "makespan": self.makespan, "busy": self.busy(),
                 "spans": [dict(vars(s)) for s in self.spans]}
 
@@ -97,7 +148,8 @@ class Timeline:
     def from_json(cls, data: dict[str, Any]) -> Timeline:
         """The inverse of :meth:`to_json`."""
         return cls(data["name"], tuple(Span(**s) for s in data["spans"]), data.get("unit", "ns"),
-                   int(data.get("origin", 0)), str(data.get("kernel", "")))
+                   int(data.get("origin", 0)), str(data.get("kernel", "")), None, data.get("kind", "measured"),
+                   tuple(data.get("critical", ())), data.get("note", ""))
 
     def chrome_trace(self, **options: Any) -> dict[str, Any]:
         """The timeline as a Trace Event Format object (Perfetto, ``chrome://tracing``); ``options`` and
@@ -130,13 +182,10 @@ class Timeline:
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
         text = repr(self)
         try:
-            # inline (hovering a bar shows its task); HTML needs no namespace URL, and a page that names
-            # no URL stays self-contained
-            svg = self.svg().replace(' xmlns="http://www.w3.org/2000/svg"', "", 1)
+            from ..render.timeline import timeline_html
+            return {"text/plain": text, "text/html": timeline_html(self, extra=self._download_link())}
         except Exception:  # never a traceback in a notebook cell
             return {"text/plain": text}
-        return {"text/plain": text, "text/html": f'<div class="tkx-timeline" style="overflow:auto;max-height:70vh">'
-                                                 f"<p>{text.strip('<>')}{self._download_link()}</p>{svg}</div>"}
 
     def _download_link(self) -> str:
         """`` · <a download>`` of :meth:`chrome_trace` as a data URI (empty above 4 MB of JSON or on failure:
@@ -157,8 +206,95 @@ class Timeline:
                 f"download the trace (Perfetto)</a>")
 
     def __repr__(self) -> str:
-        return (f"<tkx.Timeline {self.name}: {len(self.spans)} tasks on {self.blocks} blocks, makespan "
-                f"{self.makespan:g} {self.unit}, {100 * self.busy():.0f}% busy>")
+        from ..words import plural
+
+        label = f"{self.kind} " if self.kind != "events" else ""
+        return (f"<tkx.Timeline {self.name}: {label}{plural(len(self.spans), 'task')} on "
+                f"{plural(self.blocks, 'block')}, makespan {_amount(self.makespan, self.unit)}, "
+                f"{100 * self.busy():.0f}% busy>")
+
+
+def _amount(x: float, unit: str) -> str:
+    """``1234.5`` ns -> ``"1.23 µs"``; other units as they are."""
+    return f"{x / 1e3:.2f} µs" if unit == "ns" else f"{x:g} {unit}"
+
+
+@dataclass(frozen=True)
+class TimelineComparison:
+    """A predicted timeline beside a measured one (both in ns): per group, the predicted and measured
+    µs (first start to last end) and the prediction's error, ``(predicted - measured) / measured``;
+    the same for the makespan. Groups in only one of the two are listed with ``None`` for the other."""
+
+    predicted: Timeline
+    measured: Timeline
+
+    def rows(self) -> list[tuple[str, float | None, float | None, float | None]]:
+        """``(group, predicted µs, measured µs, relative error)`` per group, in the measured order."""
+        p, m = self.predicted.groups(), self.measured.groups()
+        out = []
+        for g in list(m) + [g for g in p if g not in m]:
+            pu = p[g].duration / 1e3 if g in p else None
+            mu = m[g].duration / 1e3 if g in m else None
+            err = (pu - mu) / mu if pu is not None and mu else None
+            out.append((g, pu, mu, err))
+        return out
+
+    @property
+    def makespan_error(self) -> float | None:
+        """``(predicted - measured) / measured`` of the makespans (``None`` for an empty measurement)."""
+        m = self.measured.makespan
+        return (self.predicted.makespan - m) / m if m else None
+
+    def __repr__(self) -> str:
+        err = self.makespan_error
+        return (f"<tkx.TimelineComparison {self.measured.name}: predicted {_amount(self.predicted.makespan, 'ns')} "
+                f"vs measured {_amount(self.measured.makespan, 'ns')}"
+                + (f" ({100 * err:+.0f}%)" if err is not None else "") + f", {len(self.rows())} groups>")
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        text = repr(self)
+        try:
+            from ..render.timeline import comparison_html
+            return {"text/plain": text, "text/html": comparison_html(self)}
+        except Exception:  # never a traceback in a notebook cell
+            return {"text/plain": text}
+
+
+def predicted_timeline(source: Any, *, blocks: int | None = None, sync: str | None = None) -> Timeline:
+    """The timeline the cost model predicts for one launch, without a GPU (unit ns, kind ``"predicted"``).
+
+    ``source``: a :class:`~tkx.codegen.source.CudaSource` (its task DAG, or the DAG of its schedule and
+    arena with the emitters' work items; its sync and grid) or a :class:`~tkx.dataflow.dag.TaskDAG`.
+    Each task costs :func:`tkx.dataflow.cost.task_us`, each barrier :func:`tkx.dataflow.cost.barrier_us`,
+    each counter hand-off ``handoff_us`` (:func:`tkx.costs.constants`); the task VM's timed run
+    (:func:`tkx.dataflow.vm.run_timed`) places every task and finds the critical path. ``blocks``
+    (default: the kernel's grid, 1 in block mode) and ``sync`` (default: the kernel's) override.
+    """
+    from .. import costs
+    from .cost import barrier_us, task_us
+    from .dag import build
+    from .vm import critical_path, run_timed
+
+    if isinstance(source, TaskDAG):
+        dag, kernel_sync, grid = source, "barrier", None
+    else:
+        dag = source.dag or build(source.schedule, source.arena, work_items=dict(source.work_items) or None)
+        kernel_sync, grid = source.sync, source.blocks
+    s = dag.schedule
+    if blocks is None:
+        blocks = 1 if s.mode == "block" else int(grid or s.blocks)
+    sync = sync or kernel_sync
+    c = costs.constants()
+    tasks = run_timed(dag, blocks=blocks, task_us={g: task_us(dag, g, c) for g in dag.order}, sync=sync,
+                      barrier_us=barrier_us(blocks, s.mode, c), handoff_us=c["handoff_us"], wait_us=c["wait_us"])
+    spans = tuple(Span(t.block, t.task, t.group, t.item, t.start * 1e3, t.end * 1e3, (t.start - t.ready) * 1e3)
+                  for t in sorted(tasks, key=lambda t: (t.block, t.start)))
+    where = "tkx/data/costs.json" if costs.source() == str(costs.SHIPPED) else costs.source()
+    note = (f"predicted by the cost model ({where}), {sync}"
+            f"{' (__syncthreads)' if sync == 'barrier' and s.mode == 'block' else ''}, {blocks} blocks")
+    kernel = getattr(source, "kernel_name", "") if not isinstance(source, TaskDAG) else ""
+    return Timeline(s.program.name, spans, "ns", dag=dag, kernel=kernel, kind="predicted",
+                    critical=tuple(critical_path(tasks)), note=note)
 
 
 def vm_timeline(schedule: Any, arena: Any, inputs: Any, *, blocks: int | None = None) -> Timeline:

@@ -129,6 +129,16 @@ def _us(x: float) -> float:
     return round(x, 3)  # ns resolution
 
 
+def _dur(ts: float, end: float) -> float:
+    """The ``dur`` of a slice from ``ts`` to ``end`` (both already rounded by :func:`_us`) such that
+    ``ts + dur`` does not pass ``end`` in floating point. At a profiler's absolute times (~5e12 µs) a double
+    holds only ~1 ns, so ``ts + round(end - ts, 3)`` can land one step past ``end``, and a wait ending where
+    its task starts would then overlap the task; there ``end - ts`` (exact for ``ts <= end <= 2 ts``) is
+    used instead. Slices that touch or are disjoint on the timeline stay so in the trace."""
+    d = _us(end - ts)
+    return d if ts + d <= end else end - ts
+
+
 def task_events(tl: Any, *, pid: int = 1, t0_us: float = 0.0, us_per_unit: float | None = None,
                 dag: Any = None, flows: bool = True, counters: bool = True, flow_id: int = 1,
                 name: str | None = None, sort_index: int | None = None) -> list[dict[str, Any]]:
@@ -137,8 +147,8 @@ def task_events(tl: Any, *, pid: int = 1, t0_us: float = 0.0, us_per_unit: float
     ``tl.dag``; flows get ids from ``flow_id`` on. See the module text for the layout."""
     scale = _us_per_unit(tl) if us_per_unit is None else float(us_per_unit)
     dag = tl.dag if dag is None else dag
-    title = name or (f"tkx {tl.name}: kernel {tl.kernel}" if tl.kernel else f"tkx {tl.name}") + \
-        f" ({_SOURCE.get(tl.unit, tl.unit)})"
+    source = "predicted by the cost model" if getattr(tl, "kind", "") == "predicted" else _SOURCE.get(tl.unit, tl.unit)
+    title = name or (f"tkx {tl.name}: kernel {tl.kernel}" if tl.kernel else f"tkx {tl.name}") + f" ({source})"
     events: list[dict[str, Any]] = [{"name": "process_name", "ph": "M", "pid": pid, "tid": 0,
                                      "args": {"name": title}}]
     if sort_index is not None:
@@ -169,13 +179,13 @@ def task_events(tl: Any, *, pid: int = 1, t0_us: float = 0.0, us_per_unit: float
             args["modules"] = mods
         if dag is not None and s.group in dag.schedule.groups:
             args["ops"] = list(dag.schedule.groups[s.group].ops)
-        events.append({"name": label, "cat": "task", "ph": "X", "ts": ts, "dur": _us(end - ts), "pid": pid,
+        events.append({"name": label, "cat": "task", "ph": "X", "ts": ts, "dur": _dur(ts, end), "pid": pid,
                        "tid": s.block, "args": args})
         if s.wait > 0:
             ready = at(s.start - s.wait)
             waited = _waited_groups(dag, s.group)
             events.append({"name": f"wait ({', '.join(waited)})" if waited else "wait", "cat": "wait",
-                           "ph": "X", "ts": ready, "dur": _us(ts - ready),
+                           "ph": "X", "ts": ready, "dur": _dur(ready, ts),
                            "pid": pid, "tid": s.block, "args": {"task": s.task, "for": waited}})
             done = [ends[g][i - 1] for g in waited if g in ends
                     and (i := bisect.bisect_right(ends[g], (s.start, math.inf), key=lambda x: x[:2])) > 0]

@@ -8,7 +8,13 @@ interleaving chosen by ``policy``:
   group is met: ``(int32)(counter - base) >= threshold`` with 32-bit wrap-around, where
   ``base = epoch * threshold`` (counters are never reset; each launch raises the epoch);
 * a running task may **finish** at any later event; finishing bumps its group's counter by one;
-* after the last block finishes, the epoch advances (the kernel's exit count does this).
+* after the last block finishes, the epoch advances (the kernel's exit count does this) by
+  ``dag.epoch_step``.
+
+Planted protocol faults (:meth:`TaskDAG.with_faults`): a task of an ``unfenced`` group bumps its
+counter when it starts (without a release fence the bump may overtake the tile's stores: the
+VM takes the adversary's side); a block of a ``skips`` pair starts that group's tasks without
+waiting.
 
 Policies: ``"random"`` (uniform over enabled events), ``"eager"`` (start whatever can start,
 finish a random running task only when nothing can: tasks overlap as much as possible),
@@ -36,7 +42,7 @@ premature readers see garbage. The outputs and updates of each launch are compar
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,7 +53,7 @@ from ..reference import flatten_inputs, in_captured_layout
 from ..schedule.interpreter import ScheduleError, _Machine
 from .dag import Region, Task, TaskDAG, footprints
 
-__all__ = ["VMRun", "Fault", "run", "POLICIES"]
+__all__ = ["VMRun", "Fault", "run", "run_timed", "TimedTask", "POLICIES"]
 
 POLICIES = ("random", "eager", "lifo", "stall", "serial", "reverse", "round_robin")
 MASK = 0xFFFFFFFF
@@ -175,7 +181,7 @@ def run(dag: TaskDAG, inputs: Sequence[Any], *, blocks: int = 4, policy: str = "
     clock = 0
     def one_launch(launch: int) -> bool:
         nonlocal clock
-        base_epoch = epoch + launch
+        base_epoch = epoch + launch * dag.epoch_step
         copies = [in_captured_layout(t, spec.value, copy=True) for spec, t in zip(s.program.inputs, flat)]
         m = _Machine(s, dag.arena, copies, splitk, seed)
         started = {g: 0 for g in dag.order}
@@ -193,6 +199,8 @@ def run(dag: TaskDAG, inputs: Sequence[Any], *, blocks: int = 4, policy: str = "
             if running[b] is not None or pc[b] >= len(lists[b]):
                 return False
             t = lists[b][pc[b]]
+            if (b, t.group) in dag.skips:
+                return True
             for w in dag.waits[t.group]:
                 c = dag.counters[w.counter] if 0 <= w.counter < len(dag.counters) else None
                 if c is None or not _met(counters[w.counter], base_epoch * c.threshold, w.threshold):
@@ -221,6 +229,9 @@ def run(dag: TaskDAG, inputs: Sequence[Any], *, blocks: int = 4, policy: str = "
                     if not any(w.overlaps(r) for r in reads):
                         _poison(m, w)
             started[g] += 1
+            if g in dag.unfenced:  # the bump overtakes the stores
+                c = dag.counter_of[g]
+                counters[c] = (counters[c] + 1) & MASK
             clock += 1
             running[b] = (t, ready_at[b], clock)
 
@@ -236,8 +247,9 @@ def run(dag: TaskDAG, inputs: Sequence[Any], *, blocks: int = 4, policy: str = "
                     fault("unwritten-read", f"{g}: {e}")
                 except Exception as e:  # noqa: BLE001 - a poisoned value may break an op; record it
                     fault("interpreter", f"{g}: {type(e).__name__}: {e}")
-            c = dag.counter_of[g]
-            counters[c] = (counters[c] + 1) & MASK
+            if g not in dag.unfenced:
+                c = dag.counter_of[g]
+                counters[c] = (counters[c] + 1) & MASK
             clock += 1
             out.records.append(TaskRecord(b, t.index, g, t.item, ready, begin, clock, launch))
             running[b] = None
@@ -304,6 +316,83 @@ def run(dag: TaskDAG, inputs: Sequence[Any], *, blocks: int = 4, policy: str = "
     out.splitk_counters = splitk
     out.epoch = epoch + len(out.outputs)
     return out
+
+
+@dataclass(frozen=True)
+class TimedTask:
+    """One task of a timed run: ``block``, ``task`` (global number), ``group``, ``item``, and times in µs:
+    ``ready`` (its block reached it), ``start``, ``end``; ``cause``: the task whose end set ``start``
+    (the block's previous task, or the last task of the group or stage it waited for; -1 for none)."""
+
+    block: int
+    task: int
+    group: str
+    item: int
+    ready: float
+    start: float
+    end: float
+    cause: int
+
+
+def run_timed(dag: TaskDAG, *, blocks: int, task_us: Mapping[str, float], sync: str = "barrier",
+              barrier_us: float = 0.0, handoff_us: float = 0.0, wait_us: float = 0.0) -> list[TimedTask]:
+    """One launch of ``dag`` on ``blocks`` blocks with each task of group ``g`` taking ``task_us[g]`` µs.
+
+    Every block runs its task list (:meth:`TaskDAG.task_lists`, the kernel's grid-stride deal) in
+    order. ``sync="barrier"``: a stage's tasks start once every task of the earlier stages has ended
+    and the barrier (``barrier_us``) has passed. ``sync="counters"``: a task starts once each counter
+    it waits on has reached its threshold (every task of that group ended) plus ``handoff_us``, and
+    pays ``wait_us`` per wait. Tasks are timed in the global order, which every wait respects, so
+    each start is exact for the model. Returns the tasks in global order. Raises :class:`TkxError`
+    for another ``sync``."""
+    if sync not in ("barrier", "counters"):
+        raise TkxError(f"unknown sync {sync!r} for a timed run; use 'barrier' or 'counters'")
+    owner = {t.index: b for b, tasks in enumerate(dag.task_lists(blocks)) for t in tasks}
+    free = [0.0] * blocks
+    last_on = [-1] * blocks
+    group_end: dict[str, tuple[float, int]] = {}  # group -> (latest end, that task)
+    latest = (0.0, -1)  # latest end of every task timed so far
+    release, stage = (0.0, -1), None
+    out: list[TimedTask] = []
+    k = 0
+    for g in dag.order:
+        if sync == "barrier" and dag.stage_of[g] != stage:
+            if stage is not None:  # the barrier before this stage
+                release = (max(latest[0], release[0]) + barrier_us, latest[1])
+            stage = dag.stage_of[g]
+        waits = dag.waits[g] if sync == "counters" else ()
+        deps = [group_end[dag.counters[w.counter].group] for w in waits]
+        dep = max(((t + handoff_us, cause) for t, cause in deps), default=(0.0, -1))
+        if sync == "barrier":
+            dep = release
+        dur = task_us[g] + wait_us * len(waits)
+        for item in range(dag.items[g]):
+            b = owner[k]
+            ready = free[b]
+            start, cause = (dep[0], dep[1]) if dep[0] > ready else (ready, last_on[b])
+            end = start + dur
+            out.append(TimedTask(b, k, g, item, ready, start, end, cause))
+            free[b], last_on[b] = end, k
+            if end >= group_end.get(g, (-1.0, -1))[0]:
+                group_end[g] = (end, k)
+            if end >= latest[0]:
+                latest = (end, k)
+            k += 1
+    return out
+
+
+def critical_path(tasks: Sequence[TimedTask]) -> list[int]:
+    """The task numbers on the critical path of a timed run: from the task that ends last back through
+    each task's ``cause``, in time order."""
+    if not tasks:
+        return []
+    by_index = {t.task: t for t in tasks}
+    t = max(tasks, key=lambda t: (t.end, -t.task))
+    path = []
+    while t is not None:
+        path.append(t.task)
+        t = by_index.get(t.cause)
+    return path[::-1]
 
 
 def _conflict_tables(dag: TaskDAG, fp: dict) -> tuple[dict, dict, dict]:

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..words import plural
 
-__all__ = ["Facts", "facts_of", "headline", "failure_headline"]
+__all__ = ["Facts", "facts_of", "headline", "failure_headline", "headline_html"]
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,10 @@ class Facts:
     threads and mode, e.g. ``"1 block x 256 (block mode)"``) of the schedule,
     ``arena_bytes``, ``registers`` per thread and ``spill_bytes`` (``registers_from`` says
     where they come from: ``"GPU"`` or ``"NVRTC sm_90"``), ``us_per_step`` (median of the last
-    benchmark of this state, µs). ``None``: not known (not computed, no NVRTC)."""
+    benchmark of this state, µs), ``predicted_us`` (the cost model's µs per step,
+    :func:`tkx.schedule.predicted_us`) and ``arena_lower_bytes`` (the arena's lower bound: the
+    most bytes live at once, :attr:`tkx.arena.ArenaPlan.lower_bound_bytes`). ``None``: not known
+    (not computed, no NVRTC)."""
 
     barriers: int | None = None
     stages: int | None = None
@@ -35,6 +38,8 @@ class Facts:
     spill_bytes: int | None = None
     registers_from: str = ""
     us_per_step: float | None = None
+    predicted_us: float | None = None
+    arena_lower_bytes: int | None = None
 
 
 def _bytes(n: int) -> str:
@@ -61,11 +66,17 @@ def facts_of(ex: Any, *, registers: bool = True, report: Any = None) -> Facts:
         if reports and not isinstance(reports[0], Exception):
             regs, spills, where = reports[0].registers, reports[0].spill_bytes, "NVRTC sm_90"
     us = getattr(report, "megakernel_us", None) if report is not None else None
+    predicted = None
+    if s is not None:
+        from ..schedule import predicted_us
+
+        predicted = round(predicted_us(s), 1)
     launch = f"{plural(s.blocks, 'block')} x {s.threads} ({s.mode} mode)" if s is not None else None
     return Facts(barriers=s.num_barriers if s is not None else None, stages=len(s.stages) if s is not None else None,
                  launch=launch,
                  arena_bytes=a.size_bytes if a is not None else None, registers=regs, spill_bytes=spills,
-                 registers_from=where, us_per_step=us)
+                 registers_from=where, us_per_step=us, predicted_us=predicted,
+                 arena_lower_bytes=a.lower_bound_bytes if a is not None else None)
 
 
 def _items(f: Facts) -> dict[str, str]:
@@ -75,10 +86,13 @@ def _items(f: Facts) -> dict[str, str]:
         out["barriers"] = plural(f.barriers, "barrier")
     if f.stages is not None:
         out["stages"] = plural(f.stages, "stage")
+    if f.predicted_us is not None:
+        out["predicted"] = f"predicted {f.predicted_us:.1f} µs"
     if f.launch is not None:
         out["launch"] = f.launch
     if f.arena_bytes is not None:
-        out["arena"] = f"arena {_bytes(f.arena_bytes)}"
+        out["arena"] = f"arena {_bytes(f.arena_bytes)}" + (
+            f" (lower bound {_bytes(f.arena_lower_bytes)})" if f.arena_lower_bytes is not None else "")
     if f.registers is not None:
         out["registers"] = plural(f.registers, "register")
     if f.spill_bytes is not None:
@@ -92,11 +106,12 @@ def _value(f: Facts, key: str) -> str:
     return {"barriers": str(f.barriers), "stages": str(f.stages), "launch": f.launch or "",
             "arena": _bytes(f.arena_bytes) if f.arena_bytes is not None else "",
             "registers": str(f.registers), "spills": f"{f.spill_bytes} B",
-            "us": f"{f.us_per_step:.1f}" if f.us_per_step is not None else ""}[key]
+            "us": f"{f.us_per_step:.1f}" if f.us_per_step is not None else "",
+            "predicted": f"{f.predicted_us:.1f}" if f.predicted_us is not None else ""}[key]
 
 
 _NAMES = {"barriers": "barriers", "stages": "stages", "launch": "launch", "arena": "arena", "registers": "registers",
-          "spills": "spills", "us": "µs/step"}
+          "spills": "spills", "us": "µs/step", "predicted": "predicted µs"}
 
 
 def _changed_label(changed: dict[str, Any]) -> str:
@@ -136,3 +151,12 @@ def failure_headline(changed: dict[str, Any], stage: str | None, ms: float, done
     computed = f" (computed {', '.join(done)} first)" if done else ""
     kept = "" if first else "; the last good state stays on screen"
     return f"{_changed_label(changed)}: {where} after {ms:.1f} ms{computed}{kept}"
+
+
+def headline_html(text: str, *, error: bool = False) -> str:
+    """The headline as the Explorer shows it: one bold line (red for a failure)."""
+    import html
+
+    color = "#cf222e" if error else "#1f2328"
+    return (f'<div class="tkx-headline" style="font-family:system-ui,sans-serif;font-size:14px;font-weight:600;'
+            f'color:{color};margin:4px 0">{html.escape(text)}</div>')

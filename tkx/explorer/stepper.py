@@ -50,7 +50,7 @@ def _column(title: str, rows: list[tuple[str, str, str]]) -> str:
         style = f"background:{_COLORS[mark]}" if mark in _COLORS else ""
         gutter = f"{mark} {op_id:<12}" if op_id else " " * 14
         body.append(f'<div class="tkx-step-line" data-op="{html.escape(op_id)}" data-mark="{html.escape(mark)}" '
-                    f'style="white-space:pre;{style}">{html.escape(gutter + text)}</div>')
+                    f'style="white-space:pre-wrap;overflow-wrap:anywhere;{style}">{html.escape(gutter + text)}</div>')
     return ('<div style="flex:1 1 50%;min-width:0;overflow:auto;border:1px solid #d0d7de;border-radius:6px;'
             'max-height:480px"><div style="font-family:system-ui,sans-serif;font-weight:600;padding:2px 6px;'
             f'background:#f6f8fa">{html.escape(title)}</div>{"".join(body)}</div>')

@@ -9,7 +9,6 @@ A thin ipywidgets layer over :class:`~tkx.explorer.core.Session` (updates) and
 
 from __future__ import annotations
 
-import dataclasses
 import html
 import threading
 import time
@@ -17,12 +16,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import ipywidgets as W
-import traitlets
 
 from .. import display, pipeline
 from ..explore import Exploration
 from ..options import Options
-from . import benchmark as B
+from .benchtab import BenchmarkTab
+from .controls import OptionalIntText, make_control, options_panel, panel_title
 from .core import (
     CPU_STAGES,
     HAS_RULES_OPTION,
@@ -42,7 +41,8 @@ from .core import (
     user_passes,
     user_rules,
 )
-from .headline import Facts, facts_of, failure_headline, headline
+from .headline import Facts, facts_of, failure_headline, headline, headline_html
+from .overview import pipeline_html
 
 #: (tab title, stage attribute) in display order; ``benchmark`` is not a stage of the exploration.
 #: The stage tabs come from the pipeline table (:data:`tkx.pipeline.STAGES`, rows with a ``tab``).
@@ -50,77 +50,8 @@ STAGE_TABS = tuple((s.tab, s.name) for s in pipeline.STAGES if s.tab) + (("bench
 #: Tabs after the stage tabs.
 EXTRA_TABS = ("pass stepper", "linked views")
 
-#: Option fields that are sequences, handled by the pass / rule toggles instead of one control.
-SEQUENCE_FIELDS = ("passes", "rules")
 
-
-class OptionalIntText(W.HBox):
-    """An integer or ``None``: a "none" checkbox next to an ``IntText``. ``value`` is the result."""
-
-    value = traitlets.Any(None, allow_none=True)
-
-    def __init__(self, value: int | None, *, description: str, none_label: str, lo: int, tooltip: str) -> None:
-        self.none_box = W.Checkbox(value=value is None, description=none_label, indent=False, tooltip=tooltip,
-                                   layout=W.Layout(width="auto"))
-        self.number = W.IntText(value=lo if value is None else value, description=description, tooltip=tooltip,
-                                disabled=value is None, style={"description_width": "initial"},
-                                layout=W.Layout(width="190px"))
-        super().__init__([self.number, self.none_box])
-        self.value = value
-        # No tooltip on the box itself: JupyterLab's box view reads a `description` it does not
-        # have and fails to render (the two children carry the tooltip).
-        self.description = description
-        self.none_box.observe(self._from_children, names="value")
-        self.number.observe(self._from_children, names="value")
-        self.observe(self._to_children, names="value")
-
-    def _from_children(self, _change: Any = None) -> None:
-        self.number.disabled = self.none_box.value
-        self.value = None if self.none_box.value else int(self.number.value)
-
-    def _to_children(self, change: dict[str, Any]) -> None:
-        new = change["new"]
-        with self.hold_trait_notifications():
-            self.none_box.value = new is None
-            if new is not None:
-                self.number.value = int(new)
-            self.number.disabled = new is None
-
-
-def _label(v: Any) -> str:
-    return "None" if v is None else str(v)
-
-
-def make_control(name: str, value: Any, allowed: Any, help_text: str, none_ok: bool = False) -> W.Widget | None:
-    """The control of one :class:`tkx.Options` field (``None`` for fields with no single value)."""
-    tip = f"{name}: {help_text}"
-    style = {"description_width": "initial"}
-    if name in SEQUENCE_FIELDS or allowed is None:
-        return None
-    if isinstance(allowed, tuple) and allowed and allowed[0] == "range":
-        lo, hi = allowed[1], allowed[2]
-        if none_ok:
-            return OptionalIntText(value, description=name, none_label="None (no cap)", lo=lo, tooltip=tip)
-        if hi is None:
-            return W.IntText(value=value, description=name, tooltip=tip, style=style, layout=W.Layout(width="230px"))
-        return W.BoundedIntText(value=value, min=lo, max=hi, description=name, tooltip=tip, style=style,
-                                layout=W.Layout(width="230px"))
-    if len(allowed) == 2 and all(isinstance(a, bool) for a in allowed):
-        return W.Checkbox(value=bool(value), description=name, tooltip=tip, indent=False, style=style)
-    return W.Dropdown(options=[(_label(a), a) for a in allowed], value=value, description=name, tooltip=tip,
-                      style=style, layout=W.Layout(width="230px"))
-
-
-def _none_ok(name: str) -> bool:
-    import dataclasses
-
-    for f in dataclasses.fields(Options):
-        if f.name == name:
-            return bool(f.metadata.get("none_ok"))
-    return False
-
-
-class Explorer(W.VBox):
+class Explorer(BenchmarkTab, W.VBox):
     """Flip compiler options and watch every stage update; benchmark configurations on a GPU.
 
     ``Explorer(step_fn, example_inputs, **options)`` or ``Explorer(exploration)``. Keywords:
@@ -175,20 +106,6 @@ class Explorer(W.VBox):
         self._pass_order = pipeline_order(ex.options.passes)
 
         self.title = W.HTML()
-        self.controls: dict[str, W.Widget] = {}
-        #: Each control's help (from :meth:`tkx.Options.fields_info`), shown under it.
-        self.help: dict[str, W.HTML] = {}
-        cells = []
-        for fname, _default, allowed, help_text in Options.fields_info():
-            c = make_control(fname, getattr(ex.options, fname), allowed, help_text, _none_ok(fname))
-            if c is not None:
-                self.controls[fname] = c
-                c.observe(self._on_change, names="value")
-                self.help[fname] = W.HTML(help_html(help_text, allowed))
-                cells.append(W.VBox([c, self.help[fname]], layout=W.Layout(margin="0 0 4px 0")))
-        self.controls_box = W.GridBox(cells,
-                                      layout=W.Layout(grid_template_columns="repeat(3, minmax(230px, 1fr))",
-                                                      grid_gap="2px 12px"))
         self.pass_toggles: dict[str, W.Checkbox] = {}
         self.rule_toggles: dict[str, W.Checkbox] = {}
         self.passes_box = W.HBox(layout=W.Layout(flex_flow="row wrap"))
@@ -198,6 +115,14 @@ class Explorer(W.VBox):
                                        layout=W.Layout(width="auto"))
         self.refresh_button.on_click(lambda _b: self.refresh())
         self._build_toggles()
+        toggles = [W.HBox([W.HTML("<b>passes</b>&nbsp;", layout=W.Layout(width="auto")), self.passes_box]),
+                   W.HBox([W.HTML("<b>your passes &amp; rules</b>&nbsp;", layout=W.Layout(width="auto")),
+                           self.user_box, self.refresh_button])]
+        #: The option controls in a collapsed accordion, grouped (fusion, tiling, launch, numerics,
+        #: compilation); ``controls``: option -> widget, ``help``: option -> its help under it.
+        self.options_panel, self.controls, self.help = options_panel(ex.options, self._on_change, toggles)
+        #: The pipeline table: one row per stage, what the last update did to it and its key figure.
+        self.pipeline_table = W.HTML()
 
         self.message = W.HTML()
         self.status = W.HTML()
@@ -224,6 +149,9 @@ class Explorer(W.VBox):
                 pages.append(W.VBox([toggle, out]))
         self.stepper: Any = None
         self.linked: Any = None
+        #: The hierarchical graph of the IR after the passes (:class:`~tkx.explorer.GraphView`),
+        #: above the linked views and tied to them: clicking an op there selects it in both.
+        self.graph: Any = None
         self.stepper_box = W.VBox()
         self.linked_box = W.VBox()
         pages += [self.stepper_box, self.linked_box]
@@ -231,11 +159,8 @@ class Explorer(W.VBox):
         self.tabs = W.Tab(children=pages, titles=self._tab_titles, selected_index=0)
         self.tabs.observe(self._on_tab, names="selected_index")
 
-        super().__init__([self.title, self.controls_box,
-                          W.HBox([W.HTML("<b>passes</b>&nbsp;", layout=W.Layout(width="auto")), self.passes_box]),
-                          W.HBox([W.HTML("<b>your passes &amp; rules</b>&nbsp;", layout=W.Layout(width="auto")),
-                                  self.user_box, self.refresh_button]),
-                          self.headline, self.message, self.status, self.tabs])
+        super().__init__([self.title, self.headline, self.message, self.status, self.pipeline_table,
+                          self.options_panel, self.tabs])
 
         upd = self.session.start()
         self.last_update = upd.as_dict()
@@ -368,11 +293,11 @@ class Explorer(W.VBox):
             self.message.value = ""
         if upd.error and (first or upd.changed):
             text = failure_headline(upd.changed, upd.failed_stage, upd.ms, upd.recomputed, first=first)
-            self.headline.value = _headline_html(text, error=True)
+            self.headline.value = headline_html(text, error=True)
             self.status.value = ""
         elif first or upd.changed:
             changed = ", ".join(f"{k}={v!r}" for k, v in upd.changed.items()) or "start"
-            reused = [s for s in CPU_STAGES if s not in upd.recomputed]
+            reused = [s for s in CPU_STAGES if s not in upd.recomputed and s in ex._cache]
             text = (f"{changed}: recomputed {', '.join(upd.recomputed) or 'nothing'} in {upd.ms:.1f} ms"
                     + (f"; reused {', '.join(reused)}" if reused and not first else ""))
             self.status.value = ('<div style="font-family:system-ui,sans-serif;color:#57606a;font-size:12px">'
@@ -380,12 +305,15 @@ class Explorer(W.VBox):
             before = self.facts
             self.facts = self._facts_now()
             self.headline_text = headline(upd.changed, None if first else before, self.facts)
-            self.headline.value = _headline_html(self.headline_text)
+            self.headline.value = headline_html(self.headline_text)
+        self.pipeline_table.value = pipeline_html(self.session.current, upd, first=first)
+        self.options_panel.set_title(0, panel_title(ex.options))
         if upd.error and not first:
             return  # the previous good state stays on screen
         t0 = time.perf_counter()
         for title, stage in STAGE_TABS:
-            if first or stage in upd.recomputed or self.diff_toggles[title].value or stage == "runner":
+            if (first or stage in upd.recomputed or self.diff_toggles[title].value or stage == "runner"
+                    or stage in CPU_STAGES and stage not in ex._cache):  # computed when its tab shows
                 self._invalidate(title)
         self._refresh_extras(list(CPU_STAGES) if first else upd.recomputed)
         self.last_update["render_ms"] = round((time.perf_counter() - t0) * 1e3, 3)
@@ -428,6 +356,11 @@ class Explorer(W.VBox):
 
     def _stage_display(self, title: str, stage: str) -> Any:
         ex = self.session.current
+        if stage not in ex._cache and self.session.error is None:
+            try:  # a stage the updates do not compute (the predicted timeline): computed when its tab shows
+                getattr(ex, stage)
+            except Exception as exc:
+                return Note(f"{stage}: not available ({error_text(exc)})", "error")
         if stage not in ex._cache:
             err = self.session.error or "not computed"
             return Note(f"{stage}: not available ({err})", "error")
@@ -480,157 +413,19 @@ class Explorer(W.VBox):
                 self.stepper_box.children = [W.HTML(note_html(f"pass stepper: {error_text(exc)}", "error"))]
         if "cuda" in ex._cache and (self.linked is None or "cuda" in recomputed):
             try:
+                from .graphview import GraphView
                 from .linked import LinkedView
 
                 if self.linked is None:
                     self.linked = LinkedView(ex)
-                    self.linked_box.children = [self.linked]
+                    self.graph = GraphView(ex)
+                    self.graph.link(self.linked)
+                    self.linked_box.children = [self.graph, self.linked]
                 else:
                     self.linked.set_source(ex)
+                    self.graph.set_source(ex)
             except Exception as exc:
                 self.linked_box.children = [W.HTML(note_html(f"linked views: {error_text(exc)}", "error"))]
-
-    # -- benchmark --------------------------------------------------------------------------------
-    def _gpu_reason_default(self) -> str | None:
-        return B.gpu_reason()
-
-    def _bench_reason(self) -> str | None:
-        """Why the benchmark button is disabled (``None``: it is enabled)."""
-        return None if self.bench_fn is not None else self._gpu_reason_default()
-
-    def _build_bench_page(self, toggle: W.ToggleButton, out: W.Output) -> W.Widget:
-        reason = self._bench_reason()
-        self.bench_button = W.Button(description="Compile & benchmark", icon="play", button_style="primary",
-                                     disabled=reason is not None, layout=W.Layout(width="auto"),
-                                     tooltip=reason or "compile this configuration, verify it against eager, "
-                                     "then time it against eager and torch.compile (runs in the background)")
-        self.bench_button.on_click(lambda _b: self.benchmark())
-        self.progress = W.FloatProgress(value=0.0, min=0.0, max=1.0, description="idle",
-                                        style={"description_width": "initial"}, layout=W.Layout(width="360px"))
-        self.phase = W.HTML()
-        fake = getattr(self.bench_fn, "fake", False)
-        notes = []
-        if reason:
-            notes.append(note_html(f"Benchmark disabled: {reason}", "warn"))
-        if self.bench_fn is not None:
-            label = getattr(self.bench_fn, "__name__", type(self.bench_fn).__name__)
-            notes.append(note_html(f"benchmark function: {label}" + (" - FAKE numbers, not a measurement" if fake
-                                                                      else " (injected)"), "warn" if fake else "note"))
-        if user_rules() and not HAS_RULES_OPTION:
-            notes.append(note_html("note: the benchmark compiles with every registered fusion rule; "
-                                   "the rule switches above affect only the views", "note"))
-        self.bench_note = W.HTML("".join(notes))
-        self.history_table = W.HTML(B.history_html([]))
-        self.chart = W.HTML("")
-        return W.VBox([W.HBox([self.bench_button, self.progress, self.phase]), self.bench_note,
-                       self.history_table, self.chart, toggle, out])
-
-    def _bench_display(self) -> Any:
-        if self.last_report is None:
-            return Note("the latest benchmark report appears here", "note")
-        if self.diff_toggles["benchmark"].value:
-            if self.previous_report is None:
-                return Shown("no previous benchmark yet")
-            return Shown(stage_diff(self.previous_report, self.last_report),
-                         note_html("benchmark: previous run -> latest run"))
-        return Shown(self.last_report)
-
-    @property
-    def benchmark_running(self) -> bool:
-        return self._bench_thread is not None and self._bench_thread.is_alive()
-
-    def benchmark(self, *, wait: bool = False) -> threading.Thread | None:
-        """Benchmark the current configuration in a background thread (the button does this).
-
-        Returns the thread (joined first when ``wait``), or ``None`` when the benchmark is
-        disabled or already running.
-        """
-        if self._bench_reason() is not None or self.benchmark_running:
-            return None
-        self.flush()
-        ex = self.session.current
-        config = options_label(ex.options, self.session.disabled_rules)
-        self.bench_button.disabled = True
-        self.progress.value, self.progress.bar_style, self.progress.description = 0.0, "info", "compile"
-        self.phase.value = ""
-        thread = threading.Thread(target=self._bench_worker, args=(ex, config), daemon=True,
-                                  name="tkx-explorer-benchmark")
-        self._bench_thread = thread
-        thread.start()
-        if wait:
-            thread.join()
-        return thread
-
-    def wait_benchmark(self, timeout: float | None = None) -> bool:
-        """Wait for a running benchmark; ``True`` when none is running afterwards."""
-        if self._bench_thread is not None:
-            self._bench_thread.join(timeout)
-        return not self.benchmark_running
-
-    def _bench_worker(self, ex: Exploration, config: str) -> None:
-        from ..bench.report import BASELINES
-
-        tracker = B.PhaseTracker(len(BASELINES) + 1)
-        fake = bool(getattr(self.bench_fn, "fake", False))
-
-        def log(line: str) -> None:
-            phase, fraction, text = tracker.feed(str(line))
-            self.progress.description = phase
-            self.progress.value = fraction
-            self.phase.value = ('<span style="font-family:system-ui,sans-serif;font-size:12px">'
-                                f'{html.escape(text)}</span>')
-
-        fn = self.bench_fn
-        default = fn is None
-        extra: dict[str, Any] = {}
-        if default:
-            from ..bench import compare as fn
-            if self.baseline_rows:
-                extra["baselines"] = ()  # reuse this session's baseline timings
-        try:
-            report = fn(ex.step_fn, ex.example_inputs, options=ex.options, make_inputs=self.make_inputs,
-                        name=ex.name, loss=ex.loss, log=log, **extra)
-            if default and extra:
-                report = dataclasses.replace(report, rows=tuple(self.baseline_rows) + tuple(
-                    r for r in report.rows if r.name == "tkx"))
-            elif default:
-                self.baseline_rows = tuple(r for r in report.rows if r.name != "tkx" and r.ok)
-        except Exception as exc:  # shown in the table, never raised from the thread
-            row = B.failed_row(config, error_text(exc), fake=fake)
-            self.progress.bar_style, self.progress.description = "danger", "failed"
-            self.phase.value = f'<span style="color:#cf222e">{html.escape(error_text(exc))}</span>'
-        else:
-            row = B.history_row(report, config, fake=fake)
-            self.previous_report, self.last_report = self.last_report, report
-            before = self.facts
-            self._report_options = ex.options
-            self.facts = self._facts_now()
-            changed = {"benchmark": config} if isinstance(config, str) else {"benchmark": "run"}
-            self.headline_text = headline(changed, before, self.facts)
-            self.headline.value = _headline_html(self.headline_text)
-            self.progress.value, self.progress.bar_style, self.progress.description = 1.0, "success", "done"
-        self.history.append(row)
-        self.history_table.value = B.history_html(self.history)
-        self.chart.value = B.chart_html(self.history)
-        self._render("benchmark")
-        self.bench_button.disabled = self._bench_reason() is not None
-
-
-def help_html(help_text: str, allowed: Any) -> str:
-    """The visible help under a control: its sentence from ``Options.fields_info`` and, for a
-    range, the bounds."""
-    extra = ""
-    if isinstance(allowed, tuple) and len(allowed) == 3 and allowed[0] == "range":
-        _, lo, hi = allowed
-        extra = f" ({lo} or more)" if hi is None else f" ({lo} to {hi})"
-    return (f'<div style="font-family:system-ui,sans-serif;font-size:11px;line-height:1.25;color:#57606a;'
-            f'max-width:300px;white-space:normal">{html.escape(help_text)}{html.escape(extra)}</div>')
-
-
-def _headline_html(text: str, *, error: bool = False) -> str:
-    color = "#cf222e" if error else "#1f2328"
-    return (f'<div class="tkx-headline" style="font-family:system-ui,sans-serif;font-size:14px;font-weight:600;'
-            f'color:{color};margin:4px 0">{html.escape(text)}</div>')
 
 
 @display.register(Exploration, "widget")

@@ -12,6 +12,16 @@ from .base import REGION_COLORS, REGION_FILL, attrs, capped, esc, svg_img
 from .stage_common import _input_buffer, _kib, _op_ids, _region, _view
 
 
+def _label_step(col: float, label_px: float) -> int:
+    """Label every n-th stage column (n in 1, 2, 5, 10, 20, 50, ...) so that a label of ``label_px``
+    pixels fits in the columns it stands for."""
+    n, k = 1, 0
+    while n * col < label_px:
+        k += 1
+        n = (1, 2, 5)[k % 3] * 10 ** (k // 3)
+    return n
+
+
 def _writers_readers(s: Any) -> tuple[dict[str, str], dict[str, list[str]]]:
     writers: dict[str, str] = {}
     readers: dict[str, list[str]] = {}
@@ -65,13 +75,16 @@ def arena_svg(a: Any, width: int = 860) -> str:
     out = [f'<text x="{left}" y="16" font-size="12" font-weight="bold">arena timeline: {esc(_kib(a.size_bytes))} '
            f'peak, lower bound {esc(_kib(a.lower_bound_bytes))}, without reuse {esc(_kib(a.no_reuse_bytes))}'
            f'</text>']
-    # stage columns and barriers
+    # stage columns and barriers; labels thinned to every `every`-th stage so that they never overlap
+    word = "stage " if col >= 48 else ""
+    every = _label_step(col, len(f"{word}{nst - 1}") * 6.5 + 6)
     for k in range(nst):
         x0 = left + k * col
         out.append(f'<rect x="{x0:.1f}" y="{top}" width="{col:.1f}" height="{plot_h}" '
-                   f'fill="{"#fafbfc" if k % 2 else "#ffffff"}"/>')
-        out.append(f'<text x="{x0 + col / 2:.1f}" y="{top + plot_h + 13}" text-anchor="middle" fill="#57606a">'
-                   f'stage {k}</text>')
+                   f'fill="{"#fafbfc" if k % 2 else "#ffffff"}"><title>stage {k}</title></rect>')
+        if k % every == 0:
+            out.append(f'<text x="{x0 + col / 2:.1f}" y="{top + plot_h + 13}" text-anchor="middle" '
+                       f'fill="#57606a">{word}{k}</text>')
         if k > 0:
             out.append(f'<line x1="{x0:.1f}" y1="{top}" x2="{x0:.1f}" y2="{top + plot_h}" stroke="#b42318" '
                        f'stroke-width="0.8" stroke-dasharray="2,3"/>')

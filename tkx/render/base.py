@@ -276,10 +276,20 @@ def _graph_class() -> type:
 _SAFE: list[type] = []
 
 
+def dot_id(name: str) -> str:
+    """A graph name made a plain DOT identifier: a step named ``<lambda>``, ``<map>`` or ``a\\`` would
+    otherwise be read as an HTML string or an unterminated quoted string. Letters, digits, ``_``, ``.``
+    and ``-`` are kept, anything else becomes ``_`` (the name is the SVG's title, never a label)."""
+    return re.sub(r"[^\w.\-]", "_", name) or "graph"
+
+
 def safe_digraph(**kwargs: Any) -> Any:
-    """A new :class:`SafeDigraph <_graph_class>` (``graphviz.Digraph`` arguments)."""
+    """A new :class:`SafeDigraph <_graph_class>` (``graphviz.Digraph`` arguments; ``name`` made a plain
+    identifier by :func:`dot_id`)."""
     if not _SAFE:
         _SAFE.append(_graph_class())
+    if isinstance(kwargs.get("name"), str):
+        kwargs["name"] = dot_id(kwargs["name"])
     return _SAFE[0](**kwargs)
 
 

@@ -61,7 +61,7 @@ def captured_html(cg: CapturedGraph, *, graph: bool = True) -> str:
             ids.append(f"buf:{buf_of[n.name]}")
         if n.module is not None:
             ids.append(f"mod:{n.module}")
-        args = ", ".join(_ref(f"fx:{a}", a) if a in names else esc(a) for a in n.args)
+        args = ", ".join(_ref(f"fx:{a}", a) if a in names else esc(a) for a in (n.arguments or n.args))
         op_refs = " ".join(_ref(f"op:{i}", i) for i in ops_of.get(n.name, []))
         if n.op == "placeholder":
             target = "input"

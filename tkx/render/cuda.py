@@ -38,13 +38,15 @@ def highlight_lines(text: str) -> list[str]:
 CUDA_VIEW_LINES = 2000
 
 
-def compile_reports(c: Any, arches: Sequence[str] = ("sm_90", "sm_80")) -> tuple[str, list[Any]]:
+def compile_reports(c: Any, arches: Sequence[str] = ("sm_90", "sm_80"), *,
+                    whole: bool = False) -> tuple[str, list[Any]]:
     """``(note, reports)``: NVRTC reports for ``arches`` (cached by source hash), or a note why not.
     A report that failed is the :class:`~tkx.codegen.nvrtc.CudaCompileError` itself.
 
     Kernels longer than :data:`CUDA_VIEW_LINES` are checked for the first architecture only, and
     through the on-disk compile cache (:func:`tkx.runtime.kernel.compile_cubin`), so a kernel the
-    runtime has compiled, or an earlier render, is never compiled again just to be shown."""
+    runtime has compiled, or an earlier render, is never compiled again just to be shown.
+    ``whole=True`` (the exported report, the command line) checks every architecture of every kernel."""
     from ..codegen.nvrtc import nvrtc_available
 
     ok, why = nvrtc_available()
@@ -59,7 +61,7 @@ def compile_reports(c: Any, arches: Sequence[str] = ("sm_90", "sm_80")) -> tuple
         known = remembered_report(c.text, arch, exact)
         if known is not None:
             _COMPILE_CACHE.setdefault((digest, arch, exact), known)
-    if c.num_lines > CUDA_VIEW_LINES:
+    if c.num_lines > CUDA_VIEW_LINES and not whole:
         arch = arches[0]
         key = (digest, arch, exact)
         if key not in _COMPILE_CACHE:
@@ -73,11 +75,18 @@ def compile_reports(c: Any, arches: Sequence[str] = ("sm_90", "sm_80")) -> tuple
         key = (digest, arch, exact)
         if key not in _COMPILE_CACHE:
             try:
-                _COMPILE_CACHE[key] = c.check(arch)
+                _COMPILE_CACHE[key] = _compile_through_disk_cache(c, arch) if whole else c.check(arch)
             except Exception as exc:
                 _COMPILE_CACHE[key] = exc
         reports.append(_COMPILE_CACHE[key])
     return why, reports
+
+
+def _compile_through_disk_cache(c: Any, arch: str) -> Any:
+    """The NVRTC report of ``c`` for ``arch``, compiled once through the on-disk compile cache (a long
+    kernel takes NVRTC tens of seconds; the next report or run reuses the entry)."""
+    from ..runtime.kernel import compile_cubin
+    return compile_cubin(c, arch).report
 
 
 def _disk_cached_report(c: Any, arch: str, exact: bool) -> Any:
@@ -116,13 +125,18 @@ def _report_table(note: str, reports: list[Any]) -> str:
 
 
 @display.register(CudaSource, "html")
-def cuda_html(c: Any, check: bool = True, start: int = 1, limit: int | None = None) -> str:
-    """The kernel as HTML: launch summary, NVRTC report, group index, highlighted source with
-    one element per line carrying its ops and groups; the prelude folded in ``<details>``.
+def cuda_html(c: Any, check: bool = True, start: int = 1, limit: int | None = None, *, whole: bool = False) -> str:
+    """The kernel as HTML: launch summary, NVRTC report, group and module index, highlighted source
+    with one element per line carrying its ops and groups; the prelude folded in ``<details>``.
 
     At most ``limit`` (default :data:`CUDA_VIEW_LINES`) source lines after the prelude are
     rendered, from line ``start``; a longer kernel ends with a "show more" note naming the
-    call that renders the next piece (``c.page(n)``), so the view stays small and fast."""
+    call that renders the next piece (``c.page(n)``), so the view stays small and fast.
+    ``whole=True`` (what the exported report uses) renders every line in one scrolled box with a
+    line index and jump links to every group and module, and runs the NVRTC check of every
+    architecture whatever the kernel's length."""
+    if whole:
+        start, limit = 1, c.num_lines + 1
     limit = CUDA_VIEW_LINES if limit is None else int(limit)
     all_text = c.text.split("\n")
     n_lines = len(all_text)
@@ -152,16 +166,27 @@ def cuda_html(c: Any, check: bool = True, start: int = 1, limit: int | None = No
     for buf, nums in c.arena_lines.items():
         for k in nums:
             slot_at.setdefault(k, []).append(buf)
+    vid = "tkx-cu-" + hashlib.sha256(c.text.encode()).hexdigest()[:10]  # anchors unique per kernel on a page
+    modules = _module_spans(c)
+    mods_at: dict[int, list[str]] = {}
+    for m in modules:
+        for k in c.module_lines[m]:
+            mods_at.setdefault(k, []).append(m)
+    index_step = _index_step(last - first + 1)
+    targets = ({a for a, _ in c.group_lines.values()} | {a for a, _, _ in modules.values()}
+               | set(_index_lines(first, last, index_step)))
 
     def row(k: int) -> str:
         code = lines[k - 1]
         ids = ([f"op:{o}" for o in sorted(ops_at.get(k, ()))] + [f"grp:{g}" for g in grp_at.get(k, ())]
-               + [f"buf:{b}" for b in sorted(slot_at.get(k, ()))])
+               + [f"buf:{b}" for b in sorted(slot_at.get(k, ()))] + [f"mod:{m}" for m in mods_at.get(k, ())])
         gut = first_of.get(k)
         gutter = (f'<span class="tkx-gut" {attrs(f"grp:{gut}")}>{esc(gut)}</span>' if gut else
                   f'<span class="tkx-gut">{"│" if k in grp_at else ""}</span>')
         cls = ' class="tkx-opl"' if k in ops_at else ""
-        return f'<div{cls} {attrs(f"line:{k}", ids)}><span class="tkx-ln">{k}</span>{gutter}{code}</div>'
+        anchor = f' id="{vid}-L{k}"' if k in targets else ""
+        return (f'<div{anchor}{cls} {attrs(f"line:{k}", ids)}><span class="tkx-ln">{k}</span>{gutter}'
+                f'{code}</div>')
 
     pre = "".join(row(k) for k in range(1, prelude_end + 1))
     main = "".join(row(k) for k in range(first, last + 1))
@@ -170,9 +195,10 @@ def cuda_html(c: Any, check: bool = True, start: int = 1, limit: int | None = No
         pages = -(-(n_lines - prelude_end) // max(limit, 1))
         more = (f"; the next piece: <code>cuda.page({page + 1})</code>" if last < n_lines else "")
         main += (f'<div class="tkx-dim tkx-more">showing lines {first}–{last} of {n_lines} (page {page} of '
-                 f'{pages}){more}; <code>cuda.text</code> holds it all</div>')
+                 f'{pages}){more}; every line at once, with a line, group and module index: the exported report '
+                 f'(<code>tkx.report(...)</code>, <code>tkx report</code>)</div>')
     if check:
-        note, reports = compile_reports(c)
+        note, reports = compile_reports(c, whole=whole)
         report = _report_table(note, reports)
     else:
         report = ""
@@ -194,10 +220,14 @@ def cuda_html(c: Any, check: bool = True, start: int = 1, limit: int | None = No
         a, b = c.group_lines[gid]
         g = sched.groups[gid] if sched is not None else None
         label = f"{gid} {g.kind} {g.anchor}" if g is not None else gid
-        chips.append(f'<span class="tkx-chip" {attrs(f"grp:{gid}")}>{esc(label)} '
-                     f'<span class="tkx-dim">{a}–{b}</span></span>')
-    index = ('<div class="tkx-sub">Groups → lines <span class="tkx-dim">(click to highlight)</span></div>'
-             f'<div style="white-space:normal">{" ".join(chips)}</div>') if chips else ""
+        jump = f' <a class="tkx-jump" href="#{vid}-L{a}">{a}–{b}</a>' if first <= a <= last else \
+            f' <span class="tkx-dim">{a}–{b}</span>'
+        chips.append(f'<span class="tkx-chip" {attrs(f"grp:{gid}")}>{esc(label)}</span>{jump}')
+    index = ('<div class="tkx-sub">Groups → lines <span class="tkx-dim">(click a group to highlight it, its '
+             'line numbers to jump there)</span></div>'
+             f'<div style="white-space:normal">{" &nbsp; ".join(chips)}</div>') if chips else ""
+    index += _module_index(modules, vid, first, last)
+    index += _line_index(vid, first, last, index_step)
     prelude = (f'<details><summary>prelude: lines 1–{prelude_end} (types, math helpers, barrier; same for every '
                f'kernel)</summary><div class="tkx-src">{pre}</div></details>') if prelude_end else ""
     src = (f'<div class="tkx-sub">Source <span class="tkx-dim">(grey background: a line that computes or stores '
@@ -207,6 +237,74 @@ def cuda_html(c: Any, check: bool = True, start: int = 1, limit: int | None = No
     return _view("cuda", f"CudaSource {c.kernel_name}", head + report + index + src, plain)
 
 
+
+
+def _module_spans(c: Any) -> dict[str, tuple[int, int, int]]:
+    """``nn.Module`` path -> (first line, last line, lines) of the kernel lines computing its ops, in
+    order of the first line (:attr:`CudaSource.module_lines`)."""
+    try:
+        spans = {m: (v[0], v[-1], len(v)) for m, v in c.module_lines.items() if v}
+    except Exception:  # a source without a program (hand-built in a test): no modules
+        return {}
+    return dict(sorted(spans.items(), key=lambda kv: kv[1][0]))
+
+
+def _module_index(modules: dict[str, tuple[int, int, int]], vid: str, first: int, last: int) -> str:
+    if not modules:
+        return ""
+    chips = []
+    for m, (a, b, n) in modules.items():
+        where = (f'<a class="tkx-jump" href="#{vid}-L{a}">{a}–{b}</a>' if first <= a <= last
+                 else f'<span class="tkx-dim">{a}–{b}</span>')
+        chips.append(f'<span class="tkx-chip" {attrs(f"mod:{m}")}>{esc(m or "(root module)")}</span> {where} '
+                     f'<span class="tkx-dim">({n} lines)</span>')
+    return ('<div class="tkx-sub">Modules → lines <span class="tkx-dim">(the nn.Module each op came from; click a '
+            'module to highlight its lines, its line numbers to jump to the first)</span></div>'
+            f'<div style="white-space:normal">{" &nbsp; ".join(chips)}</div>')
+
+
+def _index_step(n: int) -> int:
+    """Spacing of the line index: about 20 entries, on round numbers."""
+    for step in (50, 100, 200, 250, 500, 1000, 2000, 5000, 10000):
+        if n <= 20 * step:
+            return step
+    return -(-n // 20)
+
+
+def _index_lines(first: int, last: int, step: int) -> list[int]:
+    """The lines the index links to: the first shown, then every multiple of ``step``."""
+    return [first] + list(range((first // step + 1) * step, last + 1, step))
+
+
+def _line_index(vid: str, first: int, last: int, step: int) -> str:
+    if last - first < 2 * step:
+        return ""
+    links = " ".join(f'<a class="tkx-jump" href="#{vid}-L{k}">{k}</a>' for k in _index_lines(first, last, step))
+    return f'<div class="tkx-sub">Line index <span class="tkx-dim">(jump to a line)</span></div><div>{links}</div>'
+
+
+def compile_table(c: Any, arches: Sequence[str] = ("sm_80", "sm_90")) -> Any:
+    """The NVRTC compile report of ``c`` for every architecture as a ``rich`` table (registers, spills,
+    shared memory, stack per architecture; a failed compile is a row saying so), or a one-line
+    ``rich`` text saying why there is none (no NVRTC on the machine)."""
+    from rich.table import Table
+    from rich.text import Text
+
+    note, reports = compile_reports(c, arches, whole=True)
+    if not reports:
+        return Text(f"NVRTC compile table: {note}", style="yellow")
+    t = Table(title=f"NVRTC compile report of {c.kernel_name} ({c.num_lines} lines; ptxas, no GPU needed)",
+              title_justify="left")
+    for col in ("arch", "registers", "spills", "shared", "stack", "compile"):
+        t.add_column(col, justify="left" if col == "arch" else "right")
+    for r in reports:
+        if isinstance(r, Exception):
+            t.add_row(str(getattr(r, "arch", "?")), Text("failed to compile", style="red"), "", "", "", "")
+            continue
+        spills = Text(f"{r.spill_bytes} B", style="red" if r.spill_bytes else "")
+        t.add_row(r.arch, str(r.registers), spills, f"{r.shared_bytes} B", f"{r.stack_bytes} B",
+                  f"{r.compile_seconds:.2f} s")
+    return t
 
 
 @display.register(CudaSource, "rich")

@@ -45,7 +45,9 @@ def side_by_side(d: ProgramDiff, context: int) -> str:
               '<span class="tkx-rem">&nbsp;- removed&nbsp;</span> '
               '<span class="tkx-chg">&nbsp;~ changed&nbsp;</span> &nbsp;values are named after their op ids, '
               'which passes never rename.</div>')
-    return f'<table class="tkx-side">{"".join(rows)}</table>{legend}'
+    # fixed layout: before and after share the width equally and long lines wrap inside their column
+    cols = '<colgroup><col style="width:1.6em"><col><col style="width:1.2em"><col style="width:1.6em"><col></colgroup>'
+    return f'<table class="tkx-side">{cols}{"".join(rows)}</table>{legend}'
 
 
 def diff_graph(before: Program, after: Program, *, context: int = 1, max_ops: int = COLLAPSE_ABOVE) -> Any:

@@ -34,6 +34,8 @@ CSS = """
 .tkx-ir .tkx-add{background:#dafbe1}.tkx-ir .tkx-rem{background:#ffebe9}.tkx-ir .tkx-chg{background:#fff1c2}
 .tkx-ir td.tkx-mark{font-weight:700;text-align:center;padding:1px 4px}
 .tkx-ir table.tkx-side td{padding-right:14px}
+.tkx-view.tkx-ir table.tkx-side{width:100%;table-layout:fixed}
+.tkx-view.tkx-ir table.tkx-side td,.tkx-view.tkx-ir table.tkx-side th{white-space:pre-wrap;overflow-wrap:anywhere}
 .tkx-ir table.tkx-side td.tkx-gap{border-left:1px solid #d0d7de;padding:0 4px}
 .tkx-ir .tkx-skip td{color:#8c959f;font-style:italic;font-family:system-ui,sans-serif}
 .tkx-ir .tkx-id{color:#8c959f}

@@ -30,6 +30,7 @@ from typing import Any
 
 from .. import pipeline
 from .base import dot_available, esc, view
+from .hgraph import hgraph_script, hgraph_style
 
 #: (stage id, title, what a first-time reader needs to know about it), from the pipeline table.
 SECTIONS = tuple((s.name, s.title, s.about) for s in pipeline.STAGES)
@@ -143,6 +144,15 @@ def stage_html(obj: Any, kind: str, title: str) -> str:
     return view(kind, title, f"{notice}<pre>{esc(text)}</pre>", "")
 
 
+def _whole_kernel(cuda: Any, title: str) -> str:
+    """The CUDA view with every line of the kernel (:func:`tkx.render.cuda.cuda_html` ``whole=True``)."""
+    try:
+        from .cuda import cuda_html
+        return cuda_html(cuda, whole=True)
+    except Exception:  # a broken view must not lose the report: the plain view, or the text
+        return stage_html(cuda, "cuda", title)
+
+
 def _versions(gpu_name: str | None) -> list[tuple[str, str]]:
     import torch
 
@@ -206,6 +216,25 @@ def _gpu_part(exp: Any, *, gpu: bool | None, make_inputs: Callable[..., Any] | N
     return name, runner_html(runner, timings=timings, verification=verification)
 
 
+#: Sections that open on the hierarchical graph (:mod:`tkx.render.hgraph`), with how to build it.
+GRAPH_SECTIONS = {"captured": "captured_hgraph", "program": "program_hgraph", "optimized": "program_hgraph"}
+
+
+def graph_view(sid: str, stages: dict[str, Any]) -> str:
+    """The hierarchical graph of section ``sid`` ('' for a section without one; a graph that
+    cannot be built is one line saying why, and the rest of the section is kept)."""
+    from . import hgraph
+
+    if sid not in GRAPH_SECTIONS:
+        return ""
+    what = "FX graph" if sid == "captured" else "dataflow graph"
+    try:
+        data = getattr(hgraph, GRAPH_SECTIONS[sid])(stages[sid], stages.get("schedule"))
+    except Exception as exc:  # a broken graph must not lose the section
+        return f'<div class="tkx-r-missing">{esc(what)}: not drawn ({esc(type(exc).__name__)}: {esc(exc)})</div>'
+    return hgraph.hgraph_html(data, what)
+
+
 def report_html(exploration: Any, *, description: str | None = None, timings: bool = False,
                 gpu: bool | None = None, make_inputs: Callable[..., Any] | None = None,
                 runner: Any = None, verification: Any = None) -> str:
@@ -234,8 +263,10 @@ def report_html(exploration: Any, *, description: str | None = None, timings: bo
         anchor = f"tkx-sec-{sid}"
         if sid == "runner":
             body, present = runner_view, gpu_name is not None
+        elif sid == "cuda":  # every line of the kernel, with its line, group and module index
+            body, present = _whole_kernel(stages[sid], title), True
         else:
-            body, present = stage_html(stages[sid], sid, title), True
+            body, present = graph_view(sid, stages) + stage_html(stages[sid], sid, title), True
         ms = exp.timings.get(sid) if timings else None
         took = f" <span class=\"tkx-dim\">({ms:.1f} ms)</span>" if ms is not None else ""
         none = "" if present else ' class="tkx-r-none"'
@@ -274,9 +305,10 @@ def report_html(exploration: Any, *, description: str | None = None, timings: bo
             '<html lang="en">\n<head>\n<meta charset="utf-8">\n'
             '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
             f'<meta name="generator" content="tkx {esc(_versions(None)[0][1])}">\n'
-            f"<title>tkx report: {esc(name)}</title>\n<style>{PAGE_STYLE}</style>\n</head>\n<body>\n"
+            f"<title>tkx report: {esc(name)}</title>\n<style>{PAGE_STYLE}{hgraph_style()}</style>\n</head>\n"
+            "<body>\n"
             f"{side}\n<main class=\"tkx-r-main\">\n{header}\n" + "\n".join(sections) +
-            f"\n</main>\n<script>{PAGE_SCRIPT}</script>\n</body>\n</html>\n")
+            f"\n</main>\n<script>{PAGE_SCRIPT}</script>\n<script>{hgraph_script()}</script>\n</body>\n</html>\n")
 
 
 def write_report(exploration: Any, path: str | os.PathLike[str], **kwargs: Any) -> str:

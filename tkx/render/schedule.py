@@ -9,7 +9,7 @@ from typing import Any
 
 from .. import display
 from ..schedule.model import FusedSchedule
-from ..schedule.text import describe_group, format_schedule
+from ..schedule.text import describe_group, format_schedule, group_modules, module_note
 from ..words import plural
 from .base import REGION_COLORS, REGION_FILL, attrs, capped, esc, graph_html, safe_digraph
 from .stage_common import _dst_text, _home_text, _op_ids, _ref_tokens, _region, _shape, _view
@@ -24,7 +24,18 @@ def group_tokens(s: Any, gid: str) -> list[str]:
     if g.kind == "copy":
         toks.append(f"op:{g.anchor}")
     toks.append(f"stage:{s.stage_of(gid)}")
+    toks += [f"mod:{m}" for m in group_modules(s, g)]
     return toks
+
+
+def _module_chip(s: Any, g: Any) -> str:
+    """The module(s) a group's ops came from, before what it computes (every path in the tooltip)."""
+    note = module_note(s, g)
+    if not note:
+        return ""
+    mods = group_modules(s, g)
+    return (f'<span class="tkx-dim" style="color:#8250df" {attrs(None, [f"mod:{m}" for m in mods])} '
+            f'title="{esc("nn.Module " + ", ".join(m or "(root)" for m in mods))}">{esc(note)}</span> ')
 
 
 def _kind_prefix(op: Any) -> str:
@@ -154,7 +165,7 @@ def schedule_html(s: Any, graph: bool = True) -> str:
                 f'<tr class="tkx-grp" {attrs(f"grp:{gid}", group_tokens(s, gid))}>'
                 f'<td class="tkx-nowrap" style="border-left:3px solid {color};padding-left:4px"><b>{esc(gid)}</b></td>'
                 f'<td class="tkx-nowrap">{esc(g.kind)}</td>'
-                f'<td style="min-width:24em">{anchor} {esc(what)}'
+                f'<td style="min-width:24em">{_module_chip(s, g)}{anchor} {esc(what)}'
                 + (f'<div class="tkx-why">{esc(why)}</div>' if why else "") + '</td>'
                 f'<td class="tkx-nowrap">{g.work_items}</td><td>{epi}</td><td>{inl}</td>'
                 f'<td class="tkx-nowrap">{stores}</td></tr>')
@@ -348,6 +359,7 @@ def _few(names: Sequence[str], n: int = 4) -> str:
 
 @display.register(FusedSchedule, "rich")
 def schedule_rich(s: Any) -> Any:
+    from rich.markup import escape
     from rich.table import Table
 
     t = Table(title=f"FusedSchedule {s.program.name}", caption=f"mode {s.mode}: {s.mode_reason}; "
@@ -364,7 +376,9 @@ def schedule_rich(s: Any) -> Any:
             t.add_section()
         for gid in stage:
             g = s.groups[gid]
-            t.add_row(str(i), gid, g.kind, describe_group(s, g))
+            note = module_note(s, g)
+            mod = f" [magenta]{escape(note)}[/magenta]" if note else ""
+            t.add_row(str(i), gid, g.kind, describe_group(s, g) + mod)
     nf = s.why_not_fused()
     if not nf:
         return t

@@ -30,6 +30,7 @@ STAGE_STYLE = """
 .tkx-view .tkx-kv td:first-child{color:#57606a;font-family:system-ui,sans-serif}
 .tkx-view .tkx-src{white-space:pre;font-size:12px;line-height:1.3}
 .tkx-view .tkx-scroll{max-height:640px;overflow:auto;border:1px solid #eaeef2}
+.tkx-view a.tkx-jump{color:#0969da;text-decoration:none;font-size:11px}
 .tkx-view .tkx-src>div{padding-right:8px}
 .tkx-view .tkx-src .tkx-ln{display:inline-block;width:4.5em;color:#8c959f;text-align:right;padding-right:6px;
   user-select:none}

@@ -167,6 +167,16 @@ class CompiledRunner:
         return Timeline.from_records(self.source.dag, self.timeline_buffer().cpu().tolist(),
                                      kernel=kernel_name(self.source))
 
+    def timeline_vs_predicted(self) -> Any:
+        """The last launch's measured :meth:`timeline` beside the cost model's prediction for the same kernel
+        on the grid it launched with (:class:`tkx.dataflow.timeline.TimelineComparison`: both charts on one
+        time scale, per group the predicted and measured µs and the error). Raises :class:`TkxError` unless
+        compiled with ``Options(timeline=True)``."""
+        from ..dataflow.timeline import predicted_timeline
+
+        measured = self.timeline()
+        return predicted_timeline(self.source, blocks=int(self.kernel.grid)).compare(measured)
+
     def launch(self, flat: Sequence[torch.Tensor], outs: Sequence[torch.Tensor], arena: torch.Tensor,
                words: torch.Tensor | None = None) -> None:
         """Launch once on the current stream with already checked tensors (no checks, no sync). Inside a

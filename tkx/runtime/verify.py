@@ -350,7 +350,7 @@ def tolerance_for(dtype: str, options: Any = None, overrides: Mapping[str, float
                   program: Any = None) -> float:
     """The relative-error tolerance of a value of IR dtype ``dtype``.
 
-    float32 1e-5, bf16/fp16 2e-2 (the issue's bounds); a float32 value of a program that
+    float32 1e-5, bf16/fp16 2e-2 (tkx's accuracy bounds); a float32 value of a program that
     computes in bf16/fp16 (mixed precision: fp32 masters, bf16 math) gets the bf16/fp16
     bound, since its accuracy is that of the low-precision math; tf32 math gets 5e-3.
     """

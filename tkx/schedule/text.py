@@ -15,6 +15,23 @@ def _shape(shape: tuple[int, ...]) -> str:
     return "x".join(map(str, shape)) or "scalar"
 
 
+def group_modules(s: FusedSchedule, g: Group) -> list[str]:
+    """The ``nn.Module`` paths of a group's ops (anchor first, then the rest in op order; the root
+    module as ``""``); empty when none came from a module."""
+    by_id = {op.id: op for op in s.program.ops}
+    found = [by_id[o].module for o in (g.anchor, *g.ops, *g.inlined) if o in by_id and by_id[o].module is not None]
+    return list(dict.fromkeys(found))
+
+
+def module_note(s: FusedSchedule, g: Group) -> str:
+    """``"[blocks.1.attn]"`` (``"[blocks.1.attn +2]"`` when the group spans more modules); ``""`` when none."""
+    mods = group_modules(s, g)
+    if not mods:
+        return ""
+    first = mods[0] or (s.program.modules.get("", None) or "root")
+    return f"[{first}{f' +{len(mods) - 1}' if len(mods) > 1 else ''}]"
+
+
 def describe_group(s: FusedSchedule, g: Group) -> str:
     """One line saying what a group computes and how."""
     p = g.params
@@ -73,7 +90,8 @@ def format_schedule(s: FusedSchedule) -> str:
                          + (f" (+{len(b.hazards) - 3} more)" if len(b.hazards) > 3 else ""))
         lines.append(f"  stage {i}:")
         for gid in stage:
-            lines.append(f"    {gid:<5} {describe_group(s, s.groups[gid])}")
+            note = module_note(s, s.groups[gid])
+            lines.append(f"    {gid:<5} {describe_group(s, s.groups[gid])}" + (f"  {note}" if note else ""))
     not_fused = s.why_not_fused()
     if not_fused:
         lines.append("  not fused:")

@@ -1,0 +1,386 @@
+"""The oracle of the family fuzzer (:mod:`fuzz_families`): run one case eagerly in float32 and float64,
+through tkx's reference interpreter and schedule interpreter, and compile its kernel with NVRTC.
+
+Verdicts (:class:`Outcome.status`):
+
+* ``ok``; ``invalid``: eager PyTorch itself raised (the generator drew an illegal program; not a finding);
+* ``refused``: :class:`tkx.UnsupportedError` naming a line of the step's own source, or
+  :class:`tkx.OptionsError` (counted per message, not a failure); ``unnamed-refusal``: an
+  UnsupportedError naming no line of the step (counted apart, not a failure);
+* ``wrong``: a value where tkx is further from float64 than eager float32 is, by more than the dtype's
+  factor (``tkx_err > max(FACTOR * eager_err, FLOOR)``, errors as ``||a - b|| / ||b||``, eager's error
+  at least its spread under rounding-sized noise on the inputs: see :func:`compare`); NaN/inf where
+  eager is finite or the reverse; an integer that differs from eager; an input eager updates in place
+  that tkx leaves alone. Arbitrating by float64 keeps rounding noise that Adam amplifies on parameters
+  whose true gradient is zero from counting: eager is as far off there as tkx.
+* ``crash``: any other exception at any stage; ``hang``: the case ran past its time limit.
+
+:func:`shrink` walks a failing case's knobs towards their simplest values and drops its options while
+it still fails the same way; :func:`reproduction` writes it as a runnable script.
+"""
+
+from __future__ import annotations
+
+import copy
+import linecache
+import os
+import signal
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+import fuzz_families as fam
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+#: How much further from float64 than eager tkx may be, and the relative error always allowed.
+FACTOR = {"float32": 8.0, "bfloat16": 4.0, "float16": 4.0}
+FLOOR = {"float32": 1e-5, "bfloat16": 2e-2, "float16": 4e-3}
+#: The relative size of the noise added to every float input for eager's spread (a few units of rounding).
+NOISE = {"float32": 1e-6, "bfloat16": 4e-3, "float16": 5e-4}
+
+FAILURES = ("wrong", "crash", "hang")
+
+
+@dataclass
+class Outcome:
+    """What :func:`check` found for ``case``: ``status`` (see the module docstring), the ``stage`` it
+    happened in (``eager``, ``capture``, ``reference``, ``schedule``, ``nvrtc``, ``run``), a one-line
+    ``detail``, ``key`` (the detail without numbers, to group findings) and ``seconds``."""
+
+    case: fam.Case
+    status: str
+    stage: str = ""
+    detail: str = ""
+    key: str = ""
+    seconds: float = 0.0
+    errors: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> bool:
+        return self.status in FAILURES
+
+    def line(self) -> str:
+        return f"{self.case.label()}: {self.status} {self.stage} {self.detail}".rstrip()
+
+
+class _Wrong(Exception):
+    def __init__(self, detail: str, key: str) -> None:
+        super().__init__(detail)
+        self.detail, self.key = detail, key
+
+
+class _Hang(Exception):
+    pass
+
+
+def load(case: fam.Case) -> dict[str, Any]:
+    """Execute the case's source from a file of its own (in the temporary folder), as a user's module:
+    tkx names that file's lines in its errors."""
+    import hashlib
+    import tempfile
+    text = fam.source_of(case)
+    folder = os.path.join(tempfile.gettempdir(), "tkx-fuzz-programs")
+    os.makedirs(folder, exist_ok=True)
+    filename = os.path.join(folder, f"{case.label()}-{hashlib.sha1(text.encode()).hexdigest()[:10]}.py")
+    if not os.path.exists(filename):
+        with open(filename + ".tmp", "w") as f:
+            f.write(text)
+        os.replace(filename + ".tmp", filename)
+    linecache.checkcache(filename)
+    namespace: dict[str, Any] = {"__file__": filename, "__name__": f"fuzz_{case.family}"}
+    exec(compile(text, filename, "exec"), namespace)
+    return namespace
+
+
+def _clone(tree: Any) -> Any:
+    return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, tree)
+
+
+def _double(tree: Any) -> Any:
+    return tree_map(lambda t: (t.double() if t.dtype == torch.float32 else t.clone())
+                    if isinstance(t, torch.Tensor) else t, tree)
+
+
+def _perturbed(tree: Any, size: float, seed: int) -> Any:
+    """A copy of ``tree`` whose float32 tensors are multiplied by ``1 + size * N(0, 1)`` noise."""
+    g = torch.Generator().manual_seed(seed)
+
+    def noise(t: Any) -> Any:
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.float32:
+            return t.clone() if isinstance(t, torch.Tensor) else t
+        return t * (1 + size * torch.randn(t.shape, generator=g))
+    return tree_map(noise, tree)
+
+
+def _eager(step: Any, inputs: tuple) -> list[torch.Tensor]:
+    """The step's outputs, then every input leaf as the step left it."""
+    args = _clone(inputs)
+    out = step(*args)
+    return tree_flatten(out)[0] + tree_flatten(args)[0]
+
+
+def relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    """``||a - b|| / ||b||`` over the finite elements, in float64 (``||a - b||`` when ``b`` is 0)."""
+    a, b = a.detach().double(), b.detach().double()
+    keep = torch.isfinite(a) & torch.isfinite(b)
+    num = float(torch.linalg.vector_norm((a - b)[keep]))
+    den = float(torch.linalg.vector_norm(b[keep]))
+    return num / den if den > 0 else num
+
+
+def compare(name: str, got: torch.Tensor, eager: torch.Tensor, exact: torch.Tensor, dtype: str,
+            noisy: torch.Tensor | None = None) -> float:
+    """Raise :class:`_Wrong` when ``got`` (tkx) is wrong by the oracle's rule; return its error vs float64.
+
+    ``noisy``: eager on inputs perturbed by rounding-sized noise (:data:`NOISE`); how far it moves from
+    eager counts as eager's error too (a value whose rounding is amplified - Adam's first step divides a
+    gradient by its own magnitude - can land anywhere in that spread, and eager was merely lucky)."""
+    if tuple(got.shape) != tuple(eager.shape):
+        raise _Wrong(f"{name}: shape {list(got.shape)}, eager {list(eager.shape)}", f"{name}: shape")
+    if not got.is_floating_point():
+        if not torch.equal(got.to(eager.dtype), eager) and not torch.equal(got.to(exact.dtype), exact):
+            n = int((got.to(eager.dtype) != eager).sum())
+            raise _Wrong(f"{name}: {n} of {got.numel()} integers differ from eager", f"{name}: integers")
+        return 0.0
+    fin_got, fin_eager = torch.isfinite(got), torch.isfinite(eager)
+    if not torch.equal(fin_got, fin_eager):
+        nan = int((~fin_got & fin_eager).sum())
+        what = f"{nan} NaN/inf where eager is finite" if nan else \
+            f"{int((fin_got & ~fin_eager).sum())} finite where eager is NaN/inf"
+        raise _Wrong(f"{name}: {what} (of {got.numel()})", f"{name}: " + ("NaN/inf" if nan else "finite"))
+    e_tkx, e_eager = relative(got, exact), relative(eager, exact)
+    if noisy is not None and tuple(noisy.shape) == tuple(eager.shape):
+        e_eager = max(e_eager, relative(noisy, eager))
+    if e_tkx > max(FACTOR[dtype] * e_eager, FLOOR[dtype]):
+        raise _Wrong(f"{name}: {e_tkx:.3g} from float64, eager {e_eager:.3g} (allowed "
+                     f"max({FACTOR[dtype]:g} x eager, {FLOOR[dtype]:g}))", f"{name}: far from float64")
+    return e_tkx
+
+
+def _compare_all(stage: str, got: list[Any], want: list[torch.Tensor], exact: list[torch.Tensor],
+                 noisy: list[torch.Tensor], originals: list[torch.Tensor], n_out: int, dtype: str,
+                 errors: dict[str, float]) -> None:
+    for i, (g, w, x, z) in enumerate(zip(got, want, exact, noisy)):
+        name = f"output {i}" if i < n_out else f"input {i - n_out}"
+        if g is None:  # tkx does not update this input: eager must not have either
+            j = i - n_out
+            if i >= n_out and not torch.equal(originals[j], w):
+                raise _Wrong(f"{name}: eager updates it in place, tkx leaves it", f"{name}: update lost")
+            continue
+        errors[f"{stage} {name}"] = compare(name, g, w, x, dtype, z if z.is_floating_point() else None)
+
+
+def _refusal(e: Exception, filename: str | None) -> tuple[str, str]:
+    """``refused`` for an OptionsError or an UnsupportedError naming a line of ``filename`` (the
+    step's source), else ``unnamed-refusal``; with the message."""
+    import tkx
+    if isinstance(e, tkx.OptionsError):
+        return "refused", f"OptionsError: {e}"
+    op = getattr(e, "op", None) or "-"
+    source = getattr(e, "source", None)
+    named = source is not None and filename is not None and os.path.realpath(str(source.file)) == \
+        os.path.realpath(filename)
+    status = "refused" if named else "unnamed-refusal"
+    return status, f"{e.kind}: {op}: {e.what}"
+
+
+def _where(e: BaseException) -> str:
+    tb = traceback.extract_tb(e.__traceback__)
+    return next((f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno}" for f in reversed(tb) if "/tkx/" in f.filename), "")
+
+
+def _key(text: str) -> str:
+    import re
+    return re.sub(r"\d+(\.\d+)?(e-?\d+)?", "N", text)[:160]
+
+
+def _alarm(_signum: int, _frame: Any) -> None:
+    raise _Hang()
+
+
+def check(case: fam.Case, *, nvrtc: bool = True, timeout_s: float = 0.0,
+          namespace: dict[str, Any] | None = None) -> Outcome:
+    """Run ``case`` through eager (float32, float64), tkx's two interpreters and NVRTC (``nvrtc``), within
+    ``timeout_s`` seconds (0: no limit; SIGALRM, main thread only). Never raises. ``namespace``: the
+    module of the case's source already executed (a reproduction passes its own globals)."""
+    start = time.perf_counter()
+    state = {"stage": "build"}
+    errors: dict[str, float] = {}
+
+    def done(status: str, detail: str = "", key: str = "") -> Outcome:
+        return Outcome(case, status, state["stage"], detail, key or _key(detail), time.perf_counter() - start, errors)
+
+    old = None
+    if timeout_s:
+        old = signal.signal(signal.SIGALRM, _alarm)
+        signal.setitimer(signal.ITIMER_REAL, timeout_s)
+    try:
+        ns = namespace if namespace is not None else load(case)
+        state["file"] = ns.get("__file__")
+        if case.family in fam.STATEFUL:
+            _check_stateful(case, ns, state, errors, nvrtc)
+        else:
+            _check_functional(case, ns, state, errors, nvrtc)
+        state["stage"] = ""
+        return done("ok")
+    except _Verdict as v:
+        return done(v.status, v.detail)
+    except _Wrong as w:
+        return done("wrong", w.detail, w.key)
+    except _Hang:
+        return done("hang", f"still running after {timeout_s:g} s")
+    except Exception as e:  # noqa: BLE001 - every other exception is a finding
+        import tkx
+        if isinstance(e, (tkx.UnsupportedError, tkx.OptionsError)):
+            status, detail = _refusal(e, state.get("file"))
+            return done(status, detail, _key(detail))
+        text = str(e).splitlines()[0] if str(e) else ""
+        return done("crash", f"{type(e).__name__}: {text[:200]} ({_where(e)})", f"{type(e).__name__} at {_where(e)}")
+    finally:
+        if timeout_s:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+
+
+class _Verdict(Exception):
+    def __init__(self, status: str, detail: str) -> None:
+        super().__init__(detail)
+        self.status, self.detail = status, detail
+
+
+def _eager_pair(run: Any) -> tuple[Any, Any]:
+    """``run(False)`` (float32) and ``run(True)`` (float64)."""
+    try:
+        return run(False), run(True)
+    except Exception as e:  # noqa: BLE001 - eager raised: an illegal program, not a finding
+        text = str(e).splitlines()[0][:160] if str(e) else ""
+        raise _Verdict("invalid", f"eager raised {type(e).__name__}: {text}") from e
+
+
+def _check_functional(case: fam.Case, ns: dict, state: dict, errors: dict, nvrtc: bool) -> None:
+    import tkx
+    from tkx.schedule import interpreter
+
+    step, inputs = ns["step"], ns["make_inputs"](case.seed)
+    state["stage"] = "eager"
+    want, exact = _eager_pair(lambda double: _eager(step, _double(inputs) if double else _clone(inputs)))
+    originals = tree_flatten(inputs)[0]
+    dtype = fam.compute_dtype(case)
+    noisy = _eager(step, _perturbed(inputs, NOISE[dtype], case.seed))
+    state["stage"] = "capture"
+    options = tkx.Options.make(**dict(case.options))
+    exp = tkx.explore(step, inputs, options=options)
+    n_out = len(exp.program.outputs)
+    n_in = len(exp.program.inputs)
+    runs = (("reference", lambda: tkx.reference.run(exp.optimized, inputs)),
+            ("schedule", lambda: interpreter.run(exp.schedule, exp.arena, inputs)))
+    for stage, make in runs:
+        state["stage"] = stage
+        r = make()
+        got = list(r.outputs) + [r.updates.get(i) for i in range(n_in)]
+        _compare_all(stage, got, want, exact, noisy, originals, n_out, dtype, errors)
+    _nvrtc_check(exp, state, nvrtc)
+
+
+def _module_values(model: Any, opt: Any) -> list[torch.Tensor]:
+    """Parameters, buffers and optimizer state (in a fixed order) of a ``(model, optimizer)`` pair."""
+    out = [t for _, t in sorted(model.state_dict().items())]
+    for group in opt.param_groups:
+        for p in group["params"]:
+            out += [v for _, v in sorted(opt.state.get(p, {}).items()) if isinstance(v, torch.Tensor)]
+    return out
+
+
+def _check_stateful(case: fam.Case, ns: dict, state: dict, errors: dict, nvrtc: bool) -> None:
+    import tkx
+
+    step, (model, opt), inputs = ns["make"](case.seed)
+    state["stage"] = "eager"
+
+    def eager(double: bool) -> list[torch.Tensor]:
+        s, (m, o), x = ns["make"](case.seed)
+        if double:
+            m.double()
+            x = _double(x)
+        loss = s(*x)
+        return [loss] + _module_values(m, o)
+    want, exact = _eager_pair(eager)
+    state["stage"] = "capture"
+    exp = tkx.explore(step, inputs, options=tkx.Options.make(**dict(case.options)), state=(model, opt))
+    state["stage"] = "run"
+    loss = exp.run(*copy.deepcopy(inputs))
+    got = [loss] + _module_values(model, opt)
+    if len(got) != len(want):
+        raise _Wrong(f"{len(got)} state tensors after the step, eager {len(want)}", "state count")
+    for i, (g, w, x) in enumerate(zip(got, want, exact)):
+        errors[f"run value {i}"] = compare(f"value {i}", g, w, x, fam.compute_dtype(case))
+    _nvrtc_check(exp, state, nvrtc)
+
+
+def _nvrtc_check(exp: Any, state: dict, nvrtc: bool) -> None:
+    """Generate the kernel and (``nvrtc``) compile it for the options' arch (sm_90 for ``auto``)."""
+    state["stage"] = "codegen"
+    source = exp.cuda
+    if nvrtc:
+        state["stage"] = "nvrtc"
+        arch = exp.options.arch
+        source.check(arch if arch != "auto" else "sm_90")
+
+
+# -- shrinking and reproductions --------------------------------------------------------------------------
+
+def simpler(case: fam.Case, target: Any) -> list[fam.Case]:
+    """Simpler versions of ``case`` in one respect, ``target``: ``"options"`` (none at all), ``("option",
+    name)`` (that option left out) or a knob's name (its first listed value, then the one before it)."""
+    if target == "options":
+        return [fam.Case(case.family, case.seed, case.knobs, ())] if case.options else []
+    if isinstance(target, tuple):
+        rest = tuple(o for o in case.options if o[0] != target[1])
+        return [fam.Case(case.family, case.seed, case.knobs, rest)] if rest != case.options else []
+    values, value = fam.knob_space(case.family).get(target, ()), case.k.get(target)
+    if value not in values:
+        return []
+    i = values.index(value)
+    return [case.replace_knob(target, values[j]) for j in sorted({0, i - 1}) if 0 <= j < i]
+
+
+def shrink(outcome: Outcome, *, nvrtc: bool = True, budget_s: float = 60.0, timeout_s: float = 0.0) -> Outcome:
+    """A simpler case failing the same way (same status, stage and key), within ``budget_s``: sweeps over
+    the options and the knobs, keeping each simplification that still fails, until a sweep changes nothing."""
+    best = outcome
+    deadline = time.perf_counter() + budget_s
+    improved = True
+    while improved:
+        improved = False
+        targets = ["options", *(("option", name) for name, _ in best.case.options), *best.case.k]
+        for target in targets:
+            for cand in simpler(best.case, target):
+                if time.perf_counter() > deadline:
+                    return best
+                o = check(cand, nvrtc=nvrtc and best.stage == "nvrtc", timeout_s=timeout_s)
+                if (o.status, o.stage, o.key) == (best.status, best.stage, best.key):
+                    best, improved = o, True
+                    break
+    return best
+
+
+def reproduction(o: Outcome) -> str:
+    """A runnable script reproducing ``o`` (run from the repository root: ``python REPRO.py``)."""
+    c = o.case
+    return "\n".join([
+        f"# tkx fuzzer: {o.status} at {o.stage or 'end'}: {o.detail}",
+        f"# case: {c!r}",
+        "# run from the repository root: PYTHONPATH=. python THIS_FILE",
+        fam.source_of(c).rstrip(),
+        "",
+        "",
+        "if __name__ == '__main__':",
+        "    import sys",
+        "    sys.path.insert(0, 'tests')",
+        "    import fuzz_families, fuzz_oracle",
+        f"    case = fuzz_families.{c!r}",
+        "    print(fuzz_oracle.check(case, namespace=globals()).line())",
+        "",
+    ])

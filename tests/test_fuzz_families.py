@@ -1,0 +1,195 @@
+"""The family fuzzer in CI (tests/fuzz_families.py, tests/fuzz_oracle.py): a few fixed seeds per family -
+attention, norms, convolution and pooling, indexing, views, random ops, the MLP generator and nn.Module +
+torch.optim steps passed as state= (where tkx.explore takes it) - through the interpreters and NVRTC against
+eager with float64 arbitration; then checks that the oracle itself can fail (an injected 0.1% error,
+a NaN, an update left out are caught and shrunk) and does not cry wolf (Adam on a zero gradient).
+The long run is ``scripts/fuzz-campaign``; a bigger matrix is marked slow."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import fuzz_families as fam  # noqa: E402
+import fuzz_oracle as oracle  # noqa: E402
+
+#: Seeds per family checked on every run.
+SEEDS = (11, 12)
+
+
+def _nvrtc() -> bool:
+    from tkx.codegen.nvrtc import nvrtc_available
+    return bool(nvrtc_available())
+
+
+def _run(cases: list[fam.Case], nvrtc: bool) -> list[oracle.Outcome]:
+    outcomes = [oracle.check(c, nvrtc=nvrtc, timeout_s=300) for c in cases]
+    failures = [o for o in outcomes if o.failed]
+    if failures:
+        small = oracle.shrink(failures[0], nvrtc=nvrtc, budget_s=30)
+        pytest.fail("\n".join(o.line() for o in failures) + "\nshrunk to:\n" + oracle.reproduction(small))
+    return outcomes
+
+
+@pytest.mark.parametrize("family", [f for f in fam.FAMILIES if f not in fam.STATEFUL])
+def test_family_against_eager(family):
+    outcomes = _run([fam.random_case(s, family) for s in SEEDS], _nvrtc())
+    print("\n".join(o.line() for o in outcomes))
+    assert any(o.status == "ok" for o in outcomes), [o.line() for o in outcomes]
+
+
+@pytest.mark.skipif(not fam.state_available(), reason="tkx.explore takes no state= yet")
+def test_module_and_optimizer_against_eager():
+    outcomes = _run([fam.random_case(s, "module") for s in SEEDS], _nvrtc())
+    assert any(o.status == "ok" for o in outcomes), [o.line() for o in outcomes]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", fam.families_available())
+def test_family_campaign(family):
+    """Twenty-five programs per family (minutes on two cores)."""
+    outcomes = _run([fam.random_case(s, family) for s in range(100, 125)], _nvrtc())
+    assert sum(o.status == "ok" for o in outcomes) >= 5, [o.line() for o in outcomes if o.status != "ok"]
+
+
+def _masked_row_case() -> fam.Case:
+    base = fam.random_case(3, "sdpa", options=False)
+    knobs = dict(base.k, batch=2, kv_heads=1, group=2, q_len=3, k_len="same", head_dim=4, embed=4,
+                 mask="key_padding", empty_rows=True, dropout=0.0, amp="none", optimizer="sgd", clip="none",
+                 maximize=False, weight_decay=0.0, update="functional", scale=None)
+    return fam.Case("sdpa", 3, tuple(sorted(knobs.items())))
+
+
+def test_fully_masked_attention_row():
+    """A query row that sees no key (one sequence all padding) gives zeros as torch 2.13 does (tkx gave NaN;
+    the fuzzer's first finding)."""
+    o = oracle.check(_masked_row_case(), nvrtc=False)
+    assert o.status == "ok", o.line()
+
+
+def test_oracle_reports_nan_where_eager_is_finite(monkeypatch):
+    import tkx.reference as R
+    real = R.evaluate
+
+    def nan_tanh(op, args, device):
+        out = real(op, args, device)
+        return torch.full_like(out, float("nan")) if op.kind == "tanh" else out
+    monkeypatch.setattr(R, "evaluate", nan_tanh)
+    case = fam.Case("views", 5, tuple(sorted(dict(fam.random_case(5, "views", options=False).k,
+                                                      pattern="slices", amp="none").items())))
+    o = oracle.check(case, nvrtc=False)
+    assert (o.status, o.stage) == ("wrong", "reference") and "NaN/inf where eager is finite" in o.detail, o.line()
+
+
+def test_injected_error_of_a_tenth_of_a_percent_is_caught_and_shrunk(capsys):
+    """A pass that perturbs one constant of the program by 0.1% is caught, shrunk, and its reproduction
+    runs and reports it."""
+    import tkx
+    from tkx.passes.registry import unregister_pass
+
+    @tkx.register_pass("perturbed_constant", default=True, replace=True)
+    def perturbed_constant(program):
+        ops = list(program.ops)
+        live = {o.value.buffer for o in (*program.outputs, *program.updates)}
+        for op in reversed(ops):
+            if op.id in live:
+                live |= {x.buffer for x in op.inputs if hasattr(x, "buffer")}
+        for i, op in enumerate(ops):
+            k = next((j for j, a in enumerate(op.inputs) if type(a) is float and abs(a) not in (0.0, 1.0)
+                      and abs(a) < 1e30), None)
+            if k is not None and op.id in live:  # the first constant of an op an output depends on
+                ops[i] = op.replace(inputs=op.inputs[:k] + (op.inputs[k] * 1.001,) + op.inputs[k + 1:])
+                break
+        return program.replace(ops=tuple(ops))
+
+    try:
+        simplest = {name: values[0] for name, values in fam.knob_space("attention").items()}
+        case = fam.Case("attention", 8, tuple(sorted(dict(simplest, heads=2, length=5, head_dim=4, mask="causal_inf",
+                                                          optimizer="momentum").items())),
+                        options=(("fuse_rows", False), ("tile_m", 32)))
+        o = oracle.check(case, nvrtc=False)
+        assert (o.status, o.stage) == ("wrong", "reference"), o.line()
+        small = oracle.shrink(o, nvrtc=False, budget_s=120)
+        assert small.status == "wrong" and small.case.options == () and small.case.k["length"] < 5, small.case
+        exec(compile(oracle.reproduction(small), "<reproduction>", "exec"), {"__name__": "__main__"})
+        assert "wrong" in capsys.readouterr().out
+    finally:
+        unregister_pass("perturbed_constant")
+
+
+def test_update_left_out_is_wrong(monkeypatch):
+    """An input eager updates in place that tkx leaves alone is a wrong answer."""
+    import tkx.reference as R
+    real = R.run
+
+    def forgetful(program, inputs, **kw):
+        out = real(program, inputs, **kw)
+        out.updates.pop(min(out.updates), None)
+        return out
+    monkeypatch.setattr(R, "run", forgetful)
+    case = fam.Case("views", 2, tuple(sorted(dict(fam.random_case(2, "views", options=False).k, pattern="slices",
+                                                      update="inplace", amp="none").items())))
+    o = oracle.check(case, nvrtc=False)
+    assert o.status == "wrong" and "update lost" in o.key, o.line()
+
+
+def test_adam_on_a_zero_gradient_is_no_false_alarm():
+    """Exact gradient 0: Adam turns rounding noise into lr-sized steps, in eager and tkx alike."""
+    exact = torch.zeros(8, dtype=torch.float64)
+    eager = torch.tensor([1e-2, -1e-2, 1e-2, 0, 0, -1e-2, 1e-2, 0])
+    tkx_value = torch.tensor([-1e-2, 1e-2, 0, 1e-2, 0, -1e-2, 0, 1e-2])
+    assert oracle.compare("p", tkx_value, eager, exact, "float32") == pytest.approx(5 ** 0.5 * 1e-2, rel=1e-6)
+    with pytest.raises(oracle._Wrong, match="from float64"):  # ten times further than eager: wrong
+        oracle.compare("p", tkx_value * 10, eager, exact, "float32")
+    with pytest.raises(oracle._Wrong, match="finite where eager is NaN"):
+        oracle.compare("p", tkx_value, eager.log(), exact, "float32")
+
+
+def test_refusal_without_the_steps_line_is_counted_apart():
+    import tkx
+    from tkx.errors import SourceLine
+    named = tkx.UnsupportedError("unsupported-op", "x", op="aten.foo", source=SourceLine("/a/step.py", 3, "y"))
+    elsewhere = tkx.UnsupportedError("unsupported-op", "x", op="aten.foo", source=SourceLine("/a/tkx/b.py", 3, "y"))
+    assert oracle._refusal(named, "/a/step.py")[0] == "refused"
+    assert oracle._refusal(elsewhere, "/a/step.py")[0] == "unnamed-refusal"
+    assert oracle._refusal(tkx.UnsupportedError("k", "x"), "/a/step.py")[0] == "unnamed-refusal"
+
+
+def test_time_limit_gives_a_hang():
+    o = oracle.check(fam.random_case(4, "norm", options=False), nvrtc=False, timeout_s=0.001)
+    assert o.status == "hang", o.line()
+
+
+def test_generator_draws_every_family_and_knob_value():
+    for family in fam.FAMILIES:
+        cases = [fam.random_case(s, family, options=False) for s in range(150)]
+        for c in cases[:10]:
+            compile(fam.source_of(c), c.label(), "exec")
+        if family == "mlp":
+            continue
+        for name, values in fam.knob_space(family).items():
+            assert {c.k[name] for c in cases} == set(values), (family, name)
+    options = {k for s in range(60) for k, _ in fam.random_options(__import__("random").Random(s))}
+    assert {"tile_m", "mode", "fuse_attention", "split_k", "sync", "threads_per_block"} <= options
+
+
+def test_campaign_script_writes_results_and_resumes(tmp_path, capsys):
+    from script_module import load_script
+    campaign = load_script("fuzz-campaign")
+    with pytest.raises(SystemExit):
+        campaign.main(["--help"])
+    assert "--seconds" in capsys.readouterr().out
+    argv = ["--out", str(tmp_path), "--count", "2", "--families", "views,index", "--no-nvrtc", "--quiet"]
+    assert campaign.main(argv) == 0
+    import json
+    first = json.loads((tmp_path / "results.json").read_text())
+    assert first["programs"] == 2 and sum(first["counts"].values()) == 2 and first["next_seed"] == 1002
+    assert set(first["per_family"]) == {"views", "index"} and first["torch"] == torch.__version__
+    assert campaign.main(argv + ["--resume"]) == 0
+    second = json.loads((tmp_path / "results.json").read_text())
+    assert second["programs"] == 4 and second["next_seed"] == 1004
