@@ -143,8 +143,8 @@ def _rule_fingerprint() -> tuple:
 STAGES: tuple[Stage, ...] = (
     Stage("captured", "Captured graph", "graph", "CapturedGraph", (), _capture,
           about="The training step traced by torch.fx on fake tensors (no data, no GPU): forward, backward "
-                "(from torch.func) and the optimizer update as one flat graph of aten ops, each knowing the "
-                "line of your Python it came from."),
+                "(autograd: loss.backward() or torch.func) and the optimizer update as one flat graph of aten "
+                "ops, each knowing the line of your Python it came from."),
     Stage("program", "IR", "IR", "Program", ("captured",), _program,
           about="The graph lowered to tkx's own IR: every value is a TensorSpec (shape, dtype, strides, "
                 "buffer), views are metadata only, and the ops are pointwise maps, reductions, matmuls, "
