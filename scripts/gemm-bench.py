@@ -6,7 +6,7 @@ Per GEMM of each example's training step (shapes, dtypes and operand memory orde
 schedule): tkx's GEMM alone (a one-GEMM step built by ``tkx.runtime.build``, replayed from a CUDA
 graph) vs ``torch.mm`` (cuBLAS) in a CUDA graph, in µs per call (median of 9 samples), with TFLOP/s
 and each one's speed-of-light ratio = max(FLOPs / 790 TFLOP/s, bytes / 4.8 TB/s) / time. Then the
-whole step (megakernel) the same way. ``--cluster`` sets ``tkx.target.GEMM_CLUSTER`` (2-CTA clusters
+whole step (megakernel) the same way. ``--cluster`` sets ``Options.gemm_cluster`` (2-CTA clusters
 with TMA multicast); ``both`` measures every GEMM and step with it off and on in the same process.
 Needs a CUDA GPU; prints a table and writes JSON.
 """
@@ -97,7 +97,7 @@ def main() -> int:
     ap.add_argument("--no-steps", action="store_true")
     ap.add_argument("--no-gemms", action="store_true", help="only the whole steps")
     ap.add_argument("--cluster", default="off", choices=("off", "on", "both"),
-                    help="tkx.target.GEMM_CLUSTER: 2-CTA clusters with TMA multicast of B (both: off, then on)")
+                    help="Options.gemm_cluster: 2-CTA clusters with TMA multicast of B (both: off, then on)")
     args = ap.parse_args()
     settings = {"off": (False,), "on": (True,), "both": (False, True)}[args.cluster]
     dev = torch.device("cuda")
@@ -121,8 +121,7 @@ def main() -> int:
                 continue
             seen.add(key)
             for on in settings:
-                tkx.target.GEMM_CLUSTER = on
-                row = bench_gemm(p, options, dev)
+                row = bench_gemm(p, options.replace(gemm_cluster="on" if on else "off"), dev)
                 row["group"] = gr.id
                 row["cluster"] = on
                 entry["gemms"].append(row)
@@ -132,14 +131,13 @@ def main() -> int:
                       f"SOL {row['tkx_sol_ratio']:.2f})  torch.mm {row['torch_mm_us']:7.2f} us "
                       f"({row['torch_tflops']:6.1f} TF/s, SOL {row['torch_sol_ratio']:.2f})  "
                       f"err {row['max_rel_error']:.1e} {','.join(row['copies'])} {row['clusters']}", flush=True)
-            tkx.target.GEMM_CLUSTER = settings[0]
         for on in settings:
             rows = [r for r in entry["gemms"] if r["cluster"] == on]
             entry[f"gemm_sum_tkx_us{'_cluster' if on else ''}"] = sum(r["tkx_us"] for r in rows)
             entry[f"gemm_sum_torch_us{'_cluster' if on else ''}"] = sum(r["torch_mm_us"] for r in rows)
         for on in settings if not args.no_steps else ():
-            tkx.target.GEMM_CLUSTER = on
-            runner = tkx.runtime.build(ex.step_fn, inputs, options, name=name, loss=ex.loss_output)
+            runner = tkx.runtime.build(ex.step_fn, inputs, options.replace(gemm_cluster="on" if on else "off"),
+                                       name=name, loss=ex.loss_output)
             v = runner.verify(seeds=(0,), make_inputs=ex.make_inputs)
             graph = runner.capture_graph(*inputs, warmup=3)
             t_step = median_us([graph.graph.replay], dev)
@@ -151,7 +149,6 @@ def main() -> int:
                           f"grid{suffix}": runner.resources.grid})
             print(f"{name:<7} step cl={'on ' if on else 'off'}: {t_step:.1f} us/step, speed-of-light {sol:.1f} us "
                   f"(ratio {sol / t_step:.2f}), verified {v.passed}, {runner.resources.summary()}", flush=True)
-        tkx.target.GEMM_CLUSTER = settings[0]
         if entry["gemms"]:
             for on in settings:
                 sfx = "_cluster" if on else ""

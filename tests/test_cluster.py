@@ -1,4 +1,4 @@
-"""2-CTA thread-block clusters with TMA multicast for the wgmma GEMMs (``tkx.target.GEMM_CLUSTER``),
+"""2-CTA thread-block clusters with TMA multicast for the wgmma GEMMs (``Options.gemm_cluster``),
 checked without a GPU: off by default (no cluster text, no cluster launch), the plan's choice and why,
 the emitted pipeline (multicast copies of B halves, remote ``mapa`` arrivals on the empty mbarriers,
 cluster barriers), the stage loop that keeps each pair in one cluster, the launch contract, and NVRTC
@@ -12,7 +12,6 @@ import re
 import pytest
 
 import tkx
-import tkx.target as T
 from tkx.codegen.nvrtc import nvrtc_available
 from tkx.examples import get
 from tkx.options import Options
@@ -22,13 +21,13 @@ CLUSTER_TEXT = ("multicast::cluster", "mapa.shared::cluster", "barrier.cluster.a
                 "shared::cluster.b64 _, [%0];")
 
 
-def _cuda(name: str, monkeypatch=None, *, on: bool = False, min_k: int | None = None, **opts):
-    if monkeypatch is not None:
-        monkeypatch.setattr(T, "GEMM_CLUSTER", on)
-        if min_k is not None:
-            monkeypatch.setattr(T, "CLUSTER_MIN_K_STEPS", min_k)
+def _cuda(name: str, *, on: bool = False, any_depth: bool = False, **opts):
+    """The CUDA source of example ``name`` for sm_90a: ``on`` pairs GEMMs at least
+    :data:`tkx.target.CLUSTER_MIN_K_STEPS` k-tiles deep, with ``any_depth`` every GEMM that can pair."""
+    cluster = ("all" if any_depth else "on") if on else "off"
     ex = get(name)
-    return tkx.explore(ex.step_fn, ex.make_inputs(0, "cpu"), options=Options(arch="sm_90a", **opts),
+    return tkx.explore(ex.step_fn, ex.make_inputs(0, "cpu"),
+                       options=Options(arch="sm_90a", gemm_cluster=cluster, **opts),
                        loss=ex.loss_output).cuda
 
 
@@ -38,15 +37,11 @@ def _paired(src) -> list[str]:
 
 @pytest.fixture(scope="module")
 def medium_on():
-    mp = pytest.MonkeyPatch()
-    try:
-        yield _cuda("medium", mp, on=True)
-    finally:
-        mp.undo()
+    return _cuda("medium", on=True)
 
 
 def test_off_by_default_no_cluster_text_or_launch():
-    assert T.GEMM_CLUSTER is False
+    assert Options().gemm_cluster == "off"
     src = _cuda("medium")
     assert src.launch.config.cluster == 1
     for frag in CLUSTER_TEXT:
@@ -90,26 +85,22 @@ def test_cluster_pipeline_text(medium_on):
     assert any(m.box == (64, 64) for m in medium_on.launch.tensor_maps)
 
 
-def test_handshake_scope_and_the_no_multicast_ablation(monkeypatch):
-    from tkx.codegen import gemm as G
-
-    assert G.WGMMA_CLUSTER_SCOPE == "cluster"  # the handshake verified on the H200 (session 5)
-    src = _cuda("medium", monkeypatch, on=True)
+def test_handshake_scope_and_the_no_multicast_ablation():
+    assert Options().cluster_scope == "cluster"  # the handshake verified on the H200
+    src = _cuda("medium", on=True)
     assert src.text.count("mbarrier.arrive.release.cluster.shared::cluster.b64") == 3
     assert src.text.count("mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64") == 3
-    monkeypatch.setattr(G, "WGMMA_CLUSTER_SCOPE", "cta")
-    src = _cuda("medium", monkeypatch, on=True)
+    src = _cuda("medium", on=True, cluster_scope="cta")
     assert "mbarrier.arrive.release.cluster" not in src.text and "try_wait.parity.acquire.cluster" not in src.text
     assert src.text.count('"mbarrier.arrive.shared::cluster.b64 _, [%0];') == 3
-    monkeypatch.setattr(G, "WGMMA_CLUSTER_MULTICAST", False)
-    src = _cuda("medium", monkeypatch, on=True)
+    src = _cuda("medium", on=True, cluster_scope="cta", cluster_multicast=False)
     assert "tma_mc(stage" not in src.text and _paired(src) == ["g0", "g1k", "g5"]
     assert "tkx_tma2d(stage + 16384, tma_b, col0 + 64, k0, bar);" in src.text  # g0: both N-major B boxes itself
     assert "tkx_tma2d(stage + 16384, tma_b, k0, col0 + 64, bar);" in src.text  # g5: both K-major halves
 
 
-def test_paired_groups_start_their_stage_loop_on_an_even_item(monkeypatch):
-    src = _cuda("medium", monkeypatch, on=True, min_k=1)
+def test_paired_groups_start_their_stage_loop_on_an_even_item():
+    src = _cuda("medium", on=True, any_depth=True)
     paired = set(_paired(src))
     assert paired == {"g0", "g1k", "g4", "g5", "g7"}
     seen = set()
@@ -129,17 +120,17 @@ def test_cluster_pairs_reasons():
     assert cluster_pairs(p, 64, 64, 1, True) is None  # K-major: 32-row halves
 
 
-def test_small_has_no_pairs_by_default_and_pairs_its_deep_tiles_when_asked(monkeypatch):
-    src = _cuda("small", monkeypatch, on=True)
+def test_small_has_no_pairs_by_default_and_pairs_its_deep_tiles_when_asked():
+    src = _cuda("small", on=True)
     assert _paired(src) == [] and src.launch.config.cluster == 1  # one row block (M = 64) or K = 64
-    src = _cuda("small", monkeypatch, on=True, min_k=1)
+    src = _cuda("small", on=True, any_depth=True)
     assert _paired(src) == ["g4", "g7"] and src.launch.config.cluster == 2
 
 
-def test_cp_async_and_block_mode_stay_unpaired(monkeypatch):
-    src = _cuda("medium", monkeypatch, on=True, gemm_copy="cp.async")
+def test_cp_async_and_block_mode_stay_unpaired():
+    src = _cuda("medium", on=True, gemm_copy="cp.async")
     assert _paired(src) == [] and src.launch.config.cluster == 1 and "multicast" not in src.text
-    src = _cuda("small", monkeypatch, on=True, min_k=1, mode="block")
+    src = _cuda("small", on=True, any_depth=True, mode="block")
     assert src.launch.config.mode == "block" and src.launch.config.cluster == 1 and _paired(src) == []
 
 
@@ -154,23 +145,21 @@ def test_bad_cluster_size_is_refused():
 
 
 @pytest.mark.skipif(not nvrtc_available(), reason="needs NVRTC")
-@pytest.mark.parametrize("name,min_k", [("medium", None), ("medium", 1), ("small", 1)])
-def test_cluster_kernels_compile_for_sm90a_without_spills(monkeypatch, name, min_k):
+@pytest.mark.parametrize("name,any_depth", [("medium", False), ("medium", True), ("small", True)])
+def test_cluster_kernels_compile_for_sm90a_without_spills(name, any_depth):
     from tkx.runtime import compile_cubin
 
-    src = _cuda(name, monkeypatch, on=True, min_k=min_k)
+    src = _cuda(name, on=True, any_depth=any_depth)
     assert _paired(src)
     report = compile_cubin(src, "sm_90a").report
     assert report.spill_bytes == 0 and report.registers <= 255, report
 
 
 @pytest.mark.skipif(not nvrtc_available(), reason="needs NVRTC")
-def test_cta_scope_handshake_compiles_for_sm90a_without_spills(monkeypatch):
-    from tkx.codegen import gemm as G
+def test_cta_scope_handshake_compiles_for_sm90a_without_spills():
     from tkx.runtime import compile_cubin
 
-    monkeypatch.setattr(G, "WGMMA_CLUSTER_SCOPE", "cta")
-    src = _cuda("medium", monkeypatch, on=True)
+    src = _cuda("medium", on=True, cluster_scope="cta")
     assert "try_wait.parity.acquire.cluster" not in src.text and _paired(src)
     report = compile_cubin(src, "sm_90a").report
     assert report.spill_bytes == 0, report

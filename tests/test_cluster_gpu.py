@@ -1,4 +1,4 @@
-"""2-CTA thread-block clusters with TMA multicast (``tkx.target.GEMM_CLUSTER``) on a Hopper GPU: the
+"""2-CTA thread-block clusters with TMA multicast (``Options.gemm_cluster``) on a Hopper GPU: the
 examples verified with the switch on, the launch in whole clusters no larger than the co-resident
 maximum, and many CUDA-graph replays (no grid-barrier timeout, still correct afterwards).
 
@@ -17,32 +17,26 @@ from torch.utils._pytree import tree_flatten, tree_map  # noqa: E402
 
 import tkx  # noqa: E402
 import tkx.runtime  # noqa: E402
-import tkx.target as T  # noqa: E402
-from tkx.codegen import gemm as G  # noqa: E402
 from tkx.examples import get  # noqa: E402
 from tkx.options import Options  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 DEV = torch.device("cuda")
-#: (example, CLUSTER_MIN_K_STEPS): the default pairs medium's 256-row GEMMs; 1 pairs every GEMM whose
-#: items pair up (small's and medium's K = 64 / 256 weight gradients too: one k-tile, no refill).
-CASES = [("medium", T.CLUSTER_MIN_K_STEPS), ("medium", 1), ("small", 1)]
-#: The stage handshake's memory semantics (:data:`tkx.codegen.gemm.WGMMA_CLUSTER_SCOPE`): both are verified.
+#: (example, Options.gemm_cluster): "on" pairs medium's 256-row GEMMs (K deep enough); "all" pairs every GEMM
+#: whose items pair up (small's and medium's K = 64 / 256 weight gradients too: one k-tile, no refill).
+CASES = [("medium", "on"), ("medium", "all"), ("small", "all")]
+#: The stage handshake's memory semantics (``Options.cluster_scope``): both are verified.
 SCOPES = ("cluster", "cta")
 _RUNNERS: dict = {}
 
 
-def _runner(name: str, min_k: int, scope: str):
-    key = (name, min_k, scope)
+def _runner(name: str, cluster: str, scope: str):
+    key = (name, cluster, scope)
     if key not in _RUNNERS:
         ex = get(name)
-        saved = T.GEMM_CLUSTER, T.CLUSTER_MIN_K_STEPS, G.WGMMA_CLUSTER_SCOPE
-        T.GEMM_CLUSTER, T.CLUSTER_MIN_K_STEPS, G.WGMMA_CLUSTER_SCOPE = True, min_k, scope
-        try:
-            _RUNNERS[key] = tkx.runtime.build(ex.step_fn, ex.make_inputs(0, DEV), Options(), name=name,
-                                              loss=ex.loss_output)
-        finally:
-            T.GEMM_CLUSTER, T.CLUSTER_MIN_K_STEPS, G.WGMMA_CLUSTER_SCOPE = saved
+        _RUNNERS[key] = tkx.runtime.build(ex.step_fn, ex.make_inputs(0, DEV),
+                                          Options(gemm_cluster=cluster, cluster_scope=scope), name=name,
+                                          loss=ex.loss_output)
     return _RUNNERS[key]
 
 
@@ -60,9 +54,9 @@ def _assert_close(got, want, what, program):
 
 
 @pytest.mark.parametrize("scope", SCOPES)
-@pytest.mark.parametrize("name,min_k", CASES)
-def test_cluster_launch_verifies(name, min_k, scope):
-    runner = _runner(name, min_k, scope)
+@pytest.mark.parametrize("name,cluster", CASES)
+def test_cluster_launch_verifies(name, cluster, scope):
+    runner = _runner(name, cluster, scope)
     paired = _paired(runner)
     assert paired, f"{name}: no GEMM paired its items"
     res = runner.resources
@@ -75,10 +69,10 @@ def test_cluster_launch_verifies(name, min_k, scope):
 
 
 @pytest.mark.parametrize("scope", SCOPES)
-@pytest.mark.parametrize("name,min_k", CASES)
-def test_cluster_graph_replays(name, min_k, scope):
+@pytest.mark.parametrize("name,cluster", CASES)
+def test_cluster_graph_replays(name, cluster, scope):
     """200 replays of the captured step, then one more checked against an eager step from the same state."""
-    runner = _runner(name, min_k, scope)
+    runner = _runner(name, cluster, scope)
     ex = get(name)
     args = ex.make_inputs(2, DEV)
     graph = runner.capture_graph(*args, warmup=3)

@@ -218,11 +218,9 @@ def test_dtype_helpers_compile(arch):
 @needs_nvrtc
 @pytest.mark.parametrize("arch", nv.ARCHES)
 @pytest.mark.parametrize("mode", ["grid", "block", "grid-generation"])
-def test_barrier_kernel_compiles(arch, mode, monkeypatch):
-    if mode == "grid-generation":
-        monkeypatch.setattr(P, "GRID_BARRIER", "generation")
-        mode = "grid"
-    k = T.barrier_kernel(mode)
+def test_barrier_kernel_compiles(arch, mode):
+    choice = "generation" if mode == "grid-generation" else "auto"
+    k = T.barrier_kernel(mode.split("-")[0], grid_barrier=choice)
     r = compile_ok(k.source, arch)
     assert r.stack_bytes == 0
 
@@ -233,24 +231,22 @@ def test_shared_workspace_declaration():
     assert P.shared_workspace(100_000).startswith("extern __shared__")
 
 
-def test_grid_barrier_calls_of_each_kind(monkeypatch):
-    monkeypatch.setattr(P, "GRID_BARRIER", "generation")
+def test_grid_barrier_calls_of_each_kind():
     expected = "if (!tkx_grid_barrier_generation(sync, tkx_gen++, status, 3, spin_limit)) return;"
-    assert P.barrier("grid", 3).startswith(expected)
-    assert "tkx_barrier_init(sync)" in P.barrier_setup("grid")
-    monkeypatch.setattr(P, "GRID_BARRIER", "counter")
+    assert P.barrier("grid", 3, choice="generation").startswith(expected)
+    assert "tkx_barrier_init(sync)" in P.barrier_setup("grid", choice="generation")
     expected = "if (!tkx_grid_barrier(sync, tkx_gen += gridDim.x, status, 3, spin_limit)) return;"
-    assert P.barrier("grid", 3).startswith(expected)
-    assert P.barrier_setup("grid").startswith("unsigned long long tkx_gen = tkx_arrivals_base(sync);")
+    assert P.barrier("grid", 3, choice="counter").startswith(expected)
+    assert P.barrier_setup("grid", choice="counter").startswith("unsigned long long tkx_gen = tkx_arrivals_base(sync);")
     # block mode is the same in both
-    assert P.barrier("block", 2).startswith("if (!tkx_block_barrier(sync, tkx_gen++, status, 2, spin_limit))")
-    monkeypatch.setattr(P, "GRID_BARRIER", "fast")
-    with pytest.raises(ValueError, match="GRID_BARRIER"):
-        P.barrier("grid", 1)
+    for choice in P.GRID_BARRIERS:
+        assert P.barrier("block", 2, choice=choice).startswith(
+            "if (!tkx_block_barrier(sync, tkx_gen++, status, 2, spin_limit))")
+    with pytest.raises(ValueError, match="grid_barrier"):
+        P.barrier("grid", 1, choice="fast")
 
 
-def test_auto_grid_barrier_by_grid_size(monkeypatch):
-    monkeypatch.setattr(P, "GRID_BARRIER", "auto")
+def test_auto_grid_barrier_by_grid_size():
     most = P.COUNTER_BARRIER_MAX_BLOCKS
     assert [P.grid_barrier_kind(b) for b in (None, 1, 132, most, most + 1, 1056)] == \
         ["counter"] * 4 + ["generation"] * 2

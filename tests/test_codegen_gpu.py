@@ -247,9 +247,8 @@ def test_reduction_matches_torch(kind, strategy, rows, size, rows_contiguous, ch
 # --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("kind", P.GRID_BARRIERS)
 @pytest.mark.parametrize("per_sm", [1, None])
-def test_grid_barrier_orders_memory_and_is_reusable(per_sm, kind, capsys, monkeypatch):
-    monkeypatch.setattr(P, "GRID_BARRIER", kind)
-    kern = Kernel(T.barrier_kernel("grid"))
+def test_grid_barrier_orders_memory_and_is_reusable(per_sm, kind, capsys):
+    kern = Kernel(T.barrier_kernel("grid", grid_barrier=kind))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     grid = sms * per_sm if per_sm else kern.max_blocks(256)
     slots = torch.full((2, grid), -1, dtype=torch.int32, device=DEV)
@@ -280,9 +279,8 @@ def test_grid_barrier_orders_memory_and_is_reusable(per_sm, kind, capsys, monkey
 
 
 @pytest.mark.parametrize("kind", P.GRID_BARRIERS)
-def test_grid_barrier_times_out_instead_of_hanging(kind, monkeypatch):
-    monkeypatch.setattr(P, "GRID_BARRIER", kind)
-    kern = Kernel(T.barrier_kernel("grid"))
+def test_grid_barrier_times_out_instead_of_hanging(kind):
+    kern = Kernel(T.barrier_kernel("grid", grid_barrier=kind))
     grid = min(8, kern.max_blocks(256))
     slots = torch.zeros(2, grid, dtype=torch.int32, device=DEV)
     errors = torch.zeros(1, dtype=torch.int32, device=DEV)

@@ -1,4 +1,4 @@
-"""Cheap inlined dequant chains in the generated CUDA (tkx.codegen.intfacts.CHEAP_DEQUANT, issue 16).
+"""Cheap inlined dequant chains in the generated CUDA (``Options.cheap_int_math``, :mod:`tkx.codegen.intfacts`).
 
 The int8 / int4 weight-only GEMVs dequantise in the streaming GEMV's operand load (``q.to(bf16) * scale``,
 int4 ``byte // 16**j % 16 - 8``). Checked here on the CPU: the generated source uses the cheap forms (32-bit
@@ -37,12 +37,6 @@ def _gemv(quant: str, n: int = 512, k: int = 512, group: int = 128):
     return step, [x, qw, s]
 
 
-@pytest.fixture(autouse=True)
-def cheap_dequant_on(monkeypatch):
-    """The cheap forms (off by default until verified on a GPU); a test may switch them off again."""
-    monkeypatch.setattr(intfacts, "CHEAP_DEQUANT", True)
-
-
 def _exact(step, inputs, exp):
     """Both interpreters give eager's bf16 result bit for bit."""
     want = step(*inputs)
@@ -62,8 +56,8 @@ def _chain_functions(text: str) -> str:
 @pytest.mark.parametrize("quant", ["int8", "int4"])
 def test_dequant_chain_uses_32_bit_indices_shifts_and_8_elements_per_lane(quant):
     step, inputs = _gemv(quant)
-    assert intfacts.CHEAP_DEQUANT
     exp = tkx.explore(step, inputs, arch="sm_90a")
+    assert exp.options.cheap_int_math  # the default
     text = exp.cuda.text
     funcs = _chain_functions(text)
     assert funcs and "long long i)" not in funcs and "(TKX_POINTERS, int i)" in funcs
@@ -93,10 +87,9 @@ def test_dequant_chain_uses_32_bit_indices_shifts_and_8_elements_per_lane(quant)
 
 
 @pytest.mark.parametrize("quant", ["int8", "int4"])
-def test_cheap_dequant_switch_restores_the_generic_forms(quant, monkeypatch):
-    monkeypatch.setattr(intfacts, "CHEAP_DEQUANT", False)
+def test_cheap_dequant_switch_restores_the_generic_forms(quant):
     step, inputs = _gemv(quant)
-    exp = tkx.explore(step, inputs, arch="sm_90a")
+    exp = tkx.explore(step, inputs, arch="sm_90a", cheap_int_math=False)
     funcs = _chain_functions(exp.cuda.text)
     assert "(TKX_POINTERS, long long i)" in funcs and "__builtin_assume" not in exp.cuda.text
     assert ("tkx_ifloordiv" in funcs) == (quant == "int4")

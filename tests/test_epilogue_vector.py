@@ -1,4 +1,4 @@
-"""The wgmma tile epilogue in 16-byte vectors (``gemm.WGMMA_EPILOGUE_VECTOR``, :mod:`tkx.codegen.epilogue_vector`):
+"""The wgmma tile epilogue in 16-byte vectors (``Options.epilogue_vector``, :mod:`tkx.codegen.epilogue_vector`):
 the generated text (no GPU needed). tests/test_epilogue_vector_gpu.py runs it."""
 
 from __future__ import annotations
@@ -87,10 +87,9 @@ def test_small_has_vector_sgd_epilogues():
 
 
 @pytest.mark.parametrize("name", ["small", "medium"])
-def test_switch_off_gives_the_scalar_text(name, monkeypatch):
+def test_switch_off_gives_the_scalar_text(name):
     on = _explore(name).cuda.text
-    monkeypatch.setattr(G, "WGMMA_EPILOGUE_VECTOR", False)
-    off = _explore(name)
+    off = _explore(name, epilogue_vector=False)
     assert not any(n.get("epilogue_vector") for n in off.cuda.notes.values())
     text = off.cuda.text
     assert "tkx_vec" not in text and "tkxL0_" not in text and "^ ((((" not in text and text != on

@@ -1,4 +1,4 @@
-"""The vectorized wgmma tile epilogue (``gemm.WGMMA_EPILOGUE_VECTOR``) on an sm_90 GPU: the same bits as the
+"""The vectorized wgmma tile epilogue (``Options.epilogue_vector``) on an sm_90 GPU: the same bits as the
 scalar epilogue, and verified against eager, for small, medium, a step whose weight is a view 2 bytes past a
 16-byte boundary (the runtime alignment test takes the scalar branch) and an fp32 weight + bias step (float4
 runs, tf32 wgmma).
@@ -18,7 +18,6 @@ from test_epilogue_vector import linear_inputs, linear_step  # noqa: E402
 
 import tkx  # noqa: E402
 import tkx.runtime  # noqa: E402
-from tkx.codegen import gemm as G  # noqa: E402
 from tkx.examples import get  # noqa: E402
 from tkx.options import Options  # noqa: E402
 
@@ -43,12 +42,12 @@ def _same_bits(a, b):
 
 
 @pytest.mark.parametrize("name", ["small", "medium", "misaligned", "fp32_bias"])
-def test_vector_epilogue_has_the_scalar_bits_and_verifies(name, monkeypatch):
+def test_vector_epilogue_has_the_scalar_bits_and_verifies(name):
     step, make, options, loss = _case(name)
     results = {}
     for on in (False, True):
-        monkeypatch.setattr(G, "WGMMA_EPILOGUE_VECTOR", on)
-        r = tkx.runtime.build(step, make(0, "cuda"), options, name=f"{name}_vec{int(on)}", loss=loss)
+        r = tkx.runtime.build(step, make(0, "cuda"), options.replace(epilogue_vector=on), name=f"{name}_vec{int(on)}",
+                              loss=loss)
         vec = [g for g, n in r.source.notes.items() if n.get("epilogue_vector")]
         assert bool(vec) == on, r.source.notes
         flat = r.flatten(make(0, "cuda"))

@@ -1,12 +1,12 @@
-"""The fixed per-stage and per-item latency switches (issue 12, session 5).
+"""The per-stage and per-item latency switches.
 
-* the grid barrier (:data:`tkx.codegen.cuda_prelude.GRID_BARRIER`): ``"counter"`` (a monotonic 64-bit
+* the grid barrier (``Options.grid_barrier``, :mod:`tkx.codegen.cuda_prelude`): ``"counter"`` (a monotonic 64-bit
   arrival count, red.release arrivals, acquire polls), ``"generation"`` (the previous one) and
   ``"auto"`` (counter up to :data:`~tkx.codegen.cuda_prelude.COUNTER_BARRIER_MAX_BLOCKS` blocks) in the
   generated kernels; on a GPU: many launches and CUDA-graph replays of ``small`` leave the arrival
   count at exactly launches x barriers x grid and verify, and a block that never arrives is reported
   as a barrier timeout naming the stage, after which the words are clean again;
-* the tensor maps prefetched at kernel entry (:data:`tkx.codegen.gemm.TMA_PREFETCH_AT_ENTRY`).
+* the tensor maps prefetched at kernel entry (``Options.tensormap_prefetch``).
 """
 
 from __future__ import annotations
@@ -38,9 +38,8 @@ def kernel_body(text: str) -> str:
 
 
 @pytest.mark.parametrize("kind", P.GRID_BARRIERS)
-def test_grid_barrier_kind_in_generated_kernel(kind, monkeypatch):
-    monkeypatch.setattr(P, "GRID_BARRIER", kind)
-    text, exp = kernel_text("small")
+def test_grid_barrier_kind_in_generated_kernel(kind):
+    text, exp = kernel_text("small", grid_barrier=kind)
     body = kernel_body(text)
     barriers = exp.schedule.num_barriers
     assert barriers >= 3
@@ -58,12 +57,11 @@ def test_grid_barrier_kind_in_generated_kernel(kind, monkeypatch):
 
 
 @pytest.mark.parametrize("per_sm, kind", [(1, "counter"), (8, "generation")])
-def test_auto_grid_barrier_follows_the_grid(per_sm, kind, monkeypatch):
-    monkeypatch.setattr(P, "GRID_BARRIER", "auto")
+def test_auto_grid_barrier_follows_the_grid(per_sm, kind):
     text, exp = kernel_text("medium", blocks_per_sm=per_sm, mode="grid")
     assert exp.schedule.num_barriers >= 1
     assert (exp.schedule.blocks <= P.COUNTER_BARRIER_MAX_BLOCKS) == (kind == "counter")
-    assert f"// Grid barrier: {kind} (cuda_prelude.GRID_BARRIER = 'auto', grid of at most " in text
+    assert f"// Grid barrier: {kind} (grid_barrier = 'auto', grid of at most " in text
     body = kernel_body(text)
     assert ("tkx_grid_barrier(sync" in body) == (kind == "counter")
     assert ("tkx_grid_barrier_generation(sync, tkx_gen++" in body) == (kind == "generation")
@@ -78,9 +76,8 @@ def test_counters_mode_has_no_grid_barrier_of_either_kind():
 
 
 @pytest.mark.parametrize("on", [True, False])
-def test_tensor_maps_prefetched_at_kernel_entry(on, monkeypatch):
-    monkeypatch.setattr(G, "TMA_PREFETCH_AT_ENTRY", on)
-    text, exp = kernel_text("small")
+def test_tensor_maps_prefetched_at_kernel_entry(on):
+    text, exp = kernel_text("small", tensormap_prefetch=on)
     maps = len(exp.cuda.launch.tensor_maps)
     assert maps >= 2
     body = kernel_body(text)
@@ -96,14 +93,13 @@ def test_tensor_maps_prefetched_at_kernel_entry(on, monkeypatch):
 def test_no_tensor_map_prefetch_without_maps():
     text, exp = kernel_text("small", gemm_copy="cp.async")
     assert not exp.cuda.launch.tensor_maps and "prefetch.tensormap" not in kernel_body(text)
-    assert G.tensormap_prefetch(0) == ""
+    assert G.tensormap_prefetch(0, on=True) == "" and G.tensormap_prefetch(3, on=False) == ""
 
 
 @needs_nvrtc
 @pytest.mark.parametrize("kind", P.GRID_BARRIERS)
-def test_both_barriers_compile_for_sm_90a_without_spills(kind, monkeypatch):
-    monkeypatch.setattr(P, "GRID_BARRIER", kind)
-    _, exp = kernel_text("medium")
+def test_both_barriers_compile_for_sm_90a_without_spills(kind):
+    _, exp = kernel_text("medium", grid_barrier=kind)
     report = exp.cuda.check("sm_90a")
     assert report.spill_bytes == 0
 
@@ -115,11 +111,10 @@ def test_both_barriers_compile_for_sm_90a_without_spills(kind, monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("kind", P.GRID_BARRIERS)
 @pytest.mark.parametrize("name", ["small", "medium"])
-def test_step_barrier_over_many_launches_and_replays(name, kind, monkeypatch):
-    monkeypatch.setattr(P, "GRID_BARRIER", kind)
+def test_step_barrier_over_many_launches_and_replays(name, kind):
     ex = get(name)
     inputs = ex.make_inputs(0, "cuda")
-    runner = tkx.runtime.build(ex.step_fn, inputs, Options(), name=name, loss=ex.loss_output)
+    runner = tkx.runtime.build(ex.step_fn, inputs, Options(grid_barrier=kind), name=name, loss=ex.loss_output)
     assert runner.source.sync == "barrier" and runner.kernel.mode == "grid"
     barriers, grid = runner.source.schedule.num_barriers, runner.kernel.grid
     assert barriers >= 3
@@ -148,11 +143,11 @@ def test_step_barrier_over_many_launches_and_replays(name, kind, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("kind", P.GRID_BARRIERS)
-def test_block_that_never_arrives_reports_the_stage(kind, monkeypatch):
-    monkeypatch.setattr(P, "GRID_BARRIER", kind)
+def test_block_that_never_arrives_reports_the_stage(kind):
     ex = get("small")
-    source = tkx.runtime.lower(ex.step_fn, ex.make_inputs(0), Options(spin_limit=200_000), name="small")
-    setup = P.barrier_setup("grid")
+    source = tkx.runtime.lower(ex.step_fn, ex.make_inputs(0), Options(spin_limit=200_000, grid_barrier=kind),
+                               name="small")
+    setup = P.barrier_setup("grid", choice=kind)
     assert setup in source.text
     text = source.text.replace(setup, setup + "\n    if (blockIdx.x == 1) return;  // test: never arrives", 1)
     runner = tkx.runtime.CompiledRunner(dataclasses.replace(source, text=text))

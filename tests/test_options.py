@@ -12,7 +12,15 @@ from tkx.options import Options, OptionsError
 FIELDS = ["fuse_pointwise", "fuse_epilogues", "fuse_reductions", "fuse_rows", "fuse_attention",
           "tile_m", "tile_n", "tile_k", "threads_per_block", "blocks_per_sm", "max_blocks", "split_k", "gemm_copy",
           "mode", "fp32_math", "arch", "exact",
-          "passes", "rules", "backend", "spin_limit", "sync", "timeline"]
+          "passes", "rules", "backend", "spin_limit", "sync", "timeline",
+          "grid_barrier", "cheap_int_math", "wgmma_min_macs", "wgmma_in_flight", "split_k_final", "split_k_min_steps",
+          "epilogue_vector", "epilogue_prefetch", "tensormap_prefetch", "gemm_cluster", "cluster_scope",
+          "cluster_multicast"]
+#: The fields that select a variant of the generated code (each also checked by tests/test_codegen_identity.py).
+CODEGEN_SWITCHES = {"grid_barrier": "generation", "cheap_int_math": False, "wgmma_min_macs": 0, "wgmma_in_flight": 0,
+                    "split_k_final": "last-slice", "split_k_min_steps": 4, "epilogue_vector": False,
+                    "epilogue_prefetch": True, "tensormap_prefetch": True, "gemm_cluster": "on",
+                    "cluster_scope": "cta", "cluster_multicast": False}
 
 
 def test_defaults_are_valid_and_documented():
@@ -30,10 +38,28 @@ def test_defaults_are_valid_and_documented():
         o.tile_m = 32  # type: ignore[misc]
 
 
+def test_codegen_switches_are_validated_keyed_and_invalidate_the_schedule():
+    from tkx import pipeline
+
+    o = Options()
+    for name, value in CODEGEN_SWITCHES.items():
+        changed = o.replace(**{name: value})
+        assert changed.key() != o.key() and changed.changed() == {name: value}, name
+        assert pipeline.first_stage_of(name) == "schedule", name
+    for name, bad in (("grid_barrier", "fast"), ("cheap_int_math", 1), ("wgmma_min_macs", -1),
+                      ("wgmma_in_flight", 2), ("split_k_final", "last_slice"), ("split_k_min_steps", 0),
+                      ("gemm_cluster", True), ("cluster_scope", "gpu")):
+        with pytest.raises(OptionsError) as info:
+            Options(**{name: bad})
+        assert info.value.field == name
+
+
 def test_every_valid_choice_is_accepted():
     for name, _default, allowed, _ in Options.fields_info():
         values = allowed[1:3] if allowed and allowed[0] == "range" else allowed
         for v in values:
+            if v is None and name != "max_blocks":
+                continue  # an open upper end of a range
             if name in ("tile_m", "tile_n"):
                 continue  # checked with a matching thread count below
             if name == "passes":

@@ -36,11 +36,11 @@ TOL = {"float32": 1e-5, "bfloat16": 2e-2, "float16": 2e-3, "int64": 0.0, "int32"
 @pytest.mark.parametrize("split", [2, 4])
 @pytest.mark.parametrize("name, last_slice", [(n, True) for n in names()] + [("small", False), ("medium", False)],
                          ids=lambda v: {True: "last-slice", False: "stage"}.get(v, v) if isinstance(v, bool) else v)
-def test_split_k_on_every_gemm_matches_the_reference(name, split, last_slice, monkeypatch):
-    monkeypatch.setattr(target, "SPLIT_K_LAST_SLICE", last_slice)
+def test_split_k_on_every_gemm_matches_the_reference(name, split, last_slice):
     ex = get(name)
     program = tkx.capture(ex.step_fn, ex.example_inputs).lower()
-    sched = schedule(program, Options(arch="sm_90a", split_k=split, fp32_math="tf32"))
+    sched = schedule(program, Options(arch="sm_90a", split_k=split, fp32_math="tf32",
+                                      split_k_final="last-slice" if last_slice else "stage"))
     gemms = [g for g in sched.groups.values() if g.kind == "gemm"]
     for g in gemms:
         steps = -(-g.plan.k // g.plan.tile_k)
@@ -81,10 +81,10 @@ def test_split_k_on_every_gemm_matches_the_reference(name, split, last_slice, mo
 @pytest.mark.skipif(not nvrtc_available()[0], reason="NVRTC unavailable")
 @pytest.mark.parametrize("last_slice", [True, False], ids=["last-slice", "stage"])
 @pytest.mark.parametrize("name", ["small", "medium"])
-def test_split_k_kernels_compile_for_sm_90a(name, last_slice, monkeypatch):
-    monkeypatch.setattr(target, "SPLIT_K_LAST_SLICE", last_slice)
+def test_split_k_kernels_compile_for_sm_90a(name, last_slice):
     ex = get(name)
-    exp = tkx.explore(ex.step_fn, ex.example_inputs, name=name, arch="sm_90a", split_k=4)
+    exp = tkx.explore(ex.step_fn, ex.example_inputs, name=name, arch="sm_90a", split_k=4,
+                      split_k_final="last-slice" if last_slice else "stage")
     assert any(g.kind == "gemm_partial" for g in exp.schedule.groups.values()) != last_slice
     report = exp.cuda.check("sm_90a")
     assert report.spill_bytes == 0, report.summary()
@@ -100,17 +100,16 @@ def test_split_k_kernels_compile_for_sm_90a(name, last_slice, monkeypatch):
         assert "split-K slices" in text and "tkx_tiles" not in text and exp.cuda.sync_words == 8
 
 
-@pytest.fixture
-def last_slice_on(monkeypatch):
-    """The last-slice split-K final (off by default: slower on the H200, see tkx.target.SPLIT_K_LAST_SLICE)."""
-    monkeypatch.setattr(target, "SPLIT_K_LAST_SLICE", True)
+#: The last-slice split-K final (off by default: slower on the H200, see ``Options.split_k_final``).
+LAST_SLICE = {"split_k_final": "last-slice"}
 
 
 @pytest.mark.skipif(not nvrtc_available()[0], reason="NVRTC unavailable")
-def test_last_slice_counters_follow_the_dataflow_counters(last_slice_on):
+def test_last_slice_counters_follow_the_dataflow_counters():
     """With sync="counters" the tile counters sit past the dataflow counters (the ABI's words)."""
     ex = get("small")
-    exp = tkx.explore(ex.step_fn, ex.example_inputs, name="small", arch="sm_90a", mode="grid", sync="counters")
+    exp = tkx.explore(ex.step_fn, ex.example_inputs, name="small", arch="sm_90a", mode="grid", sync="counters",
+                      **LAST_SLICE)
     src = exp.cuda
     assert src.sync == "counters"
     tiles = sum(g.plan.tiles for g in exp.schedule.groups.values() if g.kind == "gemm" and g.plan.split_k > 1)
@@ -118,12 +117,12 @@ def test_last_slice_counters_follow_the_dataflow_counters(last_slice_on):
     assert f"unsigned int* const tkx_tiles = sync + {12 + len(src.dag.counters)};" in src.text
 
 
-def test_last_slice_counters_left_set_are_caught(last_slice_on):
+def test_last_slice_counters_left_set_are_caught():
     """A counter the previous launch left above 0 (no reset) finishes a tile too early: the interpreter
     refuses it, naming the group and the tile."""
     ex = get("small")
     program = tkx.capture(ex.step_fn, ex.example_inputs).lower()
-    sched = schedule(program, Options(arch="sm_90a", split_k=2))
+    sched = schedule(program, Options(arch="sm_90a", split_k=2, **LAST_SLICE))
     plan = arena_mod.plan(sched)
     g = next(g for g in sched.groups.values() if g.kind == "gemm" and g.plan.split_k > 1)
     stale = {g.id: [1] + [0] * (g.plan.tiles - 1)}
@@ -131,14 +130,14 @@ def test_last_slice_counters_left_set_are_caught(last_slice_on):
         run_schedule(sched, plan, ex.make_inputs(seed=1), splitk_counters=stale)
 
 
-def test_last_slice_task_vm_two_launches(last_slice_on):
+def test_last_slice_task_vm_two_launches():
     """The task VM (counters kernel semantics) over several grids and policies, two launches each
     sharing the tile counters: every result matches the reference and the counters end at 0."""
     from tkx.dataflow import build
     from tkx.dataflow.vm import run as vm_run
     ex = get("small")
     program = tkx.capture(ex.step_fn, ex.example_inputs).lower()
-    sched = schedule(program, Options(arch="sm_90a", split_k=4, mode="grid", sync="counters"))
+    sched = schedule(program, Options(arch="sm_90a", split_k=4, mode="grid", sync="counters", **LAST_SLICE))
     assert any(g.plan.get("split_final") == "last-slice" for g in sched.groups.values() if g.kind == "gemm")
     dag = build(sched, arena_mod.plan(sched))
     inputs = ex.make_inputs(seed=2)
@@ -167,18 +166,18 @@ def test_wgmma_tiles_per_problem():
         assert gemm_emitter(plan.impl).registers(plan) <= 255
 
 
-def test_tiny_gemms_take_wmma_on_hopper(monkeypatch):
-    """Below tkx.target.WGMMA_MIN_MACS multiply-adds a GEMM takes wmma even on sm_90a (the wgmma tile's fixed
+def test_tiny_gemms_take_wmma_on_hopper():
+    """Below ``Options.wgmma_min_macs`` multiply-adds a GEMM takes wmma even on sm_90a (the wgmma tile's fixed
     cost per item exceeds its math: mixed_precision and llama_block were faster so on the H200); the plan's
     ``why`` says so; the threshold at 0 restores wgmma."""
     o = Options(arch="sm_90a")
     tiny = choose_gemm(GemmProblem(32, 256, 128, dtype="bfloat16"), o, "sm_90a")
-    assert tiny.impl == "wmma_bf16" and "tiny GEMM" in tiny.why and "WGMMA_MIN_MACS" in tiny.why
-    edge = target.WGMMA_MIN_MACS // (64 * 128)
+    assert tiny.impl == "wmma_bf16" and "tiny GEMM" in tiny.why and "wgmma_min_macs" in tiny.why
+    edge = o.wgmma_min_macs // (64 * 128)
     assert choose_gemm(GemmProblem(64, 128, edge, dtype="bfloat16"), o, "sm_90a").impl == "wgmma_bf16"
     assert choose_gemm(GemmProblem(64, 128, edge - 1, dtype="bfloat16"), o, "sm_90a").impl == "wmma_bf16"
-    monkeypatch.setattr(target, "WGMMA_MIN_MACS", 0)
-    assert choose_gemm(GemmProblem(32, 256, 128, dtype="bfloat16"), o, "sm_90a").impl == "wgmma_bf16"
+    every = o.replace(wgmma_min_macs=0)
+    assert choose_gemm(GemmProblem(32, 256, 128, dtype="bfloat16"), every, "sm_90a").impl == "wgmma_bf16"
 
 
 def test_split_k_decision():
@@ -228,17 +227,15 @@ def test_last_slice_final_in_the_tile_code():
 
 
 @pytest.mark.skipif(not nvrtc_available()[0], reason="NVRTC unavailable")
-def test_epilogue_prefetch_compiles_without_spills(monkeypatch):
-    """gemm.WGMMA_EPILOGUE_PREFETCH: the SGD updates of medium's weight gradients prefetch the weights' tile
+def test_epilogue_prefetch_compiles_without_spills():
+    """``Options.epilogue_prefetch``: the SGD updates of medium's weight gradients prefetch the weights' tile
     rows into L2 (one request per 128-byte line); the kernel compiles for sm_90a without spills."""
-    from tkx.codegen import gemm as G
-    from tkx.codegen.kernel import _point_reads
+    from tkx.codegen.kernel_gemm import _point_reads
     code = ("const float v = tkx_ld_bf16(in2, tkx_e) - tkx_ld_f32(reinterpret_cast<float*>(arena + 64), tkx_e) "
             "+ tkx_ld_bf16(in3, tkx_e + 1);")  # the last is not at the point
     assert _point_reads(code) == (("in2", 2), ("reinterpret_cast<float*>(arena + 64)", 4))
-    monkeypatch.setattr(G, "WGMMA_EPILOGUE_PREFETCH", True)
     ex = get("medium")
-    exp = tkx.explore(ex.step_fn, ex.example_inputs, name="medium", arch="sm_90a")
+    exp = tkx.explore(ex.step_fn, ex.example_inputs, name="medium", arch="sm_90a", epilogue_prefetch=True)
     notes = exp.cuda.notes
     updates = [g.id for g in exp.schedule.groups.values() if g.kind == "gemm" and g.plan.tile_m == 128]
     assert updates and all(notes[g].get("epilogue_prefetch") == 1 for g in updates)
@@ -247,12 +244,12 @@ def test_epilogue_prefetch_compiles_without_spills(monkeypatch):
     assert report.spill_bytes == 0, report.summary()
 
 
-def test_split_k_auto_rule_for_latency_bound_gemms(monkeypatch):
+def test_split_k_auto_rule_for_latency_bound_gemms():
     """``split_k="auto"``: no split below SPLIT_K_FIRST_STEPS K steps; else doubling while the slices fit
-    the SMs and keep SPLIT_K_MIN_STEPS steps each (small's GEMMs: 4 and 8 ways, 2 steps per slice)."""
+    the SMs and keep ``Options.split_k_min_steps`` steps each (small's GEMMs: 4 and 8 ways, 2 steps per slice)."""
     o = Options(arch="sm_90a")
 
-    def plan(m, n, k):
+    def plan(m, n, k, o=o):
         return choose_gemm(GemmProblem(m, n, k, dtype="bfloat16"), o, "sm_90a")
     cases = {(64, 1024, 512): 4, (64, 128, 1024): 8, (256, 1024, 4096): 4, (32, 32, 256): 1, (4096, 1024, 256): 1}
     for (m, n, k), want in cases.items():
@@ -260,11 +257,11 @@ def test_split_k_auto_rule_for_latency_bound_gemms(monkeypatch):
         assert p.split_k == want, (m, n, k, p.why)
         steps = -(-k // p.tile_k)
         if want > 1:
-            assert p.tiles * want <= SM_COUNT and steps // want >= target.SPLIT_K_MIN_STEPS
+            assert p.tiles * want <= SM_COUNT and steps // want >= o.split_k_min_steps
             assert steps >= target.SPLIT_K_FIRST_STEPS and f"({steps // want} per slice)" in p.why
-    # the previous rule (4 steps per slice) is one constant away
-    monkeypatch.setattr(target, "SPLIT_K_MIN_STEPS", 4)
-    assert plan(64, 1024, 512).split_k == 2 and plan(64, 128, 1024).split_k == 4
+    # at least 4 steps per slice: half the splits
+    four = o.replace(split_k_min_steps=4)
+    assert plan(64, 1024, 512, four).split_k == 2 and plan(64, 128, 1024, four).split_k == 4
 
 
 def test_small_with_the_auto_splits_matches_the_reference():

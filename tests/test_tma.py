@@ -91,9 +91,8 @@ def test_pipeline_keeps_one_mma_group_in_flight(copy):
         assert 'cp.async.wait_group 5;' in loop
 
 
-def test_pipeline_without_mma_in_flight_is_the_serial_one(monkeypatch):
-    monkeypatch.setattr(G, "WGMMA_MMA_IN_FLIGHT", 0)
-    src = _cuda("medium", gemm_copy="cp.async")
+def test_pipeline_without_mma_in_flight_is_the_serial_one():
+    src = _cuda("medium", gemm_copy="cp.async", wgmma_in_flight=0)
     text = src.text[src.text.index("stage 0: g0"):src.text.index("stage 1:")]
     assert "wgmma.wait_group.sync.aligned 1" not in text and src.notes["g0"]["mma_in_flight"] == 0
     assert "cp.async.wait_group 6;" in text and "issue((kt + 7) % 8, k0 + 7 * TK)" in text
@@ -159,14 +158,6 @@ def test_batched_epilogue_in_the_tile_code():
     both = G.GemmProblem(200, 250, 128, dtype="bfloat16")  # rows and columns cross the edge
     code = G.emit_gemm("wgmma_bf16", both, ld, ld, epi, tile_m=128, tile_n=128, tile_k=64)
     assert "const bool tkxE0_in = row0 + tkxE0_e / 128 < M && col0 + tkxE0_e % 128 < N;" in code.code
-    old, G.WGMMA_GUARDED_BATCH = G.WGMMA_GUARDED_BATCH, False
-    try:  # the switch off: one element per iteration
-        code = G.emit_gemm("wgmma_bf16", ragged, ld, ld, epi, tile_m=128, tile_n=128, tile_k=64,
-                           ptr_a=lambda b, r, k: f"(A + {r} * 128 + {k})",
-                           ptr_b=lambda b, k, c: f"(B + {k} * 256 + {c})")
-        assert "kept rolled" in code.code
-    finally:
-        G.WGMMA_GUARDED_BATCH = old
 
 
 def test_pack_args_passes_the_tensor_maps():

@@ -74,13 +74,12 @@ def test_examples_verify_with_tma(name, split):
 
 
 @pytest.mark.parametrize("name", ["gpt_block", "llama_block"])
-def test_transformer_blocks_verify_with_tma(name, monkeypatch):
-    """The blocks' tiny GEMMs go to wmma by default (tkx.target.WGMMA_MIN_MACS); with the threshold at 0 they
+def test_transformer_blocks_verify_with_tma(name):
+    """The blocks' tiny GEMMs go to wmma by default (``Options.wgmma_min_macs``); with the threshold at 0 they
     take wgmma with TMA copies, and verify."""
-    from tkx import target
-    monkeypatch.setattr(target, "WGMMA_MIN_MACS", 0)
     ex = get(name)
-    runner = tkx.runtime.build(ex.step_fn, ex.make_inputs(0, "cuda"), Options(gemm_copy="tma"), name=name,
+    runner = tkx.runtime.build(ex.step_fn, ex.make_inputs(0, "cuda"), Options(gemm_copy="tma", wgmma_min_macs=0),
+                               name=name,
                                loss=ex.loss_output)
     assert runner.tensor_maps is not None, "no GEMM of the block took the TMA path"
     v = runner.verify(seeds=(0, 1), make_inputs=ex.make_inputs)

@@ -75,7 +75,7 @@ CASES = [
 @pytest.mark.parametrize("p", CASES, ids=lambda p: f"{p.batch}x{p.m}x{p.n}x{p.k}-{p.dtype}-"
                          f"{'k' if p.a_k_contiguous else 'm'}{'n' if p.b_n_contiguous else 'k'}")
 def test_wgmma_tile_matches_torch(p):
-    plan = choose_gemm(p, Options(fp32_math="tf32", split_k="off"), "sm_90a")
+    plan = choose_gemm(p, Options(fp32_math="tf32", split_k="off", wgmma_min_macs=0), "sm_90a")
     assert plan.impl.startswith("wgmma"), plan.why
     g = torch.Generator(device=DEV).manual_seed(0)
     dt = TORCH[p.dtype]
@@ -111,11 +111,10 @@ def test_wgmma_128x256_tile_matches_torch(p):
 
 @pytest.mark.parametrize("split", ["auto", 4])
 @pytest.mark.parametrize("name", ["small", "medium", "mixed_precision", "online"])
-def test_examples_verify_with_wgmma(name, split, monkeypatch):
-    from tkx import target
-    monkeypatch.setattr(target, "WGMMA_MIN_MACS", 0)  # mixed_precision's tiny GEMMs take wgmma too
+def test_examples_verify_with_wgmma(name, split):
     ex = get(name)
-    options = Options(arch="sm_90a", split_k=split, fp32_math="tf32" if split == 4 else "simt")
+    # wgmma_min_macs=0: mixed_precision's tiny GEMMs take wgmma too
+    options = Options(arch="sm_90a", split_k=split, fp32_math="tf32" if split == 4 else "simt", wgmma_min_macs=0)
     runner = tkx.runtime.build(ex.step_fn, ex.make_inputs(0, "cuda"), options, name=name, loss=ex.loss_output)
     if split == 4 and name != "online":  # online's tiled GEMMs are fp32 with K = 8 or too narrow for wgmma
         assert any(g.plan.get("split_k", 1) > 1 for g in runner.source.schedule.groups.values()
@@ -126,13 +125,11 @@ def test_examples_verify_with_wgmma(name, split, monkeypatch):
     assert v.passed, v.summary()
 
 
-@pytest.mark.parametrize("guarded", [True, False])
-def test_ragged_sgd_step_verifies_with_the_batched_guarded_epilogue(guarded, monkeypatch):
+def test_ragged_sgd_step_verifies_with_the_batched_guarded_epilogue():
     """A user-style step whose GEMMs cross the tile edges (batch 50, 96 -> 130 -> 10, bf16 weights, SGD):
-    the epilogue's elements outside C are clamped and not stored (``gemm.WGMMA_GUARDED_BATCH``), or, with
-    the switch off, one element per iteration; both verify against eager, and the inputs are unchanged."""
+    the epilogue's elements outside C are clamped and not stored; it verifies against eager, and the
+    inputs are unchanged."""
     import torch.nn.functional as F
-    monkeypatch.setattr(G, "WGMMA_GUARDED_BATCH", guarded)
 
     def loss_fn(params, x, y):
         h = torch.relu(x @ params["w1"] + params["b1"])
@@ -149,10 +146,10 @@ def test_ragged_sgd_step_verifies_with_the_batched_guarded_epilogue(guarded, mon
 
     inputs = make_inputs()
     before = [t.clone() for t in (inputs[1], inputs[2], *inputs[0].values())]
-    runner = tkx.runtime.build(step, inputs, Options(arch="sm_90a"), name=f"ragged_sgd_{int(guarded)}", loss=0)
+    runner = tkx.runtime.build(step, inputs, Options(arch="sm_90a", wgmma_min_macs=0), name="ragged_sgd", loss=0)
     assert any(g.plan.impl.startswith("wgmma") for g in runner.source.schedule.groups.values() if g.kind == "gemm")
     text = runner.source.text
-    assert ("tkxE0_in" in text) == guarded
+    assert "tkxE0_in" in text
     v = runner.verify(seeds=(0, 1), make_inputs=make_inputs)
     assert v.passed, v.summary()
     runner(*inputs)
@@ -165,16 +162,15 @@ def _same_bits(a, b):
 
 
 @pytest.mark.parametrize("name", ["small", "medium"])
-def test_last_slice_split_k_matches_the_stage_final_bit_for_bit(name, monkeypatch):
-    """The split-K final in the last slice of each tile (``tkx.target.SPLIT_K_LAST_SLICE``) gives the bits of
+def test_last_slice_split_k_matches_the_stage_final_bit_for_bit(name):
+    """The split-K final in the last slice of each tile (``Options.split_k_final``) gives the bits of
     the separate final stage in every launch, and leaves every tile arrival counter (sync words 12 on) at 0
     after launches and CUDA-graph replays."""
-    from tkx import target
     ex = get(name)
     results = {}
     for last in (False, True):
-        monkeypatch.setattr(target, "SPLIT_K_LAST_SLICE", last)
-        r = tkx.runtime.build(ex.step_fn, ex.make_inputs(0, "cuda"), Options(arch="sm_90a", split_k=4),
+        options = Options(arch="sm_90a", split_k=4, split_k_final="last-slice" if last else "stage")
+        r = tkx.runtime.build(ex.step_fn, ex.make_inputs(0, "cuda"), options,
                               name=f"{name}_last{int(last)}", loss=ex.loss_output)
         split = [g for g in r.source.schedule.groups.values() if g.kind == "gemm" and g.plan.split_k > 1]
         assert split and all(g.plan.split_final == ("last-slice" if last else "stage") for g in split)

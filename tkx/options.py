@@ -123,6 +123,41 @@ class Options:
     timeline: bool = _opt(False, "record (block, task, start, end, wait) of every task from %globaltimer "
                           "into a device buffer", choices=_BOOL)
 
+    # -- code-generation variants (each selects a different kernel text; the defaults are the measured
+    # -- best on the H200, the figures at each reader: tkx.codegen.cuda_prelude, intfacts, gemm_wgmma, target)
+    grid_barrier: str = _opt("auto", "grid barrier of grid mode: counter (one monotonic arrival count, polled), "
+                             "generation (the last block to arrive bumps a generation the others poll), auto: "
+                             "counter for grids of at most 528 blocks, else generation",
+                             choices=("auto", "counter", "generation"))
+    cheap_int_math: bool = _opt(True, "cheap integer arithmetic: 32-bit indices where sizes allow, shifts and masks "
+                                "for // and % by powers of two, unrounded casts of small integers to bf16/f16 "
+                                "(False: the generic 64-bit forms)", choices=_BOOL)
+    wgmma_min_macs: int = _opt(1 << 22, "smallest GEMM (batch*M*N*K multiply-adds) that the wgmma emitters take on "
+                               "sm_90a; smaller ones use wmma (0: wgmma takes every GEMM it supports)",
+                               range=(0, None))
+    wgmma_in_flight: int = _opt(1, "wgmma k-tiles whose MMAs a warpgroup leaves in flight when it moves to the next "
+                                "k-tile (0: wait for each k-tile's MMAs)", choices=(0, 1))
+    split_k_final: str = _opt("stage", "who adds a split-K GEMM's slices: stage (a final group in the next stage, "
+                              "over every block) or last-slice (the work item that finishes a tile last)",
+                              choices=("stage", "last-slice"))
+    split_k_min_steps: int = _opt(2, "split_k='auto' keeps at least this many tile_k steps per K slice",
+                                  range=(1, None))
+    epilogue_vector: bool = _opt(True, "wgmma tile epilogues in runs of 8 (2-byte) or 4 (4-byte) columns per "
+                                 "thread with 16-byte loads and stores (False: one element at a time)",
+                                 choices=_BOOL)
+    epilogue_prefetch: bool = _opt(False, "a wgmma work item asks L2 to prefetch the rows of its tile that the "
+                                   "epilogue reads, before its k-loop", choices=_BOOL)
+    tensormap_prefetch: bool = _opt(False, "prefetch every TMA tensor map into the descriptor cache at kernel "
+                                    "entry (each copy's own prefetch stays)", choices=_BOOL)
+    gemm_cluster: str = _opt("off", "2-CTA thread-block clusters for TMA wgmma GEMMs: paired work items share the B "
+                             "tile by multicast; on: GEMMs at least 8 k-tiles deep, all: any depth",
+                             choices=("off", "on", "all"))
+    cluster_scope: str = _opt("cluster", "memory scope of the 2-CTA cluster's stage handshake: cluster "
+                              "(.release/.acquire.cluster) or cta (the instructions' defaults)",
+                              choices=("cluster", "cta"))
+    cluster_multicast: bool = _opt(True, "2-CTA clusters copy each half of the B tile once into both CTAs "
+                                   "(False: each CTA copies the whole B tile, the pairing kept)", choices=_BOOL)
+
     # -- validation ---------------------------------------------------------------------------
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -305,6 +340,9 @@ OPTION_GROUPS: dict[str, tuple[str, ...]] = {
     "launch": ("mode", "threads_per_block", "blocks_per_sm", "max_blocks", "sync", "spin_limit"),
     "numerics": ("fp32_math", "exact"),
     "compilation": ("arch", "backend", "timeline"),
+    "code variants": ("grid_barrier", "cheap_int_math", "wgmma_min_macs", "wgmma_in_flight", "split_k_final",
+                      "split_k_min_steps", "epilogue_vector", "epilogue_prefetch", "tensormap_prefetch",
+                      "gemm_cluster", "cluster_scope", "cluster_multicast"),
 }
 
 

@@ -11,7 +11,7 @@ in this order:
    1), 256-byte aligned, contents undefined at launch;
 4. ``unsigned int* sync``: two words (8-byte aligned) for the grid barrier - one 64-bit
    arrival count that only grows (a multiple of the grid at every launch start), or an
-   arrival count and a generation (:data:`tkx.codegen.cuda_prelude.GRID_BARRIER`) - zeroed
+   arrival count and a generation (``Options.grid_barrier``) - zeroed
    when the runtime creates them and again only after an error;
 5. ``int* status``: four words, zeroed once by the runtime. The kernel writes them only on
    error: ``status[0]`` an error code (:data:`ERROR_CODES`), ``status[1]`` the stage whose
@@ -27,7 +27,7 @@ the status words: ``sync[2]`` the epoch (launches completed), ``sync[3]`` the bl
 left, ``sync[8..9]`` a timed-out wait's counter value and threshold, ``sync[12 + k]`` counter
 ``k``; all zeroed once, like the barrier words (and again after an error).
 
-A split-K GEMM whose last slice adds the slices (:data:`tkx.target.SPLIT_K_LAST_SLICE`) has one
+A split-K GEMM whose last slice adds the slices (``Options.split_k_final="last-slice"``) has one
 arrival counter per output tile in the words after those (from word 12, or 12 + the dataflow
 counters with ``sync="counters"``; :attr:`CudaSource.sync_words` counts them): each slice's work
 item adds 1, the last one stores 0 again, so every launch and graph replay leaves them at zero.
@@ -152,7 +152,7 @@ class KernelConfig:
       contraction; ``max_blocks``: cap on the grid (``None``: as many as fit);
       ``backend``: ``"nvrtc"`` or ``"torch-extension"``; ``cluster``: blocks per thread-block cluster
       (2: the runtime launches the grid in clusters of 2 blocks, a whole number of them, no more than
-      are co-resident; a GEMM pairs its work items in them, :data:`tkx.target.GEMM_CLUSTER`).
+      are co-resident; a GEMM pairs its work items in them, ``Options.gemm_cluster``).
     """
 
     threads: int

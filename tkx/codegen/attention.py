@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..dtypes import literal
-from ..target import ATTENTION_EMITTER, AttentionPlan, decode_partials_layout
+from ..target import ATTENTION_EMITTER, AttentionPlan, ceil_div, decode_partials_layout
 from .text import block, indent
 
 #: ``(batch, row, col) -> C float expression`` of one operand element.
@@ -42,9 +42,6 @@ class AttentionCode:
     work_items: int
     shared_bytes: int
 
-
-def _ceil(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _stage(dst: str, rows: int, cols: int, row0: str, limit: int, load: Callable[[str, str], str], t: int) -> str:
@@ -91,7 +88,7 @@ def forward(plan: AttentionPlan, *, threads: int, ld_q: Loader, ld_k: Loader, ld
     no key is 0 (``zero_empty_rows``) or NaN."""
     t, bq, bk, e, ev = threads, plan.tile_q, plan.tile_k, plan.head_dim, plan.value_dim
     lq, lk, qt = plan.q_len, plan.kv_len, plan.q_tiles
-    nacc = _ceil(bq * ev, t)
+    nacc = ceil_div(bq * ev, t)
     lse_base = plan.batch * lq * ev
     kend = f"min({lk}, q0 + {bq})" if plan.causal else f"{lk}"
     score = _score(plan, ld_mask, "sQ", "sK")
@@ -193,7 +190,7 @@ def backward(plan: AttentionPlan, *, threads: int, ld_q: Loader, ld_k: Loader, l
             f"    if (lane == 0) {{ sDelta[i] = d; sLse[i] = r < {lq} ? {ld_lse('b', 'r')} : 0.0f; }}",
             "}")
 
-    nk, nv, nq = _ceil(bk * e, t), _ceil(bk * ev, t), _ceil(bq * e, t)
+    nk, nv, nq = ceil_div(bk * e, t), ceil_div(bk * ev, t), ceil_div(bq * e, t)
     carve = block(
         "float* sK = reinterpret_cast<float*>(tkx_smem);",
         f"float* sV = sK + {bk * e};",
@@ -327,12 +324,12 @@ class DecodeLayout:
 
 
 def decode_layout(plan: AttentionPlan, threads: int) -> DecodeLayout:
-    segs = _ceil(max(plan.head_dim, plan.value_dim), VEC)
+    segs = ceil_div(max(plan.head_dim, plan.value_dim), VEC)
     lanes = 1
     while lanes < segs:
         lanes *= 2
     rows_per_pass = (threads // 32) * (32 // lanes)
-    passes = _ceil(plan.tile_k, rows_per_pass)
+    passes = ceil_div(plan.tile_k, rows_per_pass)
     return DecodeLayout(lanes, rows_per_pass, passes, min(passes, DECODE_IN_FLIGHT))
 
 
@@ -576,7 +573,7 @@ def decode_combine(plan: AttentionPlan, *, threads: int, partials: str, out: str
         "}")
     code = (f"{{  // {name}: flash-decoding phase 2 of 2, combine {kt} KV tile partials of each of {rows} "
             f"query row(s)\n" + indent(body) + "\n}")
-    return AttentionCode(code, _ceil(rows, warps), 0)
+    return AttentionCode(code, ceil_div(rows, warps), 0)
 
 
 __all__ += ["decode_partial", "decode_combine", "decode_layout", "DecodeLayout"]

@@ -11,7 +11,7 @@ in a few hundredths of a second with NVRTC). It holds:
   PyTorch rounds each op's output;
 * **NaN-propagating min/max** (``tkx_max``/``tkx_min``) as ``torch.maximum``/``amax`` behave;
 * **barriers**: two grid barriers with a spin limit that record an error in ``status``
-  instead of hanging (:data:`GRID_BARRIER` picks one: a monotonic arrival count, the default
+  instead of hanging (``Options.grid_barrier`` picks one: a monotonic arrival count, the default
   for grids of up to :data:`COUNTER_BARRIER_MAX_BLOCKS` blocks, or a generation counter) - and
   a block-mode twin with the same signature (``__syncthreads`` only);
 * **warp and block reductions** (sum/max/min) through warp shuffles and shared memory.
@@ -30,8 +30,6 @@ Contracts a kernel must keep (the code generator's side):
 """
 
 from __future__ import annotations
-
-import os
 
 # The error codes and the C storage types live in one table each, in the ABI module.
 from .abi import (  # noqa: F401 - the prelude's names for them
@@ -205,7 +203,7 @@ BARRIERS = dedent(r"""
         }
     }
 
-    // Generation grid barrier (GRID_BARRIER = "generation"). sync[0] counts the blocks that arrived,
+    // Generation grid barrier (grid_barrier="generation"). sync[0] counts the blocks that arrived,
     // sync[1] is the generation.
     // The last block to arrive resets the count and bumps the generation, which releases
     // the others; so the pair needs zeroing only once and serves every later barrier and
@@ -246,7 +244,7 @@ BARRIERS = dedent(r"""
         return ok != 0;
     }
 
-    // Arrival-counter grid barrier (GRID_BARRIER = "counter"). sync[0..1] is one 64-bit count of
+    // Arrival-counter grid barrier (grid_barrier="counter"). sync[0..1] is one 64-bit count of
     // arrivals that only grows: each block adds 1 per barrier with a release reduction (no value
     // comes back, so arriving is no round trip) and polls with acquires until the count reaches
     // its target, base + (barriers passed + 1) x gridDim.x. The base is read at kernel entry and
@@ -560,61 +558,58 @@ def round_to(dtype: str, expr: str) -> str:
     return f"tkx_round_{SUFFIX[dtype]}({expr})"
 
 
-#: Which grid barrier kernels use (read when the code is generated). ``"counter"``: every block adds
-#: 1 to a monotonic 64-bit arrival count (``red.release``, no value returned) and polls it with
-#: acquires until it reaches this barrier's target (the base is read at kernel entry): one one-way
-#: reduction and one poll round trip on the critical path. ``"generation"``: the block whose
-#: acquire-release atomic returns ``gridDim.x - 1`` re-arms the count and bumps a generation the
-#: others poll: three dependent trips to L2. ``"auto"`` (the default): ``"counter"`` for grids of at
-#: most :data:`COUNTER_BARRIER_MAX_BLOCKS` blocks, else ``"generation"``. Both use ``sync`` words 0..1,
-#: need zeroing only after an error, and report a timeout with the stage. Measured on the H200 (one
-#: run, ``docs/results/lat-s5-confirm.txt``): the barrier alone over 132 / 264 / 396 / 528 / 1056 blocks
-#: 1.01 / 1.30 / 1.63 / 1.84 / 3.13 µs (counter) against 1.51 / 1.63 / 1.79 / 1.94 / 2.76 µs
-#: (generation: at 1056 blocks the pollers of the address the arrivals add to slow the counter one);
-#: in ``small``'s step the gaps between stages 1.15-1.44 -> 0.74-0.93 µs (``lat-s5-probe.txt``). Steps
-#: (with the split rule of :data:`tkx.target.SPLIT_K_MIN_STEPS`): small 24.96 -> 21.79 µs, medium
-#: 69.15 -> 65.73, cnn_digits 156.2 -> 146.2, gpt_block 114.5 -> 100.6. Default from the environment
-#: variable ``TKX_GRID_BARRIER``.
-GRID_BARRIER = os.environ.get("TKX_GRID_BARRIER", "auto")
+#: The grid barriers (``Options.grid_barrier``). ``"counter"``: every block adds 1 to a monotonic 64-bit
+#: arrival count (``red.release``, no value returned) and polls it with acquires until it reaches this
+#: barrier's target (the base is read at kernel entry): one one-way reduction and one poll round trip on the
+#: critical path. ``"generation"``: the block whose acquire-release atomic returns ``gridDim.x - 1`` re-arms
+#: the count and bumps a generation the others poll: three dependent trips to L2. ``"auto"`` (the default):
+#: ``"counter"`` for grids of at most :data:`COUNTER_BARRIER_MAX_BLOCKS` blocks, else ``"generation"``.
+#: Both use ``sync`` words 0..1, need zeroing only after an error, and report a timeout with the stage.
+#: Measured on the H200 (CUDA-graph replays): the barrier alone over 132 / 264 / 396 / 528 / 1056 blocks
+#: 1.01 / 1.30 / 1.63 / 1.84 / 3.13 µs (counter) against 1.51 / 1.63 / 1.79 / 1.94 / 2.76 µs (generation:
+#: at 1056 blocks the pollers of the address the arrivals add to slow the counter one); in ``small``'s step
+#: the gaps between stages 1.15-1.44 -> 0.74-0.93 µs. Steps: small 24.96 -> 21.79 µs, medium 69.15 ->
+#: 65.73, cnn_digits 156.2 -> 146.2, gpt_block 114.5 -> 100.6.
 GRID_BARRIERS = ("counter", "generation")
-#: Largest grid (blocks) for which ``GRID_BARRIER = "auto"`` takes the counter barrier (the largest
+#: Largest grid (blocks) for which ``grid_barrier="auto"`` takes the counter barrier (the largest
 #: measured size where it was the quicker one; 4 blocks per SM of the H200).
 COUNTER_BARRIER_MAX_BLOCKS = 528
 
 
-def grid_barrier_kind(blocks: int | None = None) -> str:
+def grid_barrier_kind(blocks: int | None = None, choice: str = "auto") -> str:
     """The grid barrier (one of :data:`GRID_BARRIERS`) for a grid of at most ``blocks`` blocks
-    (``None``: unknown, taken as small) under :data:`GRID_BARRIER`; raises ``ValueError`` for an
-    unknown setting."""
-    if GRID_BARRIER == "auto":
+    (``None``: unknown, taken as small) under ``choice`` (``Options.grid_barrier``: ``"auto"`` or one of
+    :data:`GRID_BARRIERS`); raises ``ValueError`` for any other choice."""
+    if choice == "auto":
         return "counter" if blocks is None or blocks <= COUNTER_BARRIER_MAX_BLOCKS else "generation"
-    if GRID_BARRIER not in GRID_BARRIERS:
-        raise ValueError(f"cuda_prelude.GRID_BARRIER must be 'auto' or one of {GRID_BARRIERS}, "
-                         f"not {GRID_BARRIER!r}")
-    return GRID_BARRIER
+    if choice not in GRID_BARRIERS:
+        raise ValueError(f"grid_barrier must be 'auto' or one of {GRID_BARRIERS}, not {choice!r}")
+    return choice
 
 
-def barrier_setup(mode: str, blocks: int | None = None) -> str:
+def barrier_setup(mode: str, blocks: int | None = None, choice: str = "auto") -> str:
     """C statement at kernel entry (before any early return): the barrier's per-block state
-    (``blocks``: the most blocks the grid will have, see :func:`grid_barrier_kind`)."""
+    (``blocks``, ``choice``: the most blocks the grid will have and ``Options.grid_barrier``, see
+    :func:`grid_barrier_kind`)."""
     if mode == "grid":
-        if grid_barrier_kind(blocks) == "counter":
+        if grid_barrier_kind(blocks, choice) == "counter":
             return ("unsigned long long tkx_gen = tkx_arrivals_base(sync);  // arrivals before this launch "
                     "(the next barrier opens at tkx_gen + gridDim.x)")
         return "unsigned int tkx_gen = tkx_barrier_init(sync);  // the generation the next barrier ends"
     return "unsigned int tkx_gen = 0;  // unused in block mode"
 
 
-def barrier(mode: str, stage: int | str, *, spin_limit: str = "spin_limit", blocks: int | None = None) -> str:
+def barrier(mode: str, stage: int | str, *, spin_limit: str = "spin_limit", blocks: int | None = None,
+            choice: str = "auto") -> str:
     """C statement ending stage ``stage - 1``: a grid or block barrier that exits the kernel on error.
 
     ``stage`` (a number or a C expression) is what ``status[1]`` records if the barrier fails.
     Expects ``sync``, ``status`` and ``tkx_gen`` (from :func:`barrier_setup`) in scope, and
-    ``spin_limit`` (a kernel parameter or a constant; pass its C text). ``blocks``: as for
-    :func:`barrier_setup` (pass the same value to both).
+    ``spin_limit`` (a kernel parameter or a constant; pass its C text). ``blocks`` and ``choice``: as
+    for :func:`barrier_setup` (pass the same values to both).
     """
     fn = {"grid": "tkx_grid_barrier_generation", "block": "tkx_block_barrier"}[mode]
-    if mode == "grid" and grid_barrier_kind(blocks) == "counter":
+    if mode == "grid" and grid_barrier_kind(blocks, choice) == "counter":
         return (f"if (!tkx_grid_barrier(sync, tkx_gen += gridDim.x, status, {stage}, {spin_limit})) return;"
                 f"  // before stage {stage}")
     return f"if (!{fn}(sync, tkx_gen++, status, {stage}, {spin_limit})) return;  // before stage {stage}"

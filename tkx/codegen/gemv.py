@@ -32,11 +32,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..target import SKINNY_MAX, GemmProblem
-from . import intfacts
-from .gemm import Epilogue, GemmCode, LoadA, LoadB
+from .gemm_tile import Epilogue, GemmCode, LoadA, LoadB, _align, ceil_div
 from .text import block, indent
 
-__all__ = ["gemv_stream", "columns_per_warp", "stream_split", "Prefetch", "UNROLL", "VEC_UNROLL"]
+__all__ = ["gemv", "gemv_stream", "columns_per_warp", "stream_split", "Prefetch", "UNROLL", "VEC_UNROLL"]
 
 #: Most K steps (of 32 elements per warp) unrolled on the element-load path: loads in flight per lane =
 #: UNROLL x columns per warp.
@@ -68,9 +67,6 @@ class Prefetch:
     span: int
 
 
-def _ceil(a: int, b: int) -> int:
-    return -(-a // b)
-
 
 def _pack8(src: str) -> str:
     """C expression: the 8 two-byte elements at ``src`` (any alignment) as one ``uint4``, the same bits."""
@@ -81,7 +77,7 @@ def _pack8(src: str) -> str:
 def columns_per_warp(long_n: int, batch: int, warps: int, blocks: int) -> int:
     """Columns per warp so that ``batch x long_n`` columns fit in one wave of ``blocks`` blocks of ``warps``
     warps (at least 1, at most :data:`MAX_CPW`)."""
-    return max(1, min(MAX_CPW, _ceil(batch * long_n, warps * max(blocks, 1))))
+    return max(1, min(MAX_CPW, ceil_div(batch * long_n, warps * max(blocks, 1))))
 
 
 def stream_split(long_n: int, batch: int, steps: int, warps: int, blocks: int) -> tuple[int, int]:
@@ -95,9 +91,9 @@ def stream_split(long_n: int, batch: int, steps: int, warps: int, blocks: int) -
         if warps % ks == 0 and ks <= steps:
             for cpw in range(1, MAX_CPW + 1):
                 per_item = warps // ks * cpw
-                items = batch * _ceil(long_n, per_item)
-                waves = _ceil(items, max(blocks, 1))
-                t = waves * (cpw * _ceil(steps, ks) + 1)
+                items = batch * ceil_div(long_n, per_item)
+                waves = ceil_div(items, max(blocks, 1))
+                t = waves * (cpw * ceil_div(steps, ks) + 1)
                 key = (t, items, ks, cpw)
                 if best is None or key < best:
                     best = key
@@ -106,10 +102,125 @@ def stream_split(long_n: int, batch: int, steps: int, warps: int, blocks: int) -
     return best[3], best[2]
 
 
+def gemv(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue, *, threads: int = 256,
+         item: str = "item", smem: str = "tkx_smem") -> GemmCode:
+    """(d) skinny GEMM for ``M <= 4`` or ``N <= 4``: every output of the short side at once.
+
+    With S the short and L the long output dimension, each output column (row) needs one
+    dot product of length K per short index. Two ways to walk memory, chosen by the long
+    operand's memory order:
+
+    * ``split_k`` (long operand contiguous along K): one warp per long index, the 32 lanes
+      take every 32nd k, S accumulators per lane, then a shuffle reduction; a work item is
+      one long index per warp.
+    * ``split_l`` (long operand contiguous along L): one thread per long index, so a warp
+      reads 32 adjacent elements; the block's warps split K and add their partial sums in
+      shared memory; a work item is 32 long indices.
+    """
+    if threads % 32:
+        raise ValueError("threads must be a multiple of 32")
+    small_m = p.m <= p.n
+    s_count = p.m if small_m else p.n
+    if s_count > SKINNY_MAX:
+        raise ValueError(f"gemv needs M <= {SKINNY_MAX} or N <= {SKINNY_MAX}, got {p.m}x{p.n}")
+    long_n = p.n if small_m else p.m
+    long_k_contiguous = (not p.b_n_contiguous) if small_m else p.a_k_contiguous
+    warps = threads // 32
+    # the long index is `l`, the short one `s`; A/B elements and the output in those terms
+    if small_m:
+        a_of, b_of = load_a("bat", "s", "k"), load_b("bat", "k", "l")
+        row, col, dims = "s", "l", "C[s, l] = sum_k A[s, k] * B[k, l]"
+        long_load, short_load = b_of, a_of
+    else:
+        a_of, b_of = load_a("bat", "l", "k"), load_b("bat", "k", "s")
+        row, col, dims = "l", "s", "C[l, s] = sum_k A[l, k] * B[k, s]"
+        long_load, short_load = a_of, b_of
+    out = block(f"const int row = {row}, col = {col};", "const float acc = sum[s];",
+                epilogue("bat", "row", "col", "acc"))
+    out_total = block(f"const int row = {row}, col = {col};", "const float acc = total;",
+                      epilogue("bat", "row", "col", "acc"))
+    header = [f"constexpr int M = {p.m}, N = {p.n}, K = {p.k};  // {dims}, S = {s_count} short index(es)"]
+    if long_k_contiguous:
+        per_item = warps
+        mode = "split_k"
+        per_batch = ceil_div(long_n, per_item)
+        body = block(
+            "// skinny GEMM (split_k): one warp per long index l, lanes split K, shuffle reduction",
+            header,
+            f"const int bat = {item} / {per_batch};" if p.batch > 1 else "const int bat = 0;",
+            "const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;",
+            f"const int l = ({item} % {per_batch}) * {warps} + warp;" if p.batch > 1
+            else f"const int l = {item} * {warps} + warp;",
+            f"if (l < {long_n}) {{  // the whole warp takes the same branch",
+            f"    float sum[{s_count}];",
+            "    #pragma unroll",
+            f"    for (int s = 0; s < {s_count}; ++s) sum[s] = 0.0f;",
+            "    #pragma unroll 4",
+            "    for (int k = lane; k < K; k += 32) {",
+            f"        const float elem = {long_load};",
+            "        #pragma unroll",
+            f"        for (int s = 0; s < {s_count}; ++s) sum[s] = fmaf({short_load}, elem, sum[s]);",
+            "    }",
+            "    #pragma unroll",
+            f"    for (int s = 0; s < {s_count}; ++s) sum[s] = tkx_warp_sum(sum[s]);",
+            "    if (lane == 0) {",
+            "        #pragma unroll",
+            f"        for (int s = 0; s < {s_count}; ++s) {{",
+            indent(out, 3),
+            "        }",
+            "    }",
+            "}",
+        )
+        shared = 0
+    else:
+        per_item = 32
+        mode = "split_l"
+        per_batch = ceil_div(long_n, per_item)
+        kc = ceil_div(p.k, warps)
+        body = block(
+            f"// skinny GEMM (split_l): one thread per long index l, the {warps} warps split K",
+            header,
+            f"const int bat = {item} / {per_batch};" if p.batch > 1 else "const int bat = 0;",
+            "const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;",
+            f"const int l = ({item} % {per_batch}) * 32 + lane;" if p.batch > 1
+            else f"const int l = {item} * 32 + lane;",
+            f"const int k_begin = warp * {kc}, k_end = min(K, k_begin + {kc});  // this warp's share of K",
+            f"float sum[{s_count}];",
+            "#pragma unroll",
+            f"for (int s = 0; s < {s_count}; ++s) sum[s] = 0.0f;",
+            f"if (l < {long_n}) {{",
+            "    #pragma unroll 4",
+            "    for (int k = k_begin; k < k_end; ++k) {",
+            f"        const float elem = {long_load};",
+            "        #pragma unroll",
+            f"        for (int s = 0; s < {s_count}; ++s) sum[s] = fmaf({short_load}, elem, sum[s]);",
+            "    }",
+            "}",
+            f"float* part = reinterpret_cast<float*>({smem});  // partials: part[(warp * S + s) * 32 + lane]",
+            "#pragma unroll",
+            f"for (int s = 0; s < {s_count}; ++s) part[(warp * {s_count} + s) * 32 + lane] = sum[s];",
+            "__syncthreads();",
+            f"for (int s = threadIdx.x / 32; s < {s_count}; s += {warps}) {{  // warp s, lane: add the warps' "
+            "partials in order",
+            "    float total = 0.0f;",
+            "    #pragma unroll",
+            f"    for (int w = 0; w < {warps}; ++w) total += part[(w * {s_count} + s) * 32 + lane];",
+            f"    if (l < {long_n}) {{",
+            indent(out_total, 2),
+            "    }",
+            "}",
+            "__syncthreads();  // part[] is read before the next work item reuses the workspace",
+        )
+        shared = _align(warps * s_count * 32 * 4)
+    items = p.batch * per_batch
+    params = {"mode": mode, "short": "m" if small_m else "n", "short_size": s_count, "per_item": per_item}
+    return GemmCode("gemv", "{\n" + indent(body) + "\n}", items, shared, threads, False, params)
+
+
 def gemv_stream(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue, *, threads: int = 256,
                 blocks: int = 132, item: str = "item", ptr_long: PtrLong | None = None, aligned: str = "false",
                 ptr_short: PtrLong | None = None, aligned_short: str = "false",
-                prefetch: tuple[Prefetch, ...] = (), long8: Long8 | None = None) -> GemmCode:
+                prefetch: tuple[Prefetch, ...] = (), long8: Long8 | None = None, cheap: bool = True) -> GemmCode:
     """C block for one work item of the streaming GEMV of ``p`` (see the module text).
 
     ``blocks``: the grid size the columns are spread over. ``ptr_long``: a pointer to the long operand's
@@ -134,17 +245,17 @@ def gemv_stream(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue
         raise ValueError("gemv_stream needs the long operand contiguous along K (use gemv)")
     warps = threads // 32
     vec = ptr_long is not None and p.k % 8 == 0
-    # a dequantising chain with K a multiple of 8 (intfacts.CHEAP_DEQUANT): each lane computes 8 consecutive
+    # a dequantising chain with K a multiple of 8 (``cheap``: Options.cheap_int_math): each lane computes 8 consecutive
     # K elements per step, so the compiler sees one byte serve both nibbles and one scale serve all 8
     # (the indices' low 3 bits are the constant t) and the activations come in 16-byte loads
-    lane8 = not vec and intfacts.CHEAP_DEQUANT and p.k % 8 == 0
+    lane8 = not vec and cheap and p.k % 8 == 0
     per_step = 256 if vec or lane8 else 32
-    steps = _ceil(p.k, per_step)
+    steps = ceil_div(p.k, per_step)
     cpw, ksplit = stream_split(long_n, p.batch, steps, warps, blocks)
     groups = warps // ksplit  # column groups of one work item
     per_item = groups * cpw
-    per_batch = _ceil(long_n, per_item)
-    slice_steps = _ceil(steps, ksplit)
+    per_batch = ceil_div(long_n, per_item)
+    slice_steps = ceil_div(steps, ksplit)
     if small_m:
         short_of = lambda k: load_a("bat", "s", k)  # noqa: E731
         long_of = lambda k: load_b("bat", k, "l")  # noqa: E731
@@ -263,7 +374,7 @@ def gemv_stream(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue
                  "    const int l = l0 + c;",
                  f"    if (l < {long_n}) {{"]
         for pf in prefetch:  # the slice's bytes [lo, lo + n): a line each lane, the last byte at most
-            n = _ceil(pf.span, ksplit)
+            n = ceil_div(pf.span, ksplit)
             lo = f"({pf.row_stride}LL * l + {pf.start} + {k_lo} * {pf.span}LL / K)"
             fetch += [f"        for (int x = lane; x <= {(n - 1) // LINE + 1}; x += 32) "
                       'asm volatile("prefetch.global.L1 [%0];" :: '

@@ -14,13 +14,15 @@ make it cheap without changing a single result:
   for negative ``a`` too) and ``a - floor(a / 2**s) * 2**s == a & (2**s - 1)`` (two's complement), exactly
   torch's semantics (:data:`tkx.ops.ROWS`, Python's ``//`` and ``%``) for every ``a``.
 
-:data:`CHEAP_DEQUANT` switches both off (the generic 64-bit forms, ``tkx_ifloordiv``/``tkx_iremainder``).
+``Options(cheap_int_math=False)`` switches both off (the generic 64-bit forms, ``tkx_ifloordiv`` /
+``tkx_iremainder``), with the unrounded small-integer casts and the streaming GEMV's 8-elements-per-lane
+chain path. On by default: measured on the H200 (decode step, median of 9 CUDA-graph replays, 20 greedy
+tokens of 4 sequences equal to eager both ways) int8 318.6 -> 238.0 µs, int4 459.7 -> 224.9 µs.
 Imports only torch, the IR and the op table.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping
 
 import torch
@@ -28,18 +30,9 @@ import torch
 from .. import ops as optable
 from ..ir import Op, TensorSpec, contiguous_strides
 
-__all__ = ["CHEAP_DEQUANT", "index_fits_32", "power_of_two_shifts", "shift_table", "int_range", "exact_in_half",
+__all__ = ["index_fits_32", "power_of_two_shifts", "shift_table", "int_range", "exact_in_half",
            "INT32_LIMIT", "MAX_EVALUATED", "TABLE_BITS"]
 
-#: Cheap integer arithmetic in the generated CUDA (32-bit device-function indices where the sizes allow,
-#: shifts/masks for integer ``//`` and ``%`` by powers of two, unrounded casts of small integers to bf16/f16,
-#: the streaming GEMV's 8-elements-per-lane chain path). ``False``: the generic 64-bit forms. Read at code
-#: generation; its default comes from the environment variable ``TKX_CHEAP_DEQUANT`` (``0``: off; on by
-#: default). Measured on the H200 (session 5, call 1, ``scripts/s5-call1.sh``; decode step, µs, median of 9
-#: CUDA-graph replays, 20 greedy tokens of 4 sequences strictly equal to eager both ways): int8 318.6 -> 238.0,
-#: int4 459.7 -> 224.9; every GPU test of ``tests/test_dequant_codegen.py`` and ``tests/test_decode.py``
-#: passed with it on.
-CHEAP_DEQUANT = os.environ.get("TKX_CHEAP_DEQUANT", "1") != "0"
 #: Indices below this fit a signed 32-bit ``int``.
 INT32_LIMIT = 1 << 31
 #: Largest index-only value (elements) evaluated on the CPU to learn its divisor values.

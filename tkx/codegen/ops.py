@@ -30,7 +30,6 @@ from collections.abc import Sequence
 from .. import ops as table
 from ..dtypes import INT_DTYPES, f32, int_literal, literal, round_scalar  # noqa: F401 (re-exported)
 from ..ir import Op, TensorSpec
-from . import intfacts
 from .cuda_prelude import round_to
 
 #: Integer dtypes whose ``long long`` registers always hold a 32-bit value (round_to wraps them).
@@ -46,14 +45,16 @@ def _convert(text: str, src: str, dst: str) -> str:
     return f"(float)({text})" if dst == "float" else f"(long long)({text})"
 
 
-def expr(op: Op, operands: Sequence[str | float | int | bool], *, exact: bool = False) -> str:
+def expr(op: Op, operands: Sequence[str | float | int | bool], *, exact: bool = False, cheap: bool = True) -> str:
     """The C expression computing pointwise ``op`` from its operands, in its compute type.
 
     ``operands`` has one entry per ``op.inputs``: a C expression for a tensor operand (of
     type ``long long`` when that operand's dtype is an integer, else ``float``) or the Python
     scalar itself. The result is *not* rounded to ``op.out.dtype``; :func:`value` does that.
-    Raises :class:`tkx.ops.UnknownKindError` for a kind without a row and ``KeyError`` for a
-    row without a C expression (an index op, emitted by the kernel generator itself).
+    ``cheap`` (``Options.cheap_int_math``): a 1- to 4-byte integer operand of a float op is converted
+    through ``int`` (the cheaper conversion, the same float). Raises :class:`tkx.ops.UnknownKindError`
+    for a kind without a row and ``KeyError`` for a row without a C expression (an index op, emitted by
+    the kernel generator itself).
     """
     r = table.row(op.kind)
     if r.c is None:
@@ -69,7 +70,7 @@ def expr(op: Op, operands: Sequence[str | float | int | bool], *, exact: bool = 
         if isinstance(x, str):
             src = "int" if isinstance(spec, TensorSpec) and spec.dtype in INT_DTYPES else (
                 "int" if integer and not isinstance(spec, TensorSpec) else "float")
-            if (intfacts.CHEAP_DEQUANT and src == "int" and ct == "float" and i not in keep
+            if (cheap and src == "int" and ct == "float" and i not in keep
                     and isinstance(spec, TensorSpec) and spec.dtype in _NARROW_INTS):
                 x = f"(int)({x})"  # a 32-bit value: the cheaper int-to-float conversion, the same float
             args.append(x if i in keep else _convert(x, src, ct))
@@ -83,10 +84,10 @@ def expr(op: Op, operands: Sequence[str | float | int | bool], *, exact: bool = 
 
 
 def value(op: Op, operands: Sequence[str | float | int | bool], *, exact: bool = False,
-          exact_cast: bool = False) -> str:
+          exact_cast: bool = False, cheap: bool = True) -> str:
     """:func:`expr` rounded to ``op.out.dtype`` (the value eager PyTorch would store). ``exact_cast``: a
     ``cast`` of an integer the caller proved within ``[-256, 256]`` to bf16/f16 (exact there) is not rounded."""
-    text = expr(op, operands, exact=exact)
+    text = expr(op, operands, exact=exact, cheap=cheap)
     if exact_cast and op.kind == "cast" and op.out.dtype in ("bfloat16", "float16"):
         return text  # the caller proved the integer exact in the 2-byte float (|x| <= 256): no rounding
     if op.out.dtype in INT_DTYPES and table.compute_type(op) != "int":

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 from .. import ops as table
 from ..dtypes import literal
-from ..target import THREAD_FINAL_CHUNKS
+from ..target import THREAD_FINAL_CHUNKS, ceil_div
 from .text import block, indent
 
 Element = Callable[[str, str], str]  # (row, r) -> float C expression
@@ -78,9 +78,6 @@ class ReduceCode:
     def __str__(self) -> str:
         return self.code
 
-
-def _ceil(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _check(kind: str, rows: int, size: int, threads: int) -> None:
@@ -130,7 +127,7 @@ def thread_per_row(kind: str, rows: int, size: int, element: Element, finish: Fi
         "}",
     )
     code = _wrap(f"{kind} over {size} elements of each of {rows} rows: one thread per row", body)
-    return ReduceCode("thread", kind, code, _ceil(rows, threads), 0, threads, {"rows_per_item": threads})
+    return ReduceCode("thread", kind, code, ceil_div(rows, threads), 0, threads, {"rows_per_item": threads})
 
 
 def warp_per_row(kind: str, rows: int, size: int, element: Element, finish: Finish, *, threads: int = 256,
@@ -154,7 +151,7 @@ def warp_per_row(kind: str, rows: int, size: int, element: Element, finish: Fini
         "}",
     )
     code = _wrap(f"{kind} over {size} elements of each of {rows} rows: one warp per row", body)
-    return ReduceCode("warp", kind, code, _ceil(rows, warps), 0, threads, {"rows_per_item": warps})
+    return ReduceCode("warp", kind, code, ceil_div(rows, warps), 0, threads, {"rows_per_item": warps})
 
 
 def block_per_row(kind: str, rows: int, size: int, element: Element, finish: Finish, *, threads: int = 256,
@@ -227,7 +224,7 @@ def columns_per_item(kind: str, rows: int, size: int, element: Element, finish: 
     )
     code = _wrap(f"{kind} over {size} elements of each of {rows} rows: 32 adjacent rows per work item, "
                  f"{warps} warps split r", body)
-    return ReduceCode("columns", kind, code, _ceil(rows, 32), threads * 4, threads, {"rows_per_item": 32})
+    return ReduceCode("columns", kind, code, ceil_div(rows, 32), threads * 4, threads, {"rows_per_item": 32})
 
 
 def partial_reduce(kind: str, rows: int, size: int, chunks: int, element: Element, *, scratch: str,
@@ -248,7 +245,7 @@ def partial_reduce(kind: str, rows: int, size: int, chunks: int, element: Elemen
     _check(kind, rows, size, threads)
     if not 1 <= chunks <= size:
         raise ValueError(f"chunks must be in [1, size], got {chunks}")
-    length = _ceil(size, chunks)
+    length = ceil_div(size, chunks)
     init = _identity(kind, "float")
     idx = _index(chunks * length + max(length, threads))
     if not rows_contiguous:
@@ -283,7 +280,7 @@ def partial_reduce(kind: str, rows: int, size: int, chunks: int, element: Elemen
         _fold_warps(kind, rows, warps, smem, "partials", f"{scratch}[row * {chunks} + chunk] = acc;"),
     )
     code = _wrap(f"{kind}, phase 1 of 2: 32 rows x a chunk of {length} elements -> scratch", body)
-    return ReduceCode("partial", kind, code, _ceil(rows, 32) * chunks, warps * 32 * 4, threads,
+    return ReduceCode("partial", kind, code, ceil_div(rows, 32) * chunks, warps * 32 * 4, threads,
                       {"chunks": chunks, "chunk_length": length, "scratch_floats": rows * chunks,
                        "rows_contiguous": True})
 
@@ -311,7 +308,7 @@ def final_reduce(kind: str, rows: int, size: int, chunks: int, finish: Finish, *
         )
         code = _wrap(f"{kind}, phase 2 of 2: fold the {chunks} partials of each of {rows} rows, one thread per row",
                      body)
-        return ReduceCode("final", kind, code, _ceil(rows, threads), 0, threads,
+        return ReduceCode("final", kind, code, ceil_div(rows, threads), 0, threads,
                           {"chunks": chunks, "rows_per_item": threads})
     body = block(
         "const int lane = threadIdx.x % 32;",
@@ -329,7 +326,8 @@ def final_reduce(kind: str, rows: int, size: int, chunks: int, finish: Finish, *
         "}",
     )
     code = _wrap(f"{kind}, phase 2 of 2: fold the {chunks} partials of each of {rows} rows", body)
-    return ReduceCode("final", kind, code, _ceil(rows, warps), 0, threads, {"chunks": chunks, "rows_per_item": warps})
+    return ReduceCode("final", kind, code, ceil_div(rows, warps), 0, threads,
+                      {"chunks": chunks, "rows_per_item": warps})
 
 
 def choose_strategy(rows: int, size: int, *, rows_contiguous: bool = False, threads: int = 256,

@@ -157,12 +157,14 @@ def pointwise_kernel(ops: Sequence[Op], *, exact: bool = False, threads: int = 2
     return TestKernel(name, source, threads, 0, 0, {"ops": len(ops)})
 
 
-def barrier_kernel(mode: str = "grid", *, threads: int = 256, name: str = "tkx_barrier_test") -> TestKernel:
+def barrier_kernel(mode: str = "grid", *, threads: int = 256, name: str = "tkx_barrier_test",
+                   grid_barrier: str = "auto") -> TestKernel:
     """``rounds`` stages; in stage s every block writes ``s + blockIdx.x`` to ``slots[s % 2][blockIdx.x]``,
     and after the barrier block 0 checks the whole row of the previous stage (``errors`` counts
     mismatches). Blocks with ``blockIdx.x >= active`` return at once (to provoke a timeout).
 
-    With ``check == 0`` nothing is checked (to time the barrier alone).
+    With ``check == 0`` nothing is checked (to time the barrier alone). ``grid_barrier``: which grid
+    barrier (``Options.grid_barrier``).
 
     Parameters: ``(int* slots, int* errors, int rounds, int active, int check, sync, status, spin_limit)``.
     """
@@ -171,13 +173,13 @@ def barrier_kernel(mode: str = "grid", *, threads: int = 256, name: str = "tkx_b
         "",
         f'extern "C" __global__ void __launch_bounds__({threads})',
         f"{name}(int* slots, int* errors, int rounds, int active, int check, {BARRIER_PARAMS}) {{",
-        "    " + P.barrier_setup(mode),
+        "    " + P.barrier_setup(mode, choice=grid_barrier),
         "    if (blockIdx.x >= active) return;  // a block that never arrives",
         "    const int blocks = gridDim.x;",
         "    for (int s = 0; s < rounds; ++s) {",
         "        int* row = slots + (s % 2) * blocks;",
         "        if (threadIdx.x == 0) row[blockIdx.x] = s + blockIdx.x;",
-        "        " + P.barrier(mode, "s + 1"),
+        "        " + P.barrier(mode, "s + 1", choice=grid_barrier),
         "        if (check && blockIdx.x == (s % blocks)) {  // one block checks what every block wrote",
         "            for (int b = threadIdx.x; b < blocks; b += blockDim.x)",
         "                if (row[b] != s + b) atomicAdd(errors, 1);",

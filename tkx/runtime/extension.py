@@ -30,17 +30,17 @@ import torch
 
 from ..errors import TkxError
 from . import cache as _cache
-from .device import kernel_arch, sm_count
+from .device import kernel_arch
 from .kernel import (
     DEFAULT_DYNAMIC_SHARED_LIMIT,
     KernelLoadError,
     Resources,
     _launch_shape,
     arena_bytes_of,
-    choose_grid,
     kernel_name,
     launch_contract,
-    occupancy_error,
+    set_launch_shape,
+    threads_error,
 )
 
 
@@ -204,7 +204,7 @@ class ExtensionKernel:
         if int(getattr(launch_contract(source).config, "cluster", 1) or 1) > 1:
             raise KernelLoadError("the torch-extension back end launches without thread-block clusters, but "
                                   "this kernel's GEMMs pair their items in 2-CTA clusters "
-                                  "(tkx.target.GEMM_CLUSTER); use backend='nvrtc' or turn GEMM_CLUSTER off")
+                                  "(Options.gemm_cluster); use backend='nvrtc' or gemm_cluster='off'")
         start = time.perf_counter()
         with torch.cuda.device(device):
             self._check(module.prepare(dyn), "cudaFuncSetAttribute")
@@ -215,19 +215,9 @@ class ExtensionKernel:
         self.load_seconds = time.perf_counter() - start
         self.registers, self.shared_bytes, self.local_bytes = int(regs), int(shared), int(local)
         if threads > max_threads:
-            raise KernelLoadError(
-                f"the kernel was generated for {threads} threads per block but uses {regs} registers/thread, "
-                f"so at most {max_threads} fit in a block; lower Options.threads_per_block")
-        self.dynamic_shared_bytes = dyn
+            raise threads_error(threads, int(regs), max_threads)
         self.occupancy = int(occupancy)
-        self.block = threads
-        self.mode = mode
-        self.sm_count = sm_count(device)
-        if self.occupancy <= 0:
-            raise occupancy_error(self.registers, self.shared_bytes, dyn, threads, self.local_bytes)
-        self.grid = choose_grid(mode, blocks, self.occupancy, self.sm_count,
-                                launch_contract(source).config.max_blocks)
-        self.cooperative = mode != "block"
+        set_launch_shape(self, source, device, mode, blocks, threads, dyn)
 
     def _check(self, err: int, what: str) -> None:
         if int(err) != 0:

@@ -33,7 +33,8 @@ DEFAULT_DYNAMIC_SHARED_LIMIT = 48 * 1024
 #: launched: ``"cooperative"`` (``cuLaunchKernelEx`` with both the cooperative and the cluster-dimension
 #: attributes: the driver checks that every block is co-resident) or ``"plain"`` (the cluster attribute
 #: only; the grid is still no larger than the clusters the occupancy calculator says are co-resident,
-#: which the grid barriers need). See ``docs/results/cluster-s5-notes.txt`` for what the H200 takes.
+#: which the grid barriers need). On the H200 both launch: cuOccupancyMaxActiveClusters gives 528 2-CTA
+#: clusters (8 x 132 / 2) with or without the cooperative attribute, so no SM is lost to pairing.
 CLUSTER_LAUNCH = "cooperative"
 
 
@@ -280,6 +281,29 @@ def occupancy_error(registers: int, shared_bytes: int, dynamic_shared_bytes: int
         "(tile_m, tile_n, tile_k)")
 
 
+def threads_error(threads: int, registers: int, max_threads: int) -> KernelLoadError:
+    """The error raised when the kernel's registers let fewer than its ``threads`` threads into a block."""
+    return KernelLoadError(
+        f"the kernel was generated for {threads} threads per block but uses {registers} "
+        f"registers/thread, so at most {max_threads} fit in a block; "
+        "lower Options.threads_per_block")
+
+
+def set_launch_shape(kernel: Any, source: Any, device: Any, mode: str, blocks: int, threads: int, dyn: int) -> None:
+    """Set ``kernel``'s launch shape from its measured ``occupancy`` (both back ends): ``block``,
+    ``mode``, ``grid`` (:func:`choose_grid`), ``cooperative``, ``sm_count`` and ``dynamic_shared_bytes``;
+    :func:`occupancy_error` when not one block fits on an SM."""
+    kernel.dynamic_shared_bytes = dyn
+    kernel.block = threads
+    kernel.mode = mode
+    kernel.sm_count = sm_count(device)
+    if kernel.occupancy <= 0:
+        raise occupancy_error(kernel.registers, kernel.shared_bytes, dyn, threads, kernel.local_bytes)
+    kernel.grid = choose_grid(mode, blocks, kernel.occupancy, kernel.sm_count,
+                              launch_contract(source).config.max_blocks)
+    kernel.cooperative = mode != "block"
+
+
 def occupancy_limits(registers: int, shared_bytes: int, dynamic_shared_bytes: int, threads: int, *,
                      regs_per_sm: int = 65536, shared_per_sm: int = 233472, threads_per_sm: int = 2048,
                      blocks_per_sm: int = 32) -> dict[str, int]:
@@ -382,23 +406,12 @@ class CompiledKernel:
             max_threads = _attr(attrs, "max_threads_per_block", threads)
             self._check_signature(source)
             if threads > max_threads:
-                raise KernelLoadError(
-                    f"the kernel was generated for {threads} threads per block but uses {self.registers} "
-                    f"registers/thread, so at most {max_threads} fit in a block; "
-                    "lower Options.threads_per_block")
+                raise threads_error(threads, self.registers, max_threads)
             if dyn > DEFAULT_DYNAMIC_SHARED_LIMIT:
                 self._allow_dynamic_shared(dyn)
             self.occupancy = self._occupancy(threads, dyn)
         self.load_seconds = time.perf_counter() - start
-        self.dynamic_shared_bytes = dyn
-        self.block = threads
-        self.mode = mode
-        self.sm_count = sm_count(device)
-        if self.occupancy <= 0:
-            raise occupancy_error(self.registers, self.shared_bytes, dyn, threads, self.local_bytes)
-        self.grid = choose_grid(mode, blocks, self.occupancy, self.sm_count,
-                                launch_contract(source).config.max_blocks)
-        self.cooperative = mode != "block"
+        set_launch_shape(self, source, device, mode, blocks, threads, dyn)
         self.cluster = int(getattr(launch_contract(source).config, "cluster", 1) or 1)
         #: With clusters: how many are co-resident at once (cuOccupancyMaxActiveClusters), else ``None``.
         self.max_clusters: int | None = None
@@ -415,7 +428,7 @@ class CompiledKernel:
         core, c = self._core, self.cluster
         if self.mode == "block":
             raise KernelLoadError("a kernel in block mode (one block) cannot run in clusters of "
-                                  f"{c} blocks; turn tkx.target.GEMM_CLUSTER off or use grid mode")
+                                  f"{c} blocks; set gemm_cluster='off' or use grid mode")
         if CLUSTER_LAUNCH not in ("cooperative", "plain"):
             raise KernelLoadError(f"tkx.runtime.kernel.CLUSTER_LAUNCH is {CLUSTER_LAUNCH!r}; one of "
                                   "'cooperative', 'plain'")
@@ -425,7 +438,7 @@ class CompiledKernel:
             raise KernelLoadError(
                 f"the kernel cannot run in clusters of {c} blocks: the occupancy calculator says none is "
                 f"co-resident ({self.registers} registers/thread x {threads} threads, {self.shared_bytes} B "
-                f"static + {dyn} B dynamic shared memory per block); turn tkx.target.GEMM_CLUSTER off")
+                f"static + {dyn} B dynamic shared memory per block); set gemm_cluster='off'")
         self.grid = max(c, min(self.grid - self.grid % c, self.max_clusters * c))
         self.cooperative = coop
         return core.LaunchConfig(grid=_cluster_grid_arg(core, self.grid, c), cluster=c, block=threads,
@@ -443,7 +456,7 @@ class CompiledKernel:
             except TypeError:  # releases taking the stream positionally
                 return int(occ.max_active_clusters(probe))
         raise KernelLoadError("this cuda-core has no occupancy query for clusters "  # pragma: no cover
-                              "(KernelOccupancy.max_active_clusters); turn tkx.target.GEMM_CLUSTER off")
+                              "(KernelOccupancy.max_active_clusters); set gemm_cluster='off'")
 
     def _check_signature(self, source: Any) -> None:
         params = launch_contract(source).params
@@ -503,7 +516,7 @@ class CompiledKernel:
                     f"{'cooperative ' if self.cooperative else ''}launch of {self.grid} blocks in clusters of "
                     f"{self.cluster} ({self.max_clusters} clusters co-resident) refused by the driver: {e}; "
                     "set tkx.runtime.kernel.CLUSTER_LAUNCH = 'plain' (or 'cooperative'), or turn "
-                    "tkx.target.GEMM_CLUSTER off") from e
+                    "gemm_cluster='off'") from e
             return
         if self.cooperative:
             err = cooperative_limit_error(self.grid, self.occupancy, self.sm_count, self.registers,

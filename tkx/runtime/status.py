@@ -2,7 +2,7 @@
 
 One ``int32`` tensor of :data:`WORDS` words per runner (and per captured graph), zeroed once:
 
-* words ``0..1`` - ``sync``: the grid barrier's state (:data:`tkx.codegen.cuda_prelude.GRID_BARRIER`:
+* words ``0..1`` - ``sync``: the grid barrier's state (``Options.grid_barrier``:
   one 64-bit arrival count that only grows, or an arrival count and a generation); the barrier
   leaves them ready for the next launch of the same grid; they are re-zeroed only after an error;
 * words ``4..7`` - ``status``: ``status[0]`` the error code (:data:`tkx.codegen.abi.ERROR_CODES`),

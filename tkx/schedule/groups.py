@@ -14,7 +14,6 @@ import dataclasses
 import math
 from typing import Any
 
-from .. import target as _target
 from ..dtypes import INT_DTYPES
 from ..ir import Op, TensorSpec
 from ..target import (
@@ -113,7 +112,7 @@ def _split_reductions(w: Work, groups: dict[str, Group], scratch: dict[str, int]
 
 def _split_k(w: Work, groups: dict[str, Group], scratch: dict[str, int]) -> None:
     """Split-K GEMMs: each work item computes one tile over one slice of K and writes it to fp32
-    scratch. With target.SPLIT_K_LAST_SLICE the item that finishes a tile last (a per-tile arrival
+    scratch. With ``options.split_k_final == "last-slice"`` the item that finishes a tile last (a per-tile arrival
     counter) adds the slices in order and runs the epilogue, in the same group; otherwise a
     partial group ``<gid>k`` writes the slices and a final group of the next stage adds them."""
     for gid in list(groups):
@@ -123,7 +122,7 @@ def _split_k(w: Work, groups: dict[str, Group], scratch: dict[str, int]) -> None
             continue
         name = f"{grp.anchor}_splitk"
         scratch[name] = gplan.split_k * gplan.batch * gplan.m * gplan.n * 4
-        if _target.SPLIT_K_LAST_SLICE:
+        if w.options.split_k_final == "last-slice":
             why = (f"{gplan.why}; the last of the {gplan.split_k} slices to finish a tile adds them in slice "
                    "order and runs the epilogue (a per-tile arrival counter): no final stage")
             groups[gid] = Group(gid, "gemm", grp.anchor, grp.ops, grp.stores + (name,), grp.reads, grp.inlined,
@@ -141,7 +140,7 @@ def _split_k(w: Work, groups: dict[str, Group], scratch: dict[str, int]) -> None
                             plan=gplan.replace(partials=name, split_final="stage"))
         w.decisions.append(FusionDecision(
             "split-k", grp.anchor, gid, False, "split-k-final", "stage",
-            f"not fused: tkx.target.SPLIT_K_LAST_SLICE is off, so {gid}k writes the {gplan.split_k} slices and "
+            f"not fused: split_k_final='stage', so {gid}k writes the {gplan.split_k} slices and "
             f"{gid} adds them in the next stage, after a grid barrier"))
 
 

@@ -56,7 +56,7 @@ class FusionDecision:
     ``kind`` is ``"inline"`` (producer computed inside its consumer), ``"epilogue"``
     (pointwise consumer applied to a GEMM tile) or ``"side_output"`` (value stored from the
     same GEMM tile), ``"split-k"`` (where a split-K GEMM adds its slices: ``fused`` when the last
-    slice of each tile does, :data:`tkx.target.SPLIT_K_LAST_SLICE`). ``code`` is a stable reason code
+    slice of each tile does, ``Options.split_k_final``). ``code`` is a stable reason code
     (e.g. ``"multi-use"``) and ``reason`` a sentence for users ("not fused: producer has 3
     consumers"). ``rule`` names the rule that decided.
     """
