@@ -218,9 +218,9 @@ def test_verify_runs_eager_with_the_kernels_random_numbers():
 
 
 def test_dropout_in_a_stateful_module_step():
-    """nn.Dropout inside a module trained with loss.backward() and torch.optim (state=): the autograd-traced
-    graph's aten-level draws come from Philox too; exp.verify() (eager with the same numbers) passes and one
-    seed reproduces a step."""
+    """nn.Dropout inside a module trained with loss.backward() and torch.optim (state=): the autograd trace
+    runs under tkx.random.drawing, so its draws are tkx's dropout as in eager; exp.verify() (eager with the
+    same numbers) passes and one seed reproduces a step."""
     import copy
 
     torch.manual_seed(0)

@@ -278,14 +278,7 @@ def _dropout_step(lr: float):
     model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Dropout(0.5),
                                 torch.nn.Linear(32, 4))
     opt = torch.optim.SGD(model.parameters(), lr=lr)
-
-    def step(x, y):
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss
-    return model, opt, step
+    return model, opt, classify_step(model, opt)
 
 
 def _eager_loss_with(model, x, y, seed: int) -> float:

@@ -16,6 +16,8 @@ Capture makes the state an **implicit input** of the step (``program.rng_input``
 the views) that the caller does not pass: every run (the kernel, both interpreters, ``exp.run``) draws a
 fresh state from torch's default generator (:func:`next_state`), as Inductor seeds its random ops on every
 call. So ``torch.manual_seed(s)`` before a run reproduces it, and consecutive runs draw fresh numbers.
+A step captured with ``state=`` (``loss.backward()``, ``opt.step()``) is traced with autograd under the
+same block, so its ``nn.Dropout`` draws exactly as the eager step does inside :func:`drawing`.
 
 An explicit state still works: inside ``with tkx.random.philox(state):`` (``state`` an input of the step,
 from :func:`philox_state`) draws are keyed by ``state``, and leaving the block advances its offset by one
