@@ -224,3 +224,23 @@ def test_dropout_in_a_stateful_module_step():
     model.load_state_dict(saved)
     torch.manual_seed(5)
     assert torch.equal(a, exp.run(x, y))
+
+
+def test_dropout_half_in_a_stateful_step_keeps_half():
+    """Dropout(0.5) in a stateful step: the autograd trace writes it as ``empty_like(x).bernoulli_()``, its
+    p left at the default 0.5; the replayed draw keeps about half the elements (not none), as eager does."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 256), torch.nn.Dropout(0.5))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def train_step(x):
+        out = model(x)
+        out.square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+        return out.detach()
+
+    x = f(8, 6)
+    exp = tkx.explore(train_step, (x,), state=(model, opt))
+    kept = (exp.run(x) != 0).float().mean().item()
+    assert 0.4 < kept < 0.6, kept

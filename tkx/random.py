@@ -184,7 +184,9 @@ class _Philox(TorchFunctionMode):
         aten = torch.ops.aten
         if func in (aten.bernoulli.p, aten.bernoulli.default, aten.bernoulli_.float, aten.bernoulli_.Tensor):
             x = args[0]
-            prob = _argument(args, kwargs, 1, "p", None)
+            # bernoulli_.float's p defaults to 0.5, and a traced graph leaves a default argument out
+            # (dropout(p=0.5) becomes ``empty_like(x).bernoulli_()``); only bernoulli.default reads x
+            prob = _argument(args, kwargs, 1, "p", None if func is aten.bernoulli.default else 0.5)
             u = self.uniform(x.shape).to(x.device)
             draw = (u < (x if prob is None else prob)).to(x.dtype)
             return x.copy_(draw) if func in (aten.bernoulli_.float, aten.bernoulli_.Tensor) else draw
