@@ -32,8 +32,10 @@ the keep rate ``1 - p`` of dropout, the mean (1/2) and variance (1/12) of ``rand
 variance (1) of ``randn``; ``tests/test_models.py`` and ``tests/test_random_implicit.py`` do.
 
 ``randn`` is Box-Muller on two words of one Philox block: ``sqrt(-2 log(1 - u0)) * cos(2 pi u1)``
-(``1 - u0`` lies in ``(0, 1]``, so the log is finite). Dropout keeps an element when ``u >= p``
-(probability ``1 - p``) and scales kept values by ``1 / (1 - p)``, as ``F.dropout``.
+(``1 - u0`` lies in ``(0, 1]``, so the log is finite). Dropout keeps an element when ``u < 1 - p``
+(probability ``1 - p``) and scales kept values by ``1 / (1 - p)``, as ``F.dropout``: the same mask as
+``bernoulli_(1 - p)``, which is what autograd records for dropout (the stateful step's trace), so a step
+run eagerly inside :func:`drawing` and its autograd-traced graph drop the same elements.
 
 Limits: a state must be an int64 tensor of shape ``[2]``; anything else raises ``ValueError``. Other
 random ops (``randint``, ``normal_``, ``uniform_``, ``multinomial``, ``randperm``, ``F.alpha_dropout``...)
@@ -113,12 +115,12 @@ class _Philox(TorchFunctionMode):
         return torch.sqrt(-2.0 * torch.log(1.0 - u0)) * torch.cos((2.0 * math.pi) * u1)
 
     def dropout(self, x: torch.Tensor, p: float) -> torch.Tensor:
-        """``x`` with each element kept when its uniform is ``>= p`` and scaled by ``1 / (1 - p)``."""
+        """``x`` with each element kept when its uniform is ``< 1 - p`` and scaled by ``1 / (1 - p)``."""
         if p == 0.0:
             return x
         if p == 1.0:
             return x * 0.0
-        keep = (self.uniform(x.shape) >= p).to(x.dtype)
+        keep = (self.uniform(x.shape) < 1.0 - p).to(x.dtype)
         return x * keep * (1.0 / (1.0 - p))
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: D105, C901
@@ -137,7 +139,7 @@ class _Philox(TorchFunctionMode):
             if not _argument(args, kwargs, 2, "training", True) or p == 0.0:
                 return x
             lead = 2 if x.dim() == _CHANNEL_DROPOUT[func] + 2 else 1  # [N, C, ...] or unbatched [C, ...]
-            keep = (self.uniform(x.shape[:lead]) >= p).to(x.dtype).reshape(*x.shape[:lead], *[1] * (x.dim() - lead))
+            keep = (self.uniform(x.shape[:lead]) < 1.0 - p).to(x.dtype).reshape(*x.shape[:lead], *[1] * (x.dim() - lead))
             y = x * keep * (1.0 / (1.0 - p)) if p < 1.0 else x * 0.0
             return x.copy_(y) if _argument(args, kwargs, 3, "inplace", False) else y
         if func is F.scaled_dot_product_attention and _argument(args, kwargs, 4, "dropout_p", 0.0) > 0.0:
@@ -194,7 +196,7 @@ class _Philox(TorchFunctionMode):
             x, p, train = args[0], float(args[1]), args[2] if len(args) > 2 else kwargs.get("train")
             if train is False or p == 0.0:
                 return x.clone(), torch.ones_like(x, dtype=torch.bool)
-            keep = self.uniform(x.shape).to(x.device) >= p
+            keep = self.uniform(x.shape).to(x.device) < 1.0 - p
             return x * keep.to(x.dtype) * (1.0 / (1.0 - p) if p < 1.0 else 0.0), keep
         like = func in (aten.rand_like.default, aten.randn_like.default)
         shape = args[0].shape if like else args[0]
