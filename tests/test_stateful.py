@@ -253,3 +253,34 @@ def test_cli_state_argument_loads_the_objects(tmp_path):
         load_state(f"{path}:nothing")
     args = _parser().parse_args(["report", f"{path}:step", "--inputs", f"{path}:step", "--state", f"{path}:state"])
     assert args.state == f"{path}:state"
+
+
+@pytest.mark.parametrize("change", ["scheduler", "assign-lr", "assign-momentum"])
+def test_a_step_that_changes_a_param_group_is_refused_with_the_line(change):
+    """A scheduler's step() or a hyperparameter assignment inside the step would be dropped by the compiled
+    step (the groups are read before each call): one error naming the group, the key and the user's line,
+    and the optimizer keeps its own group dicts and values."""
+    (model, opt), _ = twin(MLP, lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9))
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5)
+    group = opt.param_groups[0]
+
+    def train_step(x, y):
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if change == "scheduler":
+            sched.step()  # the line the error names
+        elif change == "assign-lr":
+            opt.param_groups[0]["lr"] = opt.param_groups[0]["lr"] * 0.5  # the line the error names
+        else:
+            opt.param_groups[0]["momentum"] = 0.5  # the line the error names
+        return loss
+
+    with pytest.raises(tkx.UnsupportedError) as info:
+        tkx.capture(train_step, BATCHES[0], state=(model, opt))
+    key = "momentum" if change == "assign-momentum" else "lr"
+    assert f"opt.param_groups[0][{key!r}]" in str(info.value)
+    assert info.value.source is not None and "the line the error names" in info.value.source.code
+    assert opt.param_groups[0] is group and group["lr"] == 0.1 and group["momentum"] == 0.9
+    assert len(opt.state) == 0 and all(p.grad is None for p in model.parameters())
