@@ -284,3 +284,19 @@ def test_a_step_that_changes_a_param_group_is_refused_with_the_line(change):
     assert info.value.source is not None and "the line the error names" in info.value.source.code
     assert opt.param_groups[0] is group and group["lr"] == 0.1 and group["momentum"] == 0.9
     assert len(opt.state) == 0 and all(p.grad is None for p in model.parameters())
+
+
+def test_an_optimizer_the_step_uses_but_state_does_not_name_is_refused():
+    """state=model alone while the step calls opt.step(): the unlisted optimizer would step the user's own
+    parameters, whose gradients the lifted step never sets (no update at all); one error at its line."""
+    (model, opt), _ = twin(MLP, lambda ps: torch.optim.SGD(ps, lr=0.5))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(tkx.UnsupportedError) as info:
+        tkx.capture(classify_step(model, opt), BATCHES[0], state=model)
+    assert "SGD that state= does not name" in str(info.value) and info.value.source is not None
+    assert "opt.step()" in info.value.source.code
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters()) and len(opt.state) == 0
+    exp = tkx.explore(classify_step(model, opt), BATCHES[0], state=(model, opt))  # the next call works
+    exp.run(*BATCHES[0])
+    assert not torch.equal(before["fc1.weight"], model.fc1.weight)

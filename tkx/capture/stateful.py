@@ -405,7 +405,7 @@ class StatefulStep:
                 before = [[_group_values(g) for g in opt.param_groups] for _, opt in self.optimizers]
                 for g in watched:
                     g.armed = True
-                with _LrWrites(watched):
+                with _LrWrites(watched), _refuse_unlisted_optimizers(self.optimizers):
                     self.step_fn(*args)
                 for g in watched:
                     g.armed = False
@@ -678,6 +678,31 @@ class _WatchedGroup(dict):
             from .trace import user_frame
             self.writes[key] = user_frame(sys._getframe(1))
         super().__setitem__(key, value)
+
+
+@contextlib.contextmanager
+def _refuse_unlisted_optimizers(optimizers: list[tuple[str, torch.optim.Optimizer]]) -> Iterator[None]:
+    """Raise at ``opt.step()`` of an optimizer the step uses but ``state=`` does not name: it would
+    update the user's own parameters, whose gradients the lifted step never sets (no update at all)."""
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    listed = {id(o) for _, o in optimizers}
+
+    def hook(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if id(opt) not in listed:
+            import sys
+
+            from .trace import user_frame
+            raise UnsupportedError("state-not-liftable",
+                                   f"the step calls step() of a {type(opt).__name__} that state= does not name",
+                                   source=user_frame(sys._getframe(1)),
+                                   hint="name every optimizer the step uses: state=(model, opt)")
+
+    handle = register_optimizer_step_pre_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 class _LrWrites(torch.overrides.TorchFunctionMode):
