@@ -300,3 +300,17 @@ def test_an_optimizer_the_step_uses_but_state_does_not_name_is_refused():
     exp = tkx.explore(classify_step(model, opt), BATCHES[0], state=(model, opt))  # the next call works
     exp.run(*BATCHES[0])
     assert not torch.equal(before["fc1.weight"], model.fc1.weight)
+
+
+def test_verify_after_a_train_eval_switch_captures_again_as_run_does():
+    """exp.verify() after model.eval() compared the train-mode program with eager in eval mode (a false
+    FAIL); it now captures the step again first, as exp.run does."""
+    from stateful_steps import CNN  # BatchNorm: train and eval differ
+    (model, opt), _ = twin(CNN, lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9))
+    x = torch.randn(4, 1, 8, 8, generator=torch.Generator().manual_seed(3))
+    y = torch.tensor([0, 1, 2, 0])
+    exp = tkx.explore(classify_step(model, opt), (x, y), state=(model, opt))
+    assert exp.verify(show=False).passed
+    model.eval()
+    assert exp.verify(show=False).passed
+    assert exp.recomputed and "eval" in exp.recomputed[0]
