@@ -266,3 +266,18 @@ def test_verify_of_a_stateful_dropout_step_matches_eager_draw_for_draw(p):
     result = exp.verify(show=False)
     assert result.passed, result.summary()
     assert max(c.vs_eager for c in result.comparisons) < 1e-5, result.summary()
+
+
+def test_in_place_bernoulli_draws_from_philox():
+    """``x.bernoulli_(p)`` (how hand-written dropout masks are often made) draws from Philox like
+    ``torch.bernoulli`` instead of being refused; eager in verify draws the same numbers."""
+    def step(w, x):
+        mask = torch.empty_like(x).bernoulli_(0.2)
+        return (x * mask @ w).square().mean(), mask
+
+    inputs = (f(16, 4), f(256, 16))
+    exp = tkx.explore(step, inputs)
+    kept = exp.run(*inputs)[1].mean().item()
+    assert 0.15 < kept < 0.25, kept
+    result = exp.verify(show=False)
+    assert result.passed and max(c.vs_eager for c in result.comparisons) < 1e-5, result.summary()

@@ -7,7 +7,7 @@ A step that draws random numbers needs no wrapper::
         ...
 
 ``F.dropout`` (and ``nn.Dropout``), ``F.dropout1d/2d/3d`` (whole channels),
-``torch.rand``/``randn``/``rand_like``/``randn_like``, ``torch.bernoulli``,
+``torch.rand``/``randn``/``rand_like``/``randn_like``, ``torch.bernoulli`` (and ``x.bernoulli_(p)``),
 ``F.scaled_dot_product_attention(dropout_p=...)`` and ``nn.MultiheadAttention``'s dropout, anywhere in
 the step (also inside a function under ``torch.func.grad``), draw from Philox-4x32-10
 keyed by a **Philox state** (int64 ``[2]``: seed, offset) instead of torch's generator: element ``i`` of the
@@ -176,6 +176,12 @@ class _Philox(TorchFunctionMode):
             if prob is None:
                 return (u < p_arg).to(p_arg.dtype)
             return (u < prob).to(p_arg.dtype)
+        if func is torch.Tensor.bernoulli_:  # x.bernoulli_(p=0.5): in place, p a float or a tensor
+            x = args[0]
+            prob = _argument(args, kwargs, 1, "p", 0.5)
+            if kwargs.get("generator") is not None:
+                raise ValueError("tkx.random.philox: bernoulli_ with generator= inside the block; drop it")
+            return x.copy_((self.uniform(x.shape) < prob).to(x.dtype))
         if func in _ATEN_DRAWS:  # a graph traced earlier (the stateful step's autograd trace) replayed
             return self.aten_draw(func, args, kwargs)
         return func(*args, **kwargs)
