@@ -314,3 +314,16 @@ def test_verify_after_a_train_eval_switch_captures_again_as_run_does():
     model.eval()
     assert exp.verify(show=False).passed
     assert exp.recomputed and "eval" in exp.recomputed[0]
+
+
+@pytest.mark.parametrize("extra", ["itself", "submodule"])
+def test_a_module_named_twice_or_with_its_submodule_is_lifted_once(extra):
+    """state=(model, model, opt) or (model, model.fc1, opt) failed with an internal KeyError; the repeated
+    module is lifted once, through the outer one (names stay the state_dict's)."""
+    mine, ref = twin(MLP, lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9))
+    model, opt = mine
+    again = model if extra == "itself" else model.fc1
+    exp = tkx.explore(classify_step(*mine), BATCHES[0], state=(model, again, opt))
+    assert exp.captured.input_names[:2] == ("fc1.weight", "fc1.bias")
+    run_both(exp.run, classify_step(*ref), BATCHES)
+    assert_same_state(mine, ref)

@@ -79,7 +79,12 @@ def _state_objects(state: Any) -> tuple[list[tuple[str, torch.nn.Module]], list[
     else:
         objs = list(state) if isinstance(state, (tuple, list)) else [state]
         items = [(None, o) for o in objs]
+    seen: set[int] = set()  # the same object named twice (state=(model, model, opt)) is lifted once
+    items = [(k, o) for k, o in items if not (id(o) in seen or seen.add(id(o)))]
     modules = [(k, o) for k, o in items if isinstance(o, torch.nn.Module)]
+    # a submodule of another listed module is lifted (and named) through that one
+    inside = {id(sub) for _, m in modules for sub in m.modules() if sub is not m}
+    modules = [(k, m) for k, m in modules if id(m) not in inside]
     optims = [(k, o) for k, o in items if isinstance(o, torch.optim.Optimizer)]
     for k, o in items:
         if not isinstance(o, (torch.nn.Module, torch.optim.Optimizer)):
