@@ -139,7 +139,8 @@ class _Philox(TorchFunctionMode):
             if not _argument(args, kwargs, 2, "training", True) or p == 0.0:
                 return x
             lead = 2 if x.dim() == _CHANNEL_DROPOUT[func] + 2 else 1  # [N, C, ...] or unbatched [C, ...]
-            keep = (self.uniform(x.shape[:lead]) < 1.0 - p).to(x.dtype).reshape(*x.shape[:lead], *[1] * (x.dim() - lead))
+            keep = (self.uniform(x.shape[:lead]) < 1.0 - p).to(x.dtype)
+            keep = keep.reshape(*x.shape[:lead], *[1] * (x.dim() - lead))
             y = x * keep * (1.0 / (1.0 - p)) if p < 1.0 else x * 0.0
             return x.copy_(y) if _argument(args, kwargs, 3, "inplace", False) else y
         if func is F.scaled_dot_product_attention and _argument(args, kwargs, 4, "dropout_p", 0.0) > 0.0:
