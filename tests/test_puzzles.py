@@ -104,6 +104,24 @@ def test_answers_of_the_wrong_form_say_what_form():
         assert not v.ok and v.hint, (name, str(v))
 
 
+def test_fractional_and_infinite_numbers_are_wrong_answers_not_rounded_or_crashes():
+    """1.5 is not a barrier index and 16.5 not a threshold (int() would round them into a correct answer);
+    inf is a wrong answer, not an OverflowError."""
+    p = puzzles.get("barriers-1")
+    cut = p.solution()[0]
+    for answer in ([cut + 0.5], [float("inf")], [float("nan")]):
+        v = puzzles.check(p, answer)
+        assert not v.ok and "whole group indices" in v.problems[0], (answer, v)
+    assert puzzles.check(p, [float(cut)]).ok
+    t = puzzles.get("thresholds-1")
+    answer = copy.deepcopy(t.solution())
+    g = next(iter(answer))
+    h = next(iter(answer[g]))
+    answer[g][h] += 0.5
+    v = puzzles.check(t, answer)
+    assert not v.ok and "whole number" in v.problems[0], v
+
+
 def test_a_correct_answer_can_be_worse_than_the_compiler():
     p = puzzles.get("arena-2")
     a = p.step.arena

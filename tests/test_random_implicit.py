@@ -257,3 +257,60 @@ def test_aten_bernoulli_without_p_draws_with_its_default_one_half():
         half = torch.ops.aten.bernoulli.p(x, 0.5)
     assert torch.equal(default, half)
     assert 0.45 < default.mean().item() < 0.55
+
+
+def test_dropout_half_in_a_stateful_step_keeps_half():
+    """Dropout(0.5) in a stateful step: the autograd trace writes it as ``empty_like(x).bernoulli_()``, its
+    p left at the default 0.5; the replayed draw keeps about half the elements (not none), as eager does."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 256), torch.nn.Dropout(0.5))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def train_step(x):
+        out = model(x)
+        out.square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+        return out.detach()
+
+    x = f(8, 6)
+    exp = tkx.explore(train_step, (x,), state=(model, opt))
+    kept = (exp.run(x) != 0).float().mean().item()
+    assert 0.4 < kept < 0.6, kept
+
+
+@pytest.mark.parametrize("p", [0.5, 0.3])
+def test_verify_of_a_stateful_dropout_step_matches_eager_draw_for_draw(p):
+    """Eager inside tkx.random.drawing (what verify runs) and the stateful step's autograd-traced graph
+    (dropout recorded as bernoulli_(1 - p)) drop the same elements: verify agrees with eager directly,
+    not only through the float64 arbitration."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 64), torch.nn.Dropout(p), torch.nn.Linear(64, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def train_step(x):
+        out = model(x)
+        out.square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+        return out.detach()
+
+    exp = tkx.explore(train_step, (f(8, 6),), state=(model, opt))
+    result = exp.verify(show=False)
+    assert result.passed, result.summary()
+    assert max(c.vs_eager for c in result.comparisons) < 1e-5, result.summary()
+
+
+def test_in_place_bernoulli_draws_from_philox():
+    """``x.bernoulli_(p)`` (how hand-written dropout masks are often made) draws from Philox like
+    ``torch.bernoulli`` instead of being refused; eager in verify draws the same numbers."""
+    def step(w, x):
+        mask = torch.empty_like(x).bernoulli_(0.2)
+        return (x * mask @ w).square().mean(), mask
+
+    inputs = (f(16, 4), f(256, 16))
+    exp = tkx.explore(step, inputs)
+    kept = exp.run(*inputs)[1].mean().item()
+    assert 0.15 < kept < 0.25, kept
+    result = exp.verify(show=False)
+    assert result.passed and max(c.vs_eager for c in result.comparisons) < 1e-5, result.summary()

@@ -304,7 +304,7 @@ def test_dropout_draws_fresh_masks_on_every_run_of_a_module_step():
         torch.manual_seed(seed)
         seeded.append(exp.run(x, y).item())
     assert seeded[0] == seeded[1] != seeded[2]  # torch.manual_seed reproduces a run
-    for seed in (7, 8):  # eager under the same Philox state: the same mask (keep when u >= p)
+    for seed in (7, 8):  # eager under the same Philox state: the same mask
         torch.manual_seed(seed)
         got = exp.run(x, y).item()
         assert got != pytest.approx(no_dropout, abs=1e-3)
@@ -354,3 +354,77 @@ def test_verify_of_a_dropout_step_sees_eager_on_other_numbers(monkeypatch):
     monkeypatch.setattr(verify_cpu, "drawing", lambda state: contextlib.nullcontext())
     result = exp.verify(show=False)
     assert max(c.vs_eager for c in result.comparisons) > 1e-2
+
+
+@pytest.mark.parametrize("change", ["scheduler", "assign-lr", "assign-momentum"])
+def test_a_step_that_changes_a_param_group_is_refused_with_the_line(change):
+    """A scheduler's step() or a hyperparameter assignment inside the step would be dropped by the compiled
+    step (the groups are read before each call): one error naming the group, the key and the user's line,
+    and the optimizer keeps its own group dicts and values."""
+    (model, opt), _ = twin(MLP, lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9))
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5)
+    group = opt.param_groups[0]
+
+    def train_step(x, y):
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if change == "scheduler":
+            sched.step()  # the line the error names
+        elif change == "assign-lr":
+            opt.param_groups[0]["lr"] = opt.param_groups[0]["lr"] * 0.5  # the line the error names
+        else:
+            opt.param_groups[0]["momentum"] = 0.5  # the line the error names
+        return loss
+
+    with pytest.raises(tkx.UnsupportedError) as info:
+        tkx.capture(train_step, BATCHES[0], state=(model, opt))
+    key = "momentum" if change == "assign-momentum" else "lr"
+    assert f"opt.param_groups[0][{key!r}]" in str(info.value)
+    assert info.value.source is not None and "the line the error names" in info.value.source.code
+    assert opt.param_groups[0] is group and group["lr"] == 0.1 and group["momentum"] == 0.9
+    assert len(opt.state) == 0 and all(p.grad is None for p in model.parameters())
+
+
+def test_an_optimizer_the_step_uses_but_state_does_not_name_is_refused():
+    """state=model alone while the step calls opt.step(): the unlisted optimizer would step the user's own
+    parameters, whose gradients the lifted step never sets (no update at all); one error at its line."""
+    (model, opt), _ = twin(MLP, lambda ps: torch.optim.SGD(ps, lr=0.5))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(tkx.UnsupportedError) as info:
+        tkx.capture(classify_step(model, opt), BATCHES[0], state=model)
+    assert "SGD that state= does not name" in str(info.value) and info.value.source is not None
+    assert "opt.step()" in info.value.source.code
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters()) and len(opt.state) == 0
+    exp = tkx.explore(classify_step(model, opt), BATCHES[0], state=(model, opt))  # the next call works
+    exp.run(*BATCHES[0])
+    assert not torch.equal(before["fc1.weight"], model.fc1.weight)
+
+
+def test_verify_after_a_train_eval_switch_captures_again_as_run_does():
+    """exp.verify() after model.eval() compared the train-mode program with eager in eval mode (a false
+    FAIL); it now captures the step again first, as exp.run does."""
+    from stateful_steps import CNN  # BatchNorm: train and eval differ
+    (model, opt), _ = twin(CNN, lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9))
+    x = torch.randn(4, 1, 8, 8, generator=torch.Generator().manual_seed(3))
+    y = torch.tensor([0, 1, 2, 0])
+    exp = tkx.explore(classify_step(model, opt), (x, y), state=(model, opt))
+    assert exp.verify(show=False).passed
+    model.eval()
+    assert exp.verify(show=False).passed
+    assert exp.recomputed and "eval" in exp.recomputed[0]
+
+
+@pytest.mark.parametrize("extra", ["itself", "submodule"])
+def test_a_module_named_twice_or_with_its_submodule_is_lifted_once(extra):
+    """state=(model, model, opt) or (model, model.fc1, opt) failed with an internal KeyError; the repeated
+    module is lifted once, through the outer one (names stay the state_dict's)."""
+    mine, ref = twin(MLP, lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9))
+    model, opt = mine
+    again = model if extra == "itself" else model.fc1
+    exp = tkx.explore(classify_step(*mine), BATCHES[0], state=(model, again, opt))
+    assert exp.captured.input_names[:2] == ("fc1.weight", "fc1.bias")
+    run_both(exp.run, classify_step(*ref), BATCHES)
+    assert_same_state(mine, ref)

@@ -163,6 +163,16 @@ class Exploration:
 
         if self.state is None:
             return run_schedule(self.schedule, self.arena, args, update_inputs=True).output_tree()
+        stateful = self._fit_state(args)
+        lifted = stateful.prepare()
+        try:
+            return run_schedule(self.schedule, self.arena, (*lifted, *args), update_inputs=True).output_tree()
+        finally:
+            stateful.finish()
+
+    def _fit_state(self, args: tuple) -> Any:
+        """The stateful step that fits the modules and optimizers now: a module switched between
+        ``train()`` and ``eval()`` or a changed hyperparameter captures the step again (on ``args``)."""
         stateful = self.captured.stateful
         reason = stateful.stale()
         if reason is not None:
@@ -170,17 +180,17 @@ class Exploration:
             self.example_inputs = tuple(args)
             self._cache.clear()
             stateful = self.captured.stateful
-        lifted = stateful.prepare()
-        try:
-            return run_schedule(self.schedule, self.arena, (*lifted, *args), update_inputs=True).output_tree()
-        finally:
-            stateful.finish()
+        return stateful
 
     def verify(self, *args: Any, **kwargs: Any) -> Any:
         """Both interpreters against eager PyTorch on the example inputs (or ``args``), arbitrated in
         float64; prints the table of every value and returns the
-        :class:`~tkx.runtime.verify.Verification`. See :func:`tkx.runtime.verify_cpu.verify_cpu`."""
+        :class:`~tkx.runtime.verify.Verification`. See :func:`tkx.runtime.verify_cpu.verify_cpu`.
+        With ``state=``, a module switched between ``train()`` and ``eval()`` (or a changed
+        hyperparameter) captures the step again first, as :meth:`run` does."""
         from .runtime.verify_cpu import verify_cpu
+        if self.state is not None:
+            self._fit_state(tuple(args) or self.example_inputs)
         return verify_cpu(self, args or None, **kwargs)
 
     def widget(self, **kwargs: Any) -> Any:

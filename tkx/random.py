@@ -7,7 +7,7 @@ A step that draws random numbers needs no wrapper::
         ...
 
 ``F.dropout`` (and ``nn.Dropout``), ``F.dropout1d/2d/3d`` (whole channels),
-``torch.rand``/``randn``/``rand_like``/``randn_like``, ``torch.bernoulli``,
+``torch.rand``/``randn``/``rand_like``/``randn_like``, ``torch.bernoulli`` (and ``x.bernoulli_(p)``),
 ``F.scaled_dot_product_attention(dropout_p=...)`` and ``nn.MultiheadAttention``'s dropout, anywhere in
 the step (also inside a function under ``torch.func.grad``), draw from Philox-4x32-10
 keyed by a **Philox state** (int64 ``[2]``: seed, offset) instead of torch's generator: element ``i`` of the
@@ -17,7 +17,8 @@ the views) that the caller does not pass: every run (the kernel, both interprete
 fresh state from torch's default generator (:func:`next_state`), as Inductor seeds its random ops on every
 call. So ``torch.manual_seed(s)`` before a run reproduces it, and consecutive runs draw fresh numbers.
 A step captured with ``state=`` (``loss.backward()``, ``opt.step()``) is traced with autograd under the
-same block, so its ``nn.Dropout`` draws exactly as the eager step does inside :func:`drawing`.
+same block, so its random ops (``nn.Dropout``, attention dropout) draw exactly as the eager step does
+inside :func:`drawing`.
 
 An explicit state still works: inside ``with tkx.random.philox(state):`` (``state`` an input of the step,
 from :func:`philox_state`) draws are keyed by ``state``, and leaving the block advances its offset by one
@@ -34,8 +35,10 @@ the keep rate ``1 - p`` of dropout, the mean (1/2) and variance (1/12) of ``rand
 variance (1) of ``randn``; ``tests/test_models.py`` and ``tests/test_random_implicit.py`` do.
 
 ``randn`` is Box-Muller on two words of one Philox block: ``sqrt(-2 log(1 - u0)) * cos(2 pi u1)``
-(``1 - u0`` lies in ``(0, 1]``, so the log is finite). Dropout keeps an element when ``u >= p``
-(probability ``1 - p``) and scales kept values by ``1 / (1 - p)``, as ``F.dropout``.
+(``1 - u0`` lies in ``(0, 1]``, so the log is finite). Dropout keeps an element when ``u < 1 - p``
+(probability ``1 - p``) and scales kept values by ``1 / (1 - p)``, as ``F.dropout``: the same mask as
+``bernoulli_(1 - p)``, which is what autograd records for dropout traced outside :func:`drawing`, so a
+graph traced so and replayed inside :func:`drawing` drops the elements the eager step drops.
 
 Limits: a state must be an int64 tensor of shape ``[2]``; anything else raises ``ValueError``. Other
 random ops (``randint``, ``normal_``, ``uniform_``, ``multinomial``, ``randperm``, ``F.alpha_dropout``...)
@@ -115,12 +118,12 @@ class _Philox(TorchFunctionMode):
         return torch.sqrt(-2.0 * torch.log(1.0 - u0)) * torch.cos((2.0 * math.pi) * u1)
 
     def dropout(self, x: torch.Tensor, p: float) -> torch.Tensor:
-        """``x`` with each element kept when its uniform is ``>= p`` and scaled by ``1 / (1 - p)``."""
+        """``x`` with each element kept when its uniform is ``< 1 - p`` and scaled by ``1 / (1 - p)``."""
         if p == 0.0:
             return x
         if p == 1.0:
             return x * 0.0
-        keep = (self.uniform(x.shape) >= p).to(x.dtype)
+        keep = (self.uniform(x.shape) < 1.0 - p).to(x.dtype)
         return x * keep * (1.0 / (1.0 - p))
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: D105, C901
@@ -139,7 +142,8 @@ class _Philox(TorchFunctionMode):
             if not _argument(args, kwargs, 2, "training", True) or p == 0.0:
                 return x
             lead = 2 if x.dim() == _CHANNEL_DROPOUT[func] + 2 else 1  # [N, C, ...] or unbatched [C, ...]
-            keep = (self.uniform(x.shape[:lead]) >= p).to(x.dtype).reshape(*x.shape[:lead], *[1] * (x.dim() - lead))
+            keep = (self.uniform(x.shape[:lead]) < 1.0 - p).to(x.dtype)
+            keep = keep.reshape(*x.shape[:lead], *[1] * (x.dim() - lead))
             y = x * keep * (1.0 / (1.0 - p)) if p < 1.0 else x * 0.0
             return x.copy_(y) if _argument(args, kwargs, 3, "inplace", False) else y
         if func is F.scaled_dot_product_attention and _argument(args, kwargs, 4, "dropout_p", 0.0) > 0.0:
@@ -176,6 +180,12 @@ class _Philox(TorchFunctionMode):
             if prob is None:
                 return (u < p_arg).to(p_arg.dtype)
             return (u < prob).to(p_arg.dtype)
+        if func is torch.Tensor.bernoulli_:  # x.bernoulli_(p=0.5): in place, p a float or a tensor
+            x = args[0]
+            prob = _argument(args, kwargs, 1, "p", 0.5)
+            if kwargs.get("generator") is not None:
+                raise ValueError("tkx.random.philox: bernoulli_ with generator= inside the block; drop it")
+            return x.copy_((self.uniform(x.shape) < prob).to(x.dtype))
         if func in _ATEN_DRAWS:  # a graph traced earlier (the stateful step's autograd trace) replayed
             return self.aten_draw(func, args, kwargs)
         return func(*args, **kwargs)
@@ -186,9 +196,9 @@ class _Philox(TorchFunctionMode):
         aten = torch.ops.aten
         if func in (aten.bernoulli.p, aten.bernoulli.default, aten.bernoulli_.float, aten.bernoulli_.Tensor):
             x = args[0]
-            # bernoulli.default draws with probability x itself; the .p/.float/.Tensor forms take p, whose
-            # schema default (0.5) a traced node leaves out: dropout(p=0.5) traces as bernoulli_(empty)
-            prob = None if func is aten.bernoulli.default else _argument(args, kwargs, 1, "p", 0.5)
+            # bernoulli_.float's p defaults to 0.5, and a traced graph leaves a default argument out
+            # (dropout(p=0.5) becomes ``empty_like(x).bernoulli_()``); only bernoulli.default reads x
+            prob = _argument(args, kwargs, 1, "p", None if func is aten.bernoulli.default else 0.5)
             u = self.uniform(x.shape).to(x.device)
             draw = (u < (x if prob is None else prob)).to(x.dtype)
             return x.copy_(draw) if func in (aten.bernoulli_.float, aten.bernoulli_.Tensor) else draw
@@ -196,7 +206,7 @@ class _Philox(TorchFunctionMode):
             x, p, train = args[0], float(args[1]), args[2] if len(args) > 2 else kwargs.get("train")
             if train is False or p == 0.0:
                 return x.clone(), torch.ones_like(x, dtype=torch.bool)
-            keep = self.uniform(x.shape).to(x.device) >= p
+            keep = self.uniform(x.shape).to(x.device) < 1.0 - p
             return x * keep.to(x.dtype) * (1.0 / (1.0 - p) if p < 1.0 else 0.0), keep
         like = func in (aten.rand_like.default, aten.randn_like.default)
         shape = args[0].shape if like else args[0]

@@ -80,7 +80,12 @@ def _state_objects(state: Any) -> tuple[list[tuple[str, torch.nn.Module]], list[
     else:
         objs = list(state) if isinstance(state, (tuple, list)) else [state]
         items = [(None, o) for o in objs]
+    seen: set[int] = set()  # the same object named twice (state=(model, model, opt)) is lifted once
+    items = [(k, o) for k, o in items if not (id(o) in seen or seen.add(id(o)))]
     modules = [(k, o) for k, o in items if isinstance(o, torch.nn.Module)]
+    # a submodule of another listed module is lifted (and named) through that one
+    inside = {id(sub) for _, m in modules for sub in m.modules() if sub is not m}
+    modules = [(k, m) for k, m in modules if id(m) not in inside]
     optims = [(k, o) for k, o in items if isinstance(o, torch.optim.Optimizer)]
     for k, o in items:
         if not isinstance(o, (torch.nn.Module, torch.optim.Optimizer)):
@@ -401,9 +406,17 @@ class StatefulStep:
         created["grads"] = set()
         exit_none: set[int] = set()
         guard = TorchStateGuard().__enter__()
+        watched = _watch_groups(self.optimizers)
         try:
             with mode, self.bind(values, trace=True) as live:
-                self.step_fn(*args)
+                before = [[_group_values(g) for g in opt.param_groups] for _, opt in self.optimizers]
+                for g in watched:
+                    g.armed = True
+                with _LrWrites(watched), _refuse_unlisted_optimizers(self.optimizers):
+                    self.step_fn(*args)
+                for g in watched:
+                    g.armed = False
+                self._refuse_group_changes(before)
                 real_of = {id(t): self.params[pid] for pid, t in live.items()}
                 for pid, t in live.items():
                     if t.grad is None:
@@ -417,13 +430,42 @@ class StatefulStep:
                             if isinstance(v, torch.Tensor):
                                 created[id(opt)].append((p, key))
         except BaseException as e:
+            _unwatch_groups(self.optimizers)
             error = _tracing_error(e, self.step_fn, example_inputs, caller)
             guard.__exit__(None, None, None)
             if error is None:
                 raise
             raise error from None
+        _unwatch_groups(self.optimizers)
         guard.__exit__(None, None, None)
         return created, exit_none
+
+    def _refuse_group_changes(self, before: list[list[dict[str, Any]]]) -> None:
+        """Raise when the step itself changed a parameter group (an LR scheduler's ``step()`` or an
+        assignment such as ``g["lr"] *= 0.5`` inside the step): the compiled step reads the groups
+        before each call and would silently drop the change."""
+        for (oname, opt), groups in zip(self.optimizers, before):
+            if len(opt.param_groups) != len(groups):
+                raise UnsupportedError("state-not-liftable", f"the step adds a parameter group to {oname}",
+                                       hint="call add_param_group outside the step, then capture it again")
+            for gi, (g, old) in enumerate(zip(opt.param_groups, groups)):
+                now = _group_values(g)
+                for key in sorted(set(old) | set(now), key=lambda k: (k != "lr", str(k))):
+                    if old.get(key, _MISSING) == now.get(key, _MISSING):
+                        continue
+                    where = f"{oname}.param_groups[{gi}][{key!r}]"
+                    if key == "lr":
+                        hint = ("step the LR scheduler (or set the learning rate) between calls, outside the "
+                                "step: every call reads opt.param_groups[i]['lr'] as a tensor input, so no new "
+                                "capture is needed")
+                    else:
+                        hint = ("change it between calls, outside the step: a changed hyperparameter captures "
+                                "the step again")
+                    raise UnsupportedError(
+                        "state-not-liftable",
+                        f"the step changes {where} (an LR scheduler's step() or an assignment inside the "
+                        f"step), which the compiled step would not carry over to the next call",
+                        source=getattr(g, "writes", {}).get(key), hint=hint)
 
     def _initial_state(self, opt: torch.optim.Optimizer, *, real: bool) -> dict:
         """The optimizer state with everything the step creates lazily created as ``torch.optim``
@@ -622,6 +664,100 @@ class StatefulStep:
         n = len(self.slots)
         values = dict(zip((s.name for s in self.slots), args[:n]))
         return self.run_bound(values, args[n:], trace=False)
+
+
+_MISSING = object()
+
+
+def _group_values(g: dict) -> dict[str, Any]:
+    """A parameter group's entries other than ``params``, comparable before and after the step (a tensor
+    by identity and version: ``g["lr"] *= 0.5`` on a tensor learning rate changes it in place)."""
+    out = {}
+    for k, v in g.items():
+        if k == "params":
+            continue
+        out[k] = ("tensor", id(v), v._version) if isinstance(v, torch.Tensor) else _freeze(v)
+    return out
+
+
+class _WatchedGroup(dict):
+    """A parameter group that remembers the user's line of the first write to each key while armed."""
+
+    armed = False
+
+    def __init__(self, group: dict) -> None:
+        super().__init__(group)
+        self.original = group
+        self.writes: dict[str, Any] = {}
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if self.armed and key not in self.writes:
+            import sys
+
+            from .trace import user_frame
+            self.writes[key] = user_frame(sys._getframe(1))
+        super().__setitem__(key, value)
+
+
+@contextlib.contextmanager
+def _refuse_unlisted_optimizers(optimizers: list[tuple[str, torch.optim.Optimizer]]) -> Iterator[None]:
+    """Raise at ``opt.step()`` of an optimizer the step uses but ``state=`` does not name: it would
+    update the user's own parameters, whose gradients the lifted step never sets (no update at all)."""
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    listed = {id(o) for _, o in optimizers}
+
+    def hook(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if id(opt) not in listed:
+            import sys
+
+            from .trace import user_frame
+            raise UnsupportedError("state-not-liftable",
+                                   f"the step calls step() of a {type(opt).__name__} that state= does not name",
+                                   source=user_frame(sys._getframe(1)),
+                                   hint="name every optimizer the step uses: state=(model, opt)")
+
+    handle = register_optimizer_step_pre_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+class _LrWrites(torch.overrides.TorchFunctionMode):
+    """Remembers the user's line of an in-place write to a group's tensor learning rate
+    (``torch.optim.lr_scheduler`` does ``group["lr"].fill_(new)`` when the rate is a tensor)."""
+
+    def __init__(self, groups: list[_WatchedGroup]) -> None:
+        super().__init__()
+        self.groups = groups
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: D105
+        name = getattr(func, "__name__", "")
+        if args and isinstance(args[0], torch.Tensor) and name.endswith("_") and not name.endswith("__"):
+            for g in self.groups:
+                if g.get("lr") is args[0] and "lr" not in g.writes:
+                    import sys
+
+                    from .trace import user_frame
+                    g.writes["lr"] = user_frame(sys._getframe(1))
+        return func(*args, **(kwargs or {}))
+
+
+def _watch_groups(optimizers: list[tuple[str, torch.optim.Optimizer]]) -> list[_WatchedGroup]:
+    """Put :class:`_WatchedGroup` copies in place of the optimizers' parameter groups (for one trace;
+    :func:`_unwatch_groups` puts the user's own dicts back, untouched)."""
+    watched = []
+    for _, opt in optimizers:
+        for i, g in enumerate(opt.param_groups):
+            opt.param_groups[i] = _WatchedGroup(g)
+            watched.append(opt.param_groups[i])
+    return watched
+
+
+def _unwatch_groups(optimizers: list[tuple[str, torch.optim.Optimizer]]) -> None:
+    for _, opt in optimizers:
+        opt.param_groups[:] = [g.original if isinstance(g, _WatchedGroup) else g for g in opt.param_groups]
 
 
 def _drop_profiler_nodes(gm: torch.fx.GraphModule) -> None:

@@ -29,6 +29,19 @@ class PuzzleError(TkxError):
     """An answer that is not of the puzzle's form (wrong type, unknown group or buffer)."""
 
 
+def whole(x: Any, what: str) -> int:
+    """``x`` as an int when it is a whole number (``3``, ``3.0``); else :class:`PuzzleError` naming ``what``
+    (``1.5``, ``inf``, ``nan`` and strings are answers of the wrong form, not rounded)."""
+    import operator
+    try:
+        return operator.index(x)
+    except TypeError:
+        pass
+    if isinstance(x, float) and x.is_integer():
+        return int(x)
+    raise PuzzleError(f"{what} must be a whole number, got {x!r}")
+
+
 @dataclass(frozen=True)
 class Step:
     """A zoo step lowered on the CPU: its ``program``, ``schedule``, ``arena`` plan, ``inputs``
@@ -191,7 +204,7 @@ def check(puzzle: Puzzle, answer: Any) -> Verdict:
         raise TkxError(f"check takes a puzzle of tkx.puzzles.PUZZLES, got {type(puzzle).__name__}")
     try:
         return puzzle.judge(answer)
-    except (PuzzleError, TypeError, ValueError) as e:  # int("x"), a list where a dict belongs: the answer's form
+    except (PuzzleError, TypeError, ValueError, OverflowError) as e:  # int("x"), a list where a dict belongs
         return Verdict(puzzle.name, False, (f"the answer is not of this puzzle's form: {e}",), {},
                        f"start from p.blank(): {_shape_of(puzzle.blank())}")
 

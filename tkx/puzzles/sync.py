@@ -12,7 +12,7 @@ import dataclasses
 import random
 from typing import Any
 
-from .core import Drawing, Puzzle, PuzzleError, interpreter_faults, replace_schedule, vm_faults
+from .core import Drawing, Puzzle, PuzzleError, interpreter_faults, replace_schedule, vm_faults, whole
 
 __all__ = ["Barriers", "ArenaOffsets", "Thresholds", "Waits", "TaskOrder"]
 
@@ -54,9 +54,10 @@ class Barriers(Puzzle):
     def stages_of(self, answer: Any) -> list[list[str]]:
         flat = _flat(self.step.schedule)
         try:
-            cuts = sorted({int(i) for i in answer})
-        except (TypeError, ValueError):
-            raise PuzzleError(f"an answer is a list of group indices 1..{len(flat) - 1}, got {answer!r}") from None
+            cuts = sorted({whole(i, 'a barrier index') for i in answer})
+        except (TypeError, ValueError, PuzzleError):
+            raise PuzzleError(f"an answer is a list of whole group indices 1..{len(flat) - 1}, "
+                              f"got {answer!r}") from None
         if any(not 0 < i < len(flat) for i in cuts):
             raise PuzzleError(f"barrier indices must lie in 1..{len(flat) - 1}, got {cuts}")
         bounds = [0, *cuts, len(flat)]
@@ -182,7 +183,7 @@ class Thresholds(_DagPuzzle):
         for g, per in answer.items():
             if not isinstance(per, dict) or set(per) != {d.counters[w.counter].group for w in d.waits[g]}:
                 raise PuzzleError(f"{g}: give a threshold for each of {self.blank()[g]}")
-            waits[g] = tuple(Wait(d.counter_of[p], int(n)) for p, n in per.items())
+            waits[g] = tuple(Wait(d.counter_of[p], whole(n, f'the threshold of {g} on {p}')) for p, n in per.items())
         hint = "a counter is bumped once per task of its group: a full wait's threshold is that group's task count"
         return self.run_dag(d.with_waits(waits), {}, hint)
 

@@ -24,11 +24,14 @@ MAX_BARS = 4000
 MAX_ROWS = 64
 
 
-def _colours(tl: Any) -> dict[str, str]:
+def _colours(*tls: Any) -> dict[str, str]:
+    """Group -> colour in the order groups first appear (in the first timeline, then the next): two
+    timelines of one kernel drawn with one mapping show each group in the same colour."""
     groups: list[str] = []
-    for s in sorted(tl.spans, key=lambda s: (s.start, s.block)):
-        if s.group not in groups:
-            groups.append(s.group)
+    for tl in tls:
+        for s in sorted(tl.spans, key=lambda s: (s.start, s.block)):
+            if s.group not in groups:
+                groups.append(s.group)
     return {g: PALETTE[i % len(PALETTE)] for i, g in enumerate(groups)}
 
 
@@ -55,11 +58,13 @@ def aggregated(tl: Any) -> bool:
     return len(tl.spans) > MAX_BARS or tl.blocks > MAX_ROWS
 
 
-def timeline_svg(tl: Any, width: int = 900, row: int = 14, span: float | None = None) -> str:
+def timeline_svg(tl: Any, width: int = 900, row: int = 14, span: float | None = None,
+                 colours: dict[str, str] | None = None) -> str:
     """SVG text of ``tl`` (deterministic: colours follow the groups' first appearance). ``span``: the
-    time the axis covers (default the makespan), so that two timelines can share one scale."""
-    colour = _colours(tl)
-    groups = list(colour)
+    time the axis covers (default the makespan), so that two timelines can share one scale; ``colours``:
+    a group -> colour mapping to share with another chart (default: this timeline's own)."""
+    colour = colours if colours is not None else _colours(tl)
+    groups = [g for g in colour if any(s.group == g for s in tl.spans)] if colours is not None else list(colour)
     critical = set(tl.critical)
     left, top = 70, 22
     span = span or tl.makespan or 1.0
@@ -159,6 +164,7 @@ def comparison_html(cmp: Any) -> str:
     predicted and measured µs with the prediction's error."""
     p, m = cmp.predicted, cmp.measured
     span = max(p.makespan, m.makespan, 1.0)
+    shared = _colours(p, m)
     rows = []
     for g, pu, mu, err in cmp.rows():
         cell = f"{100 * err:+.0f}%" if err is not None else "-"
@@ -170,4 +176,5 @@ def comparison_html(cmp: Any) -> str:
     table = ('<table style="font-size:12px"><tr><th>group</th><th>predicted µs</th><th>measured µs</th>'
              f'<th>error</th></tr>{"".join(rows)}</table>')
     return (f'<div class="tkx-timeline-compare" style="overflow:auto;max-height:80vh">{head}'
-            f"{_inline(timeline_svg(p, span=span))}{_inline(timeline_svg(m, span=span))}{table}</div>")
+            f"{_inline(timeline_svg(p, span=span, colours=shared))}"
+            f"{_inline(timeline_svg(m, span=span, colours=shared))}{table}</div>")
