@@ -428,3 +428,27 @@ def test_a_module_named_twice_or_with_its_submodule_is_lifted_once(extra):
     assert exp.captured.input_names[:2] == ("fc1.weight", "fc1.bias")
     run_both(exp.run, classify_step(*ref), BATCHES)
     assert_same_state(mine, ref)
+
+
+def test_attention_dropout_in_a_module_step_verifies_against_eager_on_the_same_numbers():
+    """F.scaled_dot_product_attention(dropout_p=...) and nn.MultiheadAttention's dropout in a state= step:
+    the autograd trace draws them from Philox as the eager step inside tkx.random.drawing does."""
+    class Attend(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = torch.nn.Linear(16, 48)
+            self.mha = torch.nn.MultiheadAttention(16, 2, dropout=0.2, batch_first=True)
+            self.out = torch.nn.Linear(16, 3)
+
+        def forward(self, x):
+            q, k, v = self.qkv(x).view(2, 6, 3, 2, 8).permute(2, 0, 3, 1, 4)
+            h = F.scaled_dot_product_attention(q, k, v, dropout_p=0.3).transpose(1, 2).reshape(2, 6, 16)
+            h = h + self.mha(h, h, h, need_weights=False)[0]
+            return self.out(h).mean(1)
+    torch.manual_seed(0)
+    model = Attend()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(2, 6, 16, generator=torch.Generator().manual_seed(2)), torch.tensor([0, 2])
+    exp = tkx.explore(classify_step(model, opt), (x, y), state=(model, opt))
+    result = exp.verify(show=False)
+    assert result.passed and max(c.vs_eager for c in result.comparisons) < 1e-5
