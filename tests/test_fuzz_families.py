@@ -49,11 +49,27 @@ def test_module_and_optimizer_against_eager():
     assert any(o.status == "ok" for o in outcomes), [o.line() for o in outcomes]
 
 
+#: Open findings of the campaign seeds below, each still failing (the test checks it, so the list only
+#: shrinks): (family, seed) -> what is wrong.
+KNOWN_OPEN = {
+    ("attention", 106): "hand-written attention over one key with Adam: the attention backward computes "
+                        "rowsum(dO * O) (the FlashAttention form) where eager's softmax backward computes "
+                        "rowsum(P * dP), so a gradient that is exactly zero in eager (softmax over one key) is "
+                        "rounding noise in tkx, and Adam scales it to a learning-rate-sized step",
+}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("family", fam.families_available())
 def test_family_campaign(family):
-    """Twenty-five programs per family (minutes on two cores)."""
-    outcomes = _run([fam.random_case(s, family) for s in range(100, 125)], _nvrtc())
+    """Twenty-five programs per family (minutes on two cores); the open findings in KNOWN_OPEN must still
+    fail (remove an entry once it passes)."""
+    seeds = range(100, 125)
+    known = [s for s in seeds if (family, s) in KNOWN_OPEN]
+    for s in known:
+        o = oracle.check(fam.random_case(s, family), nvrtc=False, timeout_s=300)
+        assert o.failed, f"{family}-{s} passes now: remove it from KNOWN_OPEN ({o.line()})"
+    outcomes = _run([fam.random_case(s, family) for s in seeds if s not in known], _nvrtc())
     assert sum(o.status == "ok" for o in outcomes) >= 5, [o.line() for o in outcomes if o.status != "ok"]
 
 
