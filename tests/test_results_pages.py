@@ -55,13 +55,13 @@ def test_every_run_is_dated_and_names_machine_torch_and_commit(name, results_pag
 
 def test_a_changed_number_makes_the_page_stale(results_pages, tmp_path, monkeypatch):
     run = json.loads((RESULTS / "fuzzing.json").read_text(encoding="utf-8"))
-    run["results"]["tried"] += 1
+    run["results"]["programs"] += 1
     (tmp_path / "fuzzing.json").write_text(json.dumps(run))
     (tmp_path / "fuzzing.md").write_text((RESULTS / "fuzzing.md").read_text(encoding="utf-8"))
     monkeypatch.setattr(results_pages, "RESULTS", tmp_path)
     assert results_pages.main(["--check"]) == 1
     assert results_pages.main([]) == 0 and results_pages.main(["--check"]) == 0
-    assert f"{run['results']['tried']} random training steps" in (tmp_path / "fuzzing.md").read_text()
+    assert f"{run['results']['programs']} random training steps" in (tmp_path / "fuzzing.md").read_text()
 
 
 def test_every_script_is_documented_and_answers_help():
