@@ -71,8 +71,9 @@ class _Wrong(Exception):
         self.detail, self.key = detail, key
 
 
-class _Hang(Exception):
-    pass
+class _Hang(BaseException):
+    """The time limit ran out. A ``BaseException`` (like ``KeyboardInterrupt``): the ``except Exception``
+    that turns an eager error into an "invalid" verdict, or any in tkx, must not swallow it."""
 
 
 def load(case: fam.Case) -> dict[str, Any]:
