@@ -158,6 +158,13 @@ class Options:
     cluster_multicast: bool = _opt(True, "2-CTA clusters copy each half of the B tile once into both CTAs "
                                    "(False: each CTA copies the whole B tile, the pairing kept)", choices=_BOOL)
 
+    outline: str = _opt("auto", "emit a group body that repeats (a model's layers) once, as a __noinline__ device "
+                        "function each of its groups calls with its own addresses: the compile time grows with the "
+                        "distinct code, not with the depth. auto: on when one body is shared by at least 4 groups "
+                        "(a model's layers); on: every group's body that can be; off: every group's code inline "
+                        "in the kernel",
+                        choices=("auto", "on", "off"))
+
     # -- validation ---------------------------------------------------------------------------
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -339,7 +346,7 @@ OPTION_GROUPS: dict[str, tuple[str, ...]] = {
     "tiling": ("tile_m", "tile_n", "tile_k", "split_k", "gemm_copy"),
     "launch": ("mode", "threads_per_block", "blocks_per_sm", "max_blocks", "sync", "spin_limit"),
     "numerics": ("fp32_math", "exact"),
-    "compilation": ("arch", "backend", "timeline"),
+    "compilation": ("arch", "backend", "timeline", "outline"),
     "code variants": ("grid_barrier", "cheap_int_math", "wgmma_min_macs", "wgmma_in_flight", "split_k_final",
                       "split_k_min_steps", "epilogue_vector", "epilogue_prefetch", "tensormap_prefetch",
                       "gemm_cluster", "cluster_scope", "cluster_multicast"),

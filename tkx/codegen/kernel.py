@@ -17,6 +17,7 @@ How a group reads a value (the same rules as the schedule interpreter):
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from .. import ops as optable
@@ -39,6 +40,8 @@ from .kernel_attention import AttentionGroups
 from .kernel_gemm import GemmGroups
 from .kernel_groups import GroupEmitter
 from .kernel_values import SPECIAL_POINTWISE, KernelPlan
+from .outline import MIN_REPEATS, Body, Outliner, call_text, function_text
+from .source_map import source_map
 from .text import block, indent
 
 __all__ = ["generate", "KernelPlan"]
@@ -49,19 +52,23 @@ class _Emitter(GemmGroups, AttentionGroups, GroupEmitter):
     :class:`AttentionGroups`) over the values and indices of :class:`ValueEmitter`."""
 
 
-def _stage_loop(parts: list[tuple[Group, str, int]], paired: frozenset[str] | set[str] = frozenset()) -> str:
-    """One grid-stride loop over the work items of every group of a stage. The groups in ``paired``
-    (items in pairs of a 2-CTA cluster, each an even count) go first, so each pair's items are
-    ``tkx_w`` = 2c and 2c + 1: the two CTAs of one cluster (the grid is a whole number of clusters)."""
+def _stage_loop(parts: list[tuple[Group, str, int]],
+                paired: frozenset[str] | set[str] = frozenset()) -> tuple[str, list[tuple[int, str]]]:
+    """One grid-stride loop over the work items of every group of a stage, and where each group's code
+    starts in it (0-based line of its marker, group id). The groups in ``paired`` (items in pairs of a
+    2-CTA cluster, each an even count) go first, so each pair's items are ``tkx_w`` = 2c and 2c + 1: the
+    two CTAs of one cluster (the grid is a whole number of clusters)."""
     if paired and any(g.id in paired for g, _, _ in parts):
         parts = [x for x in parts if x[0].id in paired] + [x for x in parts if x[0].id not in paired]
     total = sum(n for _, _, n in parts)
     if len(parts) == 1:
         g, code, n = parts[0]
         return block(f"for (int item = blockIdx.x; item < {n}; item += gridDim.x) {{  // {g.id}: {n} items",
-                     indent(code), "}")
+                     indent(code), "}"), [(0, g.id)]
     lines = [f"for (int tkx_w = blockIdx.x; tkx_w < {total}; tkx_w += gridDim.x) {{"
              f"  // {len(parts)} groups share the grid"]
+    marks: list[tuple[int, str]] = []
+    at = 1  # lines so far
     base = 0
     for j, (g, code, n) in enumerate(parts):
         cond = f"tkx_w < {base + n}"
@@ -70,13 +77,13 @@ def _stage_loop(parts: list[tuple[Group, str, int]], paired: frozenset[str] | se
             lines.append("} else {" if j else f"if ({cond}) {{")
         else:
             lines.append(f"{head} ({cond}) {{")
+        marks.append((at + 1, g.id))
         lines.append(indent(f"const int item = tkx_w - {base};  // {g.id}: {n} items", 1))
         lines.append(indent(code, 1))
+        at += sum(x.count("\n") + 1 for x in lines[-3:])
         base += n
     lines.append("}")
-    return block(lines[0], indent(block(lines[1:])), "}")
-
-
+    return block(lines[0], indent(block(lines[1:])), "}"), marks
 
 
 def _sync_plan(s: FusedSchedule, arena: ArenaPlan, stage_code: list) -> tuple[str, str, Any, dict[str, int]]:
@@ -161,6 +168,46 @@ def _check_supported(s: FusedSchedule) -> None:
             raise TkxError(f"codegen: the op table row of {op.kind} ({op.id}) has no C expression or emitter")
 
 
+def _outline(s: FusedSchedule, em: _Emitter, params: list, stage_code: list
+             ) -> tuple[dict[str, tuple[str, Body]], list[tuple[str, str, list[str]]]]:
+    """The groups whose bodies become device functions (``Options.outline``): group id -> (function name,
+    its :class:`~tkx.codegen.outline.Body`), and the functions' texts in order (name, text, the groups
+    calling it): the parametrised ``tkx_v_`` functions they call first, then one per distinct body.
+
+    ``"auto"`` outlines when some body is shared by :data:`~tkx.codegen.outline.MIN_REPEATS` groups or more
+    (a model's layers), and then every group that can be: NVVM's optimiser and ptxas take superlinear time
+    in the size of one function, so the groups left in the kernel would keep most of the compile time
+    (the 4-layer decode step for sm_90: 17.5 s inline, 20.5 s with only the repeated bodies outlined,
+    9.3 s with every body outlined, on a 2-core CPU)."""
+    choice = getattr(s.options, "outline", "off")
+    if choice == "off":
+        return {}, []
+    outliner = Outliner({p.name: p.ctype for p in params}, em.plan.functions)
+    same: dict[str, list[tuple[str, Body]]] = {}
+    for _, parts in stage_code:
+        for g, code, _ in parts:
+            body = None if g.id in em.plan.cluster_groups else outliner.parametrise(code)
+            if body is not None:
+                same.setdefault(body.key, []).append((g.id, body))
+    if choice == "auto" and max((len(users) for users in same.values()), default=0) < MIN_REPEATS:
+        return {}, []
+    outlined: dict[str, tuple[str, Body]] = {}
+    pieces: list[tuple[str, str, list[str]]] = []
+    for users in same.values():
+        if users:
+            name = f"tkx_body_{len(pieces)}"
+            pieces.append((name, function_text(name, users[0][1], [gid for gid, _ in users]),
+                           [gid for gid, _ in users]))
+            outlined.update({gid: (name, body) for gid, body in users})
+    used = "\n".join(text for _, text, _ in pieces)
+    values = []
+    for name, text in reversed(outliner.value_function_texts()):  # callers before callees
+        if re.search(rf"\b{name}\(", used):
+            values.append((name, text, []))
+            used += "\n" + text
+    return outlined, values[::-1] + pieces
+
+
 def max_registers(threads: int, blocks_per_sm: int = 1) -> int:
     """Registers per thread that let ``blocks_per_sm`` blocks of ``threads`` share a 64K-register SM
     (CUDA caps a thread at 255; register allocation is in units of 8), but never fewer than
@@ -206,22 +253,35 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
     if em.plan.tile_counter_words:
         body.append(f"unsigned int* const tkx_tiles = sync + {_tile_counter_base(sync, dag)};  // split-K tile "
                     f"arrival counters ({em.plan.tile_counter_words} words, left at 0 by every launch)")
-    if shared:
+    outlined, pieces = _outline(s, em, params, stage_code)
+    file_smem = bool(outlined) and shared > 0  # the functions see the workspace at file scope
+    if shared and not file_smem:
         body.append(shared_workspace(shared))
-    group_lines: dict[str, tuple[int, int]] = {}
+    bounds: list[tuple[int, str | None]] = []  # (0-based line of the body, group id or None): where groups end
+    body_lines = sum(x.count("\n") + 1 for x in body)
     for si, parts in stage_code:
         if si > 0 and sync == "barrier":
             hz = "; ".join(s.barriers[si - 1].hazards[:2])
             body.append(f"// ---- barrier before stage {si} ({hz})")
             body.append(barrier(mode, si, spin_limit=f"{spin}ULL", blocks=s.blocks,
                                  choice=s.options.grid_barrier))
+            bounds.append((body_lines, None))
+            body_lines += 2
         names = ", ".join(f"{g.id} {g.kind}" for g, _, _ in parts)
         body.append(f"// ==== stage {si}: {names} ====")
+        bounds.append((body_lines, None))
+        body_lines += 1
+        parts = [(g, call_text(*outlined[g.id], g.id) if g.id in outlined else code, n) for g, code, n in parts]
         if sync == "counters" or timeline:
             parts = [(g, _task_code(g, code, dag, sync == "counters", timeline, spin), n) for g, code, n in parts]
-        body.append(_stage_loop(parts, em.plan.cluster_groups))
+        loop, marks = _stage_loop(parts, em.plan.cluster_groups)
+        body.append(loop)
+        bounds += [(body_lines + at, gid) for at, gid in marks]
+        body_lines += loop.count("\n") + 1
     if sync == "counters":
         body.append("tkx_counters_exit(sync);  // the last block out advances the epoch")
+        body_lines += 1
+    bounds.append((body_lines, None))  # the kernel's closing brace
     # Register budget of the requested occupancy (blocks_per_sm blocks of s.threads threads on
     # a 64K-register SM). An explicit cap also keeps ptxas from its small default budget for
     # very large kernels, which made it spill.
@@ -253,45 +313,19 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
     if sync == "counters":
         header = block(header, f"// Sync: counters ({len(dag.counters)} counters, "
                                f"{sum(len(w) for w in dag.waits.values())} waits, no grid barrier): {sync_reason}")
-    text = block(header, "", prelude(tensor_cores=em.plan.tensor_cores, counters=sync == "counters",
-                                     timeline=timeline, tma=bool(em.plan.tensor_maps)), "", struct, "",
-                 functions, "" if functions else None, kernel) + "\n"
-    # Source map: the lines of each group (by its marker comment) and of each op.
-    lines = text.splitlines()
-    op_lines: dict[str, list[int]] = {}
-    for no, line in enumerate(lines, start=1):
-        if "//" in line:
-            tail = line.split("//", 1)[1].strip()
-            tok = tail.split(":")[0].split(" ")[0]
-            if tok in em.ops:
-                op_lines.setdefault(tok, []).append(no)
-            if tail.startswith("store "):
-                op_lines.setdefault(tail.split()[1], []).append(no)
-        if line.lstrip().startswith("__device__ __forceinline__ float tkx_v_"):
-            op_id = line.split("tkx_v_", 1)[1].split("(", 1)[0]
-            op_lines.setdefault(op_id, []).append(no)
-    starts = []
-    for no, line in enumerate(lines, start=1):
-        tail = line.split("//", 1)[1].strip() if "//" in line else ""
-        gid = tail.split(":")[0]
-        if gid in s.groups and "items" in tail:
-            starts.append((no, gid))
-        elif tail.startswith(("==== stage", "---- barrier")) or line.startswith("}"):
-            starts.append((no, None))
-    for (no, gid), (nxt, _) in zip(starts, starts[1:] + [(len(lines) + 1, None)]):
-        if gid is not None:
-            group_lines[gid] = (no, nxt - 1)
-    # The loop skeleton of a group (tile loops, the GEMM's k-loop, a reduction's accumulation) carries no
-    # op comment: its code lines belong to the group's anchor op, so lines_of("mm") is the whole GEMM.
-    claimed = {no for nos in op_lines.values() for no in nos}
-    for gid, (first, last) in group_lines.items():
-        anchor = s.groups[gid].anchor
-        if anchor not in em.ops:
-            continue
-        own = [no for no in range(first + 1, last + 1)
-               if no not in claimed and lines[no - 1].strip().replace("else", "").strip("{} ")
-               and not lines[no - 1].lstrip().startswith("//")]
-        op_lines[anchor] = sorted(set(op_lines.get(anchor, [])) | set(own))
+    sections = [header, prelude(tensor_cores=em.plan.tensor_cores, counters=sync == "counters",
+                                timeline=timeline, tma=bool(em.plan.tensor_maps)), struct, functions]
+    if outlined:
+        sections.append(block(shared_workspace(shared) if file_smem else None,
+                              "\n\n".join(text for _, text, _ in pieces)))
+    text = block(*sections, kernel) + "\n"
+    starts = [1]  # 1-based first line of each section, then of the kernel
+    for part in sections:
+        starts.append(starts[-1] + (part.count("\n") + 1 if part else 0))
+    op_lines, group_lines, function_lines = source_map(
+        text.splitlines(), s, em.ops, [(starts[-1] + 1 + len(params) + at, gid) for at, gid in bounds],
+        functions=(starts[3], starts[4] - 1) if functions else None, outlined=outlined, pieces=pieces,
+        outlined_at=starts[4] + (1 if file_smem else 0) if outlined else None)
     config = abi.KernelConfig(threads=s.threads, mode=mode, blocks=1 if mode == "block" else s.blocks,
                               shared_bytes=shared, max_registers=max_regs, spin_limit=int(s.options.spin_limit),
                               exact=bool(s.options.exact), max_blocks=s.options.max_blocks,
@@ -301,6 +335,7 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
                                 tensor_maps=tuple(em.plan.tensor_maps))
     return CudaSource(text=text, launch=launch, schedule=s, arena=arena,
                       op_lines={k: tuple(v) for k, v in op_lines.items()}, group_lines=group_lines,
+                      function_lines=function_lines,
                       tensor_cores=em.plan.tensor_cores, notes=em.plan.notes, sync=sync, sync_reason=sync_reason,
                       sync_words=_sync_words(sync, dag, em.plan.tile_counter_words),
                       timeline_tasks=dag.num_tasks if timeline and dag else 0,

@@ -140,8 +140,8 @@ def parse_ptxas_log(log: str) -> tuple[KernelResources, ...]:
 
     ptxas prints, per entry function, a ``Compiling entry function`` line, a ``Function
     properties`` block (stack frame and spills) and a ``Used N registers, ... smem, ... cmem``
-    line. Properties of non-inlined device functions are read too but only entry functions
-    are returned.
+    line. Only entry functions are returned; the spills of non-inlined device functions count
+    as their callers' (every entry takes the largest).
     """
     entries: dict[str, dict[str, int]] = {}
     props: dict[str, dict[str, int]] = {}
@@ -165,11 +165,16 @@ def parse_ptxas_log(log: str) -> tuple[KernelResources, ...]:
             for key, rx in _FIELDS.items():
                 if fm := rx.search(line):
                     info[key] = int(fm.group(1))
+    # A non-inlined device function's spills happen inside the kernel that calls it: each entry reports the
+    # most any of them spills (its stack frame is the ABI's call frame, not counted).
+    called = [p for name, p in props.items() if name not in entries]
     out = []
     for name, info in entries.items():
         merged = {**info}
         for key, value in props.get(name, {}).items():
             merged[key] = max(value, merged.get(key, 0))
+        for key in ("spill_store_bytes", "spill_load_bytes"):
+            merged[key] = max([merged.get(key, 0)] + [p[key] for p in called])
         out.append(KernelResources(name=name, **merged))
     return tuple(out)
 

@@ -51,6 +51,9 @@ class CudaSource:
     dag: Any = field(default=None, repr=False, compare=False)
     #: Schedule group id -> the work items (tasks) its emitter deals over the grid.
     work_items: Mapping[str, int] = field(default_factory=dict, repr=False, compare=False)
+    #: Group id -> (first, last) line of the ``__noinline__`` device function holding its body, for the groups
+    #: whose body is emitted once for all its users (``Options.outline``); their ``group_lines`` are the call.
+    function_lines: Mapping[str, tuple[int, int]] = field(default_factory=dict, repr=False, compare=False)
 
     # -- the launch contract, by its old names ---------------------------------------------------
     @property

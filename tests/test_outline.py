@@ -1,0 +1,105 @@
+"""Group bodies emitted once (``Options.outline``): a model's layers share one ``__noinline__`` device
+function per distinct body, called with each group's addresses; the source map follows them."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+import tkx
+from tkx.codegen.nvrtc import nvrtc_available
+from tkx.codegen.outline import Outliner
+from tkx.examples import decode as D
+
+TYPES = {"in3": "const tkx_bf16* __restrict__", "in7": "const tkx_bf16* __restrict__",
+         "out0": "float* __restrict__", "arena": "unsigned char* __restrict__", "status": "int*"}
+
+
+def _explore(name: str, **options):
+    ex = D.get(name)
+    return tkx.explore(ex.step_fn, ex.make_inputs(0), name=name, **options)
+
+
+def test_bodies_differing_only_in_addresses_and_local_names_are_one():
+    o = Outliner(TYPES, {})
+    a = o.parametrise("const float v_mm = tkx_ld_bf16(in3, i) + tkx_ld_f32(reinterpret_cast<float*>(arena + 64), i);"
+                      "  // mm: mm\ntkx_fail(status, TKX_ERR_INDEX, 12);")
+    b = o.parametrise("const float v_mm_9 = tkx_ld_bf16(in7, i) + tkx_ld_f32(reinterpret_cast<float*>(arena + 4096), i);"
+                      "  // mm_9: mm\ntkx_fail(status, TKX_ERR_INDEX, 40);")
+    assert a.key == b.key and a.params == b.params
+    assert b.args == ["in7", "arena + 4096", "status", "40"]
+    assert "tkx_p0" in a.text and "tkx_a0" in a.text and "// mm: mm" in a.text  # comments kept, locals kept
+    other_shape = o.parametrise("const float v_mm = tkx_ld_bf16(in3, i * 2);")
+    assert other_shape.key != a.key
+    same_pointer_twice = o.parametrise("x = tkx_ld_bf16(in3, i) + tkx_ld_bf16(in3, i + 1);")
+    two_pointers = o.parametrise("x = tkx_ld_bf16(in3, i) + tkx_ld_bf16(in7, i + 1);")
+    assert same_pointer_twice.key != two_pointers.key  # an alias is not merged with two pointers
+
+
+@pytest.mark.parametrize("code", ["tkx_wait(sync, tkx_epoch, status, 0, 1u, 0, item, 9ULL);",
+                                  "const unsigned long long m = (unsigned long long)(tmaps + 128);",
+                                  "if (item > 3) return;"])
+def test_code_tied_to_the_kernel_stays_in_it(code):
+    assert Outliner(TYPES, {}).parametrise(code) is None
+
+
+def test_options_validate_outline():
+    with pytest.raises(tkx.OptionsError, match="outline"):
+        tkx.Options(outline="always")
+    assert tkx.Options(outline="off").key() != tkx.Options().key()
+
+
+def test_layers_share_one_function_per_distinct_body():
+    exp = _explore("llama_1b_tiny")  # auto: the wk and wv GEMVs of its 2 layers are 4 equal bodies
+    src, sched = exp.cuda, exp.schedule
+    assert set(src.function_lines) == set(sched.groups)
+    functions = re.findall(r"__device__ __noinline__ void (tkx_body_\d+)\(", src.text)
+    assert len(set(functions)) == len(functions) < len(sched.groups)
+    per_layer = len(sched.groups) // 2
+    assert len(functions) <= per_layer + 4  # layer 1 reuses layer 0's bodies (the edges of the model aside)
+    lines = src.text.splitlines()
+    for gid in sched.groups:
+        first, last = src.group_lines[gid]
+        call = [n for n in range(first, last + 1) if re.search(r"tkx_body_\d+\(", lines[n - 1])]
+        assert len(call) == 1, gid
+        a, b = src.function_lines[gid]
+        name = re.search(r"tkx_body_\d+", lines[call[0] - 1]).group(0)
+        assert lines[a].startswith(f"__device__ __noinline__ void {name}(") and lines[b - 1] == "}"
+        for op_id in sched.groups[gid].stores:  # every stored op is mapped into its body's lines
+            if op_id in sched.homes:
+                assert any(a <= n <= b for n in src.lines_of(op_id)), (gid, op_id)
+
+
+def test_off_is_every_group_inline_and_a_small_example_is_unchanged():
+    off = _explore("llama_1b_tiny", outline="off").cuda
+    assert "__noinline__" not in off.text and not off.function_lines
+    ex = tkx.examples.get("digits_mlp")
+    auto = tkx.explore(ex.step_fn, ex.example_inputs).cuda
+    assert auto.text == tkx.explore(ex.step_fn, ex.example_inputs, outline="off").cuda.text
+    on = tkx.explore(ex.step_fn, ex.example_inputs, outline="on").cuda
+    assert "__noinline__" in on.text and on.function_lines
+
+
+@pytest.mark.skipif(not nvrtc_available(), reason="NVRTC is not installed")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_outlined_kernel_compiles_without_spills(arch):
+    report = _explore("llama_1b_tiny_int4").cuda.check(arch)
+    assert report.registers > 0 and report.spill_bytes == 0, report.summary()
+    assert "tkx_body_" in report.log  # the functions' own ptxas report, whose spills count as the kernel's
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", ["llama_1b_tiny", "llama_1b_tiny_int4", "decode_tiny"])
+def test_outlined_kernel_gives_the_inline_kernels_tokens_on_the_gpu(name):
+    ex = D.get(name)
+    tokens = {}
+    for choice in ("on", "off"):
+        runner = tkx.runtime.build(ex.step_fn, ex.make_inputs(0, device="cuda"), tkx.Options(outline=choice))
+        assert ("__noinline__" in runner.source.text) == (choice == "on")
+        tokens[choice] = D.generate(runner, ex.make_inputs(0, device="cuda"), 8).cpu()
+    assert torch.equal(tokens["on"], tokens["off"])
+    want = D.generate(ex.step_fn, ex.make_inputs(0, device="cuda"), 8).cpu()
+    assert torch.equal(tokens["on"], want)

@@ -1,0 +1,211 @@
+"""Group bodies emitted once: repeated work (a model's layers) as ``__noinline__`` device functions.
+
+The groups of a model's layers are the same code but for the memory they touch: each layer reads its
+own weights (kernel parameters ``inK``), its own arena slots (``arena + offset``) and reports its own
+op on an index error. :func:`parametrise` turns a group's code into a body whose addresses are
+parameters; bodies of equal text (comments and the names of local values aside) are one function,
+emitted once and called with each group's addresses. ptxas then compiles every distinct body once
+instead of once per layer: the time to compile grows with the distinct code, not with the depth.
+
+What becomes a parameter, by first appearance in the code:
+
+* a kernel pointer ``inK`` / ``outK`` -> ``tkx_pJ`` (its kernel declaration's type, ``__restrict__``
+  included);
+* an arena address ``arena + N`` -> ``tkx_aJ`` (``unsigned char*``: slots of one arena, no
+  ``__restrict__`` promise between them);
+* the op number an index check reports (``tkx_fail(status, code, N)``, ``tkx_check_index(..., N)``) ->
+  ``tkx_sJ``;
+* ``item`` (the work item), ``status``, ``sync`` and ``tkx_tiles`` under their own names.
+
+An inlined value read through a ``tkx_v_<op>`` function becomes a call of the parametrised function of
+the same text (``tkx_vf_J``), its addresses passed on. Code that reads the tensor maps, the barrier
+generation or the dataflow epoch, or that returns, stays in the kernel (:func:`parametrise` gives
+``None``). The shared workspace ``tkx_smem`` moves to file scope so the functions see it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+
+from .text import block, indent
+
+__all__ = ["Body", "Outliner", "MIN_REPEATS", "op_lines_of"]
+
+#: ``Options.outline="auto"`` outlines the groups of a kernel in which one body is shared by at least this many
+#: groups: a model's layers (the decode examples' 4 and 16), never the small zoo examples.
+MIN_REPEATS = 4
+
+_TOKEN = re.compile(r"(?P<arena>\barena \+ \d+\b)|(?P<site>@S\d+@)|(?P<ptr>\b(?:in|out)\d+\b)"
+                    r"|(?P<local>\b(?:v|acc)_\w+)|(?P<word>\b[A-Za-z_]\w*\b)")
+_SITES = (re.compile(r"(\btkx_fail\(status, \w+, )(\d+)\)"),
+          re.compile(r"(\btkx_check_index\(status, \w+, \d+, )(\d+)\)"))
+_VALUE_CALL = re.compile(r"\btkx_v_(\w+)\(TKX_ARGS, ")
+#: Kernel-scope names a body may use, passed under their own names (declaration type, name).
+_NAMED = {"item": "const int", "status": "int*", "sync": "unsigned int*", "tkx_tiles": "unsigned int* const"}
+#: Kernel-scope names that keep a group in the kernel.
+_STAY = {"tmaps", "tkx_gen", "tkx_epoch", "tkx_w", "TKX_ARGS", "TKX_POINTERS", "return", "timeline"}
+
+
+def _split(line: str) -> tuple[str, str]:
+    """(code, comment) of a generated line (generated code has no string literals holding ``//``)."""
+    at = line.find("//")
+    return (line, "") if at < 0 else (line[:at], line[at:])
+
+
+def op_lines_of(code: str, ops) -> dict[str, list[int]]:
+    """op id -> 0-based lines of ``code`` that compute or store it, from the comment every emitter
+    writes after such a statement (``// <op>: <kind>``, ``// store <op> -> ...``)."""
+    out: dict[str, list[int]] = {}
+    for no, line in enumerate(code.splitlines()):
+        if "//" not in line:
+            continue
+        tail = line.split("//", 1)[1].strip()
+        tok = tail.split(":")[0].split(" ")[0]
+        if tok in ops:
+            out.setdefault(tok, []).append(no)
+        if tail.startswith("store "):
+            out.setdefault(tail.split()[1], []).append(no)
+    return out
+
+
+@dataclass
+class Body:
+    """A code fragment with its addresses as parameters.
+
+    ``key``: the text that decides sameness (comments out, local names numbered); ``text``: the code
+    with the parameter names in (this fragment's comments and local names kept); ``params``: the
+    declarations (``"const tkx_bf16* __restrict__ tkx_p0"``); ``args``: this fragment's values of
+    them (``"in3"``, ``"arena + 640"``, ``"39"``, ``"item"``)."""
+
+    key: str
+    text: str
+    params: list[str] = field(default_factory=list)
+    args: list[str] = field(default_factory=list)
+
+
+class Outliner:
+    """Parametrises group code and the ``tkx_v_`` functions it calls (one instance per kernel).
+
+    ``kernel_types``: kernel parameter name -> C type; ``functions``: the emitter's ``tkx_v_<op>``
+    function texts by name."""
+
+    def __init__(self, kernel_types: dict[str, str], functions: dict[str, str]) -> None:
+        self.types = kernel_types
+        self.functions = functions
+        self.value_functions: dict[str, tuple[str, str]] = {}  # key -> (name, text)
+        self._of: dict[str, tuple[str, list[str]] | None] = {}  # tkx_v name -> (tkx_vf name, args)
+
+    def parametrise(self, code: str, *, function: bool = False) -> Body | None:
+        """``code`` as a :class:`Body`, or ``None`` when it must stay in the kernel (see the module).
+        ``function``: the body of a ``tkx_v_`` function (it returns; its op numbers stay literal)."""
+        names: dict[str, str] = {}  # value -> parameter name
+        params: list[str] = []
+        args: list[str] = []
+        locals_: dict[str, str] = {}
+        counts = {"p": 0, "a": 0, "s": 0}
+
+        def param(value: str, kind: str, ctype: str) -> str:
+            if value not in names:
+                if kind in counts:
+                    names[value] = f"tkx_{kind}{counts[kind]}"
+                    counts[kind] += 1
+                else:
+                    names[value] = value
+                params.append(f"{ctype} {names[value]}")
+                args.append(value)
+            return names[value]
+
+        missing = []
+
+        def value_call(m: re.Match) -> str:
+            called = self.value_function(f"tkx_v_{m.group(1)}")
+            if called is None:
+                missing.append(m.group(1))
+                return m.group(0)
+            return f"{called[0]}(" + "".join(f"{a}, " for a in called[1])
+
+        key_lines: list[str] = []
+        text_lines: list[str] = []
+        for line in code.splitlines():
+            src, comment = _split(line)
+            src = _VALUE_CALL.sub(value_call, src)
+            if missing:
+                return None
+            if not function:
+                for rx in _SITES:
+                    src = rx.sub(lambda m: f"{m.group(1)}@S{m.group(2)}@)", src)
+            text_parts: list[str] = []
+            key_parts: list[str] = []
+            pos = 0
+            for m in _TOKEN.finditer(src):
+                text_parts.append(src[pos:m.start()])
+                key_parts.append(src[pos:m.start()])
+                pos = m.end()
+                tok = m.group(0)
+                kind = m.lastgroup
+                if kind == "local":
+                    text_parts.append(tok)
+                    key_parts.append(locals_.setdefault(tok, f"tkx_l{len(locals_)}"))
+                    continue
+                if kind == "arena":
+                    tok = param(tok, "a", "unsigned char*")
+                elif kind == "site":
+                    tok = param(tok[2:-1], "s", "const int")
+                elif kind == "ptr":
+                    if tok not in self.types:
+                        return None
+                    tok = param(tok, "p", self.types[tok])
+                elif tok in _STAY and not (function and tok == "return"):
+                    return None
+                elif tok in _NAMED:
+                    param(tok, "named", _NAMED[tok])
+                text_parts.append(tok)
+                key_parts.append(tok)
+            text_parts.append(src[pos:])
+            key_parts.append(src[pos:])
+            text_lines.append("".join(text_parts) + comment)
+            key_lines.append("".join(key_parts).rstrip())
+        return Body("\n".join(key_lines), "\n".join(text_lines), params, args)
+
+    def value_function(self, name: str) -> tuple[str, list[str]] | None:
+        """(the parametrised function of ``tkx_v_<op>`` ``name``, the argument values its call passes)."""
+        if name in self._of:
+            return self._of[name]
+        self._of[name] = None
+        text = self.functions.get(name, "")
+        head, sep, rest = text.partition(f"{name}(TKX_POINTERS, ")
+        if not sep:
+            return None
+        signature_end = rest.index(") ")
+        index_param, after = rest[:signature_end], rest[signature_end:]
+        comment, _, decl = head.rpartition("\n")
+        body = self.parametrise(after, function=True)
+        if body is None:
+            return None
+        digest = hashlib.sha256((decl + index_param + body.key).encode()).hexdigest()
+        if digest not in self.value_functions:
+            fname = f"tkx_vf_{len(self.value_functions)}"
+            params = ", ".join([*body.params, index_param])
+            self.value_functions[digest] = (fname, f"{comment}\n{decl}{fname}({params}{body.text}")
+        self._of[name] = (self.value_functions[digest][0], body.args)
+        return self._of[name]
+
+    def value_function_texts(self) -> list[tuple[str, str]]:
+        """(name, text) of the parametrised ``tkx_vf_`` functions, callees first (each calls only earlier
+        ones)."""
+        return list(self.value_functions.values())
+
+
+def function_text(name: str, body: Body, users: list[str]) -> str:
+    """The ``__noinline__`` device function of ``body``, called by the groups ``users``."""
+    who = ", ".join(users) if len(users) <= 8 else ", ".join(users[:8]) + f" and {len(users) - 8} more"
+    return block(f"// one body for {len(users)} groups ({who}): their addresses are the arguments",
+                 f"__device__ __noinline__ void {name}(" + ", ".join(body.params) + ") {",
+                 indent(body.text), "}")
+
+
+def call_text(name: str, body: Body, gid: str) -> str:
+    """The kernel's call of the outlined body of group ``gid``."""
+    return f"{name}({', '.join(body.args)});  // {gid}: the body {name}"
