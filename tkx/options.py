@@ -160,8 +160,8 @@ class Options:
 
     outline: str = _opt("auto", "emit a group body that repeats (a model's layers) once, as a __noinline__ device "
                         "function each of its groups calls with its own addresses: the compile time grows with the "
-                        "distinct code, not with the depth. auto: on when one body is shared by at least 4 groups "
-                        "(a model's layers); on: every group's body that can be; off: every group's code inline "
+                        "distinct code, not with the depth. auto: on when repeated bodies are at least half the "
+                        "code (a model's layers); on: every group's body that can be; off: every group's code inline "
                         "in the kernel",
                         choices=("auto", "on", "off"))
 

@@ -40,7 +40,7 @@ from .kernel_attention import AttentionGroups
 from .kernel_gemm import GemmGroups
 from .kernel_groups import GroupEmitter
 from .kernel_values import SPECIAL_POINTWISE, KernelPlan
-from .outline import MIN_REPEATS, Body, Outliner, call_text, function_text
+from .outline import REPEATED_SHARE, Body, Outliner, call_text, function_text
 from .source_map import source_map
 from .text import block, indent
 
@@ -174,8 +174,8 @@ def _outline(s: FusedSchedule, em: _Emitter, params: list, stage_code: list
     its :class:`~tkx.codegen.outline.Body`), and the functions' texts in order (name, text, the groups
     calling it): the parametrised ``tkx_v_`` functions they call first, then one per distinct body.
 
-    ``"auto"`` outlines when some body is shared by :data:`~tkx.codegen.outline.MIN_REPEATS` groups or more
-    (a model's layers), and then every group that can be: NVVM's optimiser and ptxas take superlinear time
+    ``"auto"`` outlines when repeated bodies are at least :data:`~tkx.codegen.outline.REPEATED_SHARE` of the
+    group code (a model's layers), and then every group that can be: NVVM's optimiser and ptxas take superlinear time
     in the size of one function, so the groups left in the kernel would keep most of the compile time
     (the 4-layer decode step for sm_90: 17.5 s inline, 20.5 s with only the repeated bodies outlined,
     9.3 s with every body outlined, on a 2-core CPU)."""
@@ -184,12 +184,15 @@ def _outline(s: FusedSchedule, em: _Emitter, params: list, stage_code: list
         return {}, []
     outliner = Outliner({p.name: p.ctype for p in params}, em.plan.functions)
     same: dict[str, list[tuple[str, Body]]] = {}
+    total = 0  # lines of group code
     for _, parts in stage_code:
         for g, code, _ in parts:
+            total += code.count("\n") + 1
             body = None if g.id in em.plan.cluster_groups else outliner.parametrise(code)
             if body is not None:
                 same.setdefault(body.key, []).append((g.id, body))
-    if choice == "auto" and max((len(users) for users in same.values()), default=0) < MIN_REPEATS:
+    repeated = sum((len(users) - 1) * (users[0][1].text.count("\n") + 1) for users in same.values())
+    if choice == "auto" and repeated < REPEATED_SHARE * total:
         return {}, []
     outlined: dict[str, tuple[str, Body]] = {}
     pieces: list[tuple[str, str, list[str]]] = []
