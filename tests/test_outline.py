@@ -24,9 +24,9 @@ def _explore(name: str, **options):
 
 def test_bodies_differing_only_in_addresses_and_local_names_are_one():
     o = Outliner(TYPES, {})
-    a = o.parametrise("const float v_mm = tkx_ld_bf16(in3, i) + tkx_ld_f32(reinterpret_cast<float*>(arena + 64), i);"
+    a = o.parametrise("const float v_mm = tkx_ld_bf16(in3, i) + tkx_ld_f32((float*)(arena + 64), i);"
                       "  // mm: mm\ntkx_fail(status, TKX_ERR_INDEX, 12);")
-    b = o.parametrise("const float v_mm_9 = tkx_ld_bf16(in7, i) + tkx_ld_f32(reinterpret_cast<float*>(arena + 4096), i);"
+    b = o.parametrise("const float v_mm_9 = tkx_ld_bf16(in7, i) + tkx_ld_f32((float*)(arena + 4096), i);"
                       "  // mm_9: mm\ntkx_fail(status, TKX_ERR_INDEX, 40);")
     assert a.key == b.key and a.params == b.params
     assert b.args == ["in7", "arena + 4096", "status", "40"]
