@@ -33,6 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quants", default="bf16,int8")
     ap.add_argument("--syncs", default="barrier", help="Options.sync values (the first quant gets them all)")
     ap.add_argument("--tokens", type=int, default=20)
+    ap.add_argument("--outline", default="auto",
+                    help="Options.outline values, each timed for the first quant (auto, on, off: group bodies as "
+                         "device functions or inline; an A/B of the two in one run)")
     ap.add_argument("--prepare", action="store_true", help="only build (compile) the kernels")
     ap.add_argument("--plain-epilogues", action="store_true",
                     help="a user fusion rule fusing every epilogue (switches rule sibling-gemms off: the A side of an "
@@ -45,15 +48,19 @@ def main(argv: list[str] | None = None) -> int:
                      "gpu": torch.cuda.get_device_name(DEV), "torch": torch.__version__, "runs": []}
     for qi, quant in enumerate(a.quants.split(",")):
         ex = D.get("decode" if quant == "bf16" else f"decode_{quant}")
-        for sync in (a.syncs.split(",") if qi == 0 else ["barrier"]):
+        variants = [(s, o) for s in a.syncs.split(",") for o in a.outline.split(",")] if qi == 0 else \
+            [("barrier", a.outline.split(",")[0])]
+        for sync, outline in variants:
             t0 = time.perf_counter()
-            opts = tkx.Options(sync=sync) if sync != "barrier" else tkx.Options()
+            opts = tkx.Options(sync=sync, outline=outline)
             runner = tkx.runtime.build(ex.step_fn, ex.make_inputs(0, device=DEV), opts)  # as the GPU test builds it
-            rec = {"quant": quant, "sync": sync, "build_s": round(time.perf_counter() - t0, 1)}
+            rec = {"quant": quant, "sync": sync, "outline": outline, "build_s": round(time.perf_counter() - t0, 1),
+                   "compile_s": runner.resources.compile_seconds}
             s = runner.schedule
             rec.update(stages=len(s.stages), barriers=s.num_barriers, groups=len(s.groups),
                        work_items=sum(g.work_items for g in s.groups.values()))
-            print(f"[{ex.name} {sync}] built in {rec['build_s']} s: {rec['stages']} stages", flush=True)
+            print(f"[{ex.name} {sync} outline={outline}] built in {rec['build_s']} s: {rec['stages']} stages",
+                  flush=True)
             if a.prepare:
                 continue
             want = D.generate(ex.step_fn, ex.make_inputs(0, device=DEV), a.tokens).cpu()
@@ -68,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
             rec["us_per_step"] = sorted(samples)[len(samples) // 2]
             rec["samples_us"] = samples
             rec["tokens_per_s"] = ex.config.batch * 1e6 / rec["us_per_step"]
-            print(f"[{ex.name} {sync}] {rec['us_per_step']:.1f} µs/step; strict {rec['same_tokens']}; {forced}",
+            print(f"[{ex.name} {sync} outline={outline}] {rec['us_per_step']:.1f} µs/step; "
+                  f"strict {rec['same_tokens']}; {forced}",
                   flush=True)
             results["runs"].append(rec)
     if a.out is not None and not a.prepare:
