@@ -142,6 +142,7 @@ SWITCHES: dict[str, dict] = {
     "wgmma_in_flight=0": {"wgmma_in_flight": 0},
     "split_k_final=last_slice": {"split_k_final": "last-slice"},
     "split_k_min_steps=4": {"split_k_min_steps": 4},
+    "outline=on": {"outline": "on"},
 }
 SWITCH_EXAMPLES = ("online", "small", "medium", "mixed_precision", "llama_block", "decode_tiny",
                    "decode_tiny_int8")
