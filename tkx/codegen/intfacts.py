@@ -102,7 +102,10 @@ def power_of_two_shifts(divisor: object, ops: Mapping[str, Op],
     root = _index_only_value(divisor.buffer, ops, cache)
     if root is None or root.dtype.is_floating_point or root.dtype == torch.bool:
         return None
-    view = root.reshape(-1).as_strided(divisor.shape, divisor.strides, divisor.offset)
+    # a broadcast dimension (stride 0) repeats the same elements: one index of it holds every value the
+    # view takes (a divisor broadcast over a weight matrix would otherwise be millions of elements to sort)
+    shape = [1 if st == 0 else n for n, st in zip(divisor.shape, divisor.strides)]
+    view = root.reshape(-1).as_strided(shape, divisor.strides, divisor.offset)
     return _shift_of(int(v) for v in torch.unique(view).tolist())
 
 

@@ -22,6 +22,9 @@ __all__ = ["LeafSpan", "column_spans"]
 
 #: Largest operand (elements) whose index maps are computed (a 4096 x 4096 weight: 128 MB of int64 maps).
 MAX_ELEMENTS = 1 << 24
+#: Spans already found, by the chain's structure (:func:`_structure`): a model's layers repeat the same chain
+#: over their own buffers, and the index maps of a large weight take seconds to build.
+_SPANS: dict[tuple, list[tuple[int, int, int, int]]] = {}
 
 
 @dataclass(frozen=True)
@@ -64,12 +67,51 @@ def _leaf_maps(view: TensorSpec, ops: Mapping[str, Op], inlined: set[str]) -> di
     return out
 
 
+def _structure(view: TensorSpec, ops: Mapping[str, Op], inlined: set[str]) -> tuple[tuple, list[str]]:
+    """``(key, buffers)``: the chain behind ``view`` with its buffers numbered by first visit (every op's kind,
+    shape and operand views; which buffers are leaves), and the buffers in that order. Two chains of equal
+    key have the same index maps, buffer for buffer."""
+    names: dict[str, int] = {}
+
+    def num(buf: str) -> int:
+        return names.setdefault(buf, len(names))
+
+    def spec(x: TensorSpec) -> tuple:
+        return num(x.buffer), tuple(x.shape), tuple(x.strides), x.offset, x.extent
+
+    key: list[tuple] = [spec(view)]
+    stack, seen = [view.buffer], set()
+    while stack:
+        buf = stack.pop()
+        if buf not in inlined or buf in seen:
+            key.append(("leaf" if buf not in inlined else "again", num(buf)))
+            continue
+        seen.add(buf)
+        op = ops[buf]
+        key.append((num(buf), op.kind, tuple(op.out.shape), tuple(spec(x) for x in op.tensor_inputs)))
+        stack.extend(x.buffer for x in op.tensor_inputs)
+    return tuple(key), list(names)
+
+
 def column_spans(view: TensorSpec, ops: Mapping[str, Op], inlined: set[str], k_dim: int) -> list[LeafSpan]:
     """The leaves of the inlined chain behind ``view`` (a 2-D operand, ``k_dim`` its reduction dim) whose
     elements for each output column form one contiguous range at an affine position; leaves that do not
     are left out (their loads simply are not prefetched)."""
     if view.ndim != 2 or view.numel > MAX_ELEMENTS or view.buffer not in inlined:
         return []
+    key, buffers = _structure(view, ops, inlined)
+    if (key, k_dim) not in _SPANS:
+        number = {b: i for i, b in enumerate(buffers)}
+        if len(_SPANS) > 256:
+            _SPANS.clear()
+        _SPANS[key, k_dim] = [(number[sp.buffer], sp.row_stride, sp.start, sp.span)
+                              for sp in _column_spans(view, ops, inlined, k_dim)]
+    spans = [LeafSpan(buffers[i], stride, start, span) for i, stride, start, span in _SPANS[key, k_dim]]
+    return sorted(spans, key=lambda s: s.buffer)
+
+
+def _column_spans(view: TensorSpec, ops: Mapping[str, Op], inlined: set[str], k_dim: int) -> list[LeafSpan]:
+    """:func:`column_spans` computed from the index maps."""
     maps = _leaf_maps(view, ops, inlined)
     if maps is None:
         return []
