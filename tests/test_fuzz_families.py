@@ -51,12 +51,7 @@ def test_module_and_optimizer_against_eager():
 
 #: Open findings of the campaign seeds below, each still failing (the test checks it, so the list only
 #: shrinks): (family, seed) -> what is wrong.
-KNOWN_OPEN = {
-    ("attention", 106): "hand-written attention over one key with Adam: the attention backward computes "
-                        "rowsum(dO * O) (the FlashAttention form) where eager's softmax backward computes "
-                        "rowsum(P * dP), so a gradient that is exactly zero in eager (softmax over one key) is "
-                        "rounding noise in tkx, and Adam scales it to a learning-rate-sized step",
-}
+KNOWN_OPEN: dict[tuple[str, int], str] = {}
 
 
 @pytest.mark.slow
