@@ -22,12 +22,14 @@ it still fails the same way; :func:`reproduction` writes it as a runnable script
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import linecache
 import os
 import signal
 import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,7 +57,7 @@ FAILURES = ("wrong", "crash", "hang")
 @dataclass
 class Outcome:
     """What :func:`check` found for ``case``: ``status`` (see the module docstring), the ``stage`` it
-    happened in (``eager``, ``capture``, ``reference``, ``schedule``, ``nvrtc``, ``run``), a one-line
+    happened in (``eager``, ``capture``, ``reference``, ``schedule``, ``nvrtc``, ``run``, ``gpu``), a one-line
     ``detail``, ``key`` (the detail without numbers, to group findings) and ``seconds``."""
 
     case: fam.Case
@@ -201,7 +203,7 @@ def _compare_all(stage: str, got: list[Any], want: list[torch.Tensor], exact: li
         name = f"output {i}" if i < n_out else f"input {i - n_out}"
         if g is None:  # tkx does not update this input: eager must not have either
             j = i - n_out
-            if i >= n_out and not torch.equal(originals[j], w):
+            if i >= n_out and isinstance(w, torch.Tensor) and not torch.equal(originals[j], w):
                 raise _Wrong(f"{name}: eager updates it in place, tkx leaves it", f"{name}: update lost")
             continue
         errors[f"{stage} {name}"] = compare(name, g, w, x, dtype, [run[i] for run in noisy if i < len(run)])
@@ -236,10 +238,13 @@ def _alarm(_signum: int, _frame: Any) -> None:
 
 
 def check(case: fam.Case, *, nvrtc: bool = True, timeout_s: float = 0.0,
-          namespace: dict[str, Any] | None = None) -> Outcome:
+          namespace: dict[str, Any] | None = None, gpu: bool = False) -> Outcome:
     """Run ``case`` through eager (float32, float64), tkx's two interpreters and NVRTC (``nvrtc``), within
     ``timeout_s`` seconds (0: no limit; SIGALRM, main thread only). Never raises. ``namespace``: the
-    module of the case's source already executed (a reproduction passes its own globals)."""
+    module of the case's source already executed (a reproduction passes its own globals). ``gpu``: build
+    the kernel (:func:`tkx.runtime.build`) and run it on the CUDA device (stage ``gpu``), its values
+    judged like the interpreters' (against eager float32 on the CPU, arbitrated by float64), in place
+    of the NVRTC compile."""
     start = time.perf_counter()
     state = {"stage": "build"}
     errors: dict[str, float] = {}
@@ -255,9 +260,9 @@ def check(case: fam.Case, *, nvrtc: bool = True, timeout_s: float = 0.0,
         ns = namespace if namespace is not None else load(case)
         state["file"] = ns.get("__file__")
         if case.family in fam.STATEFUL:
-            _check_stateful(case, ns, state, errors, nvrtc)
+            _check_stateful(case, ns, state, errors, nvrtc, gpu)
         else:
-            _check_functional(case, ns, state, errors, nvrtc)
+            _check_functional(case, ns, state, errors, nvrtc, gpu)
         state["stage"] = ""
         return done("ok")
     except _Verdict as v:
@@ -294,7 +299,16 @@ def _eager_pair(run: Any) -> tuple[Any, Any]:
         raise _Verdict("invalid", f"eager raised {type(e).__name__}: {text}") from e
 
 
-def _check_functional(case: fam.Case, ns: dict, state: dict, errors: dict, nvrtc: bool) -> None:
+def _to_device(tree: Any, device: str) -> Any:
+    """A copy of ``tree`` with every tensor on ``device``."""
+    return tree_map(lambda t: t.detach().clone().to(device) if isinstance(t, torch.Tensor) else t, tree)
+
+
+def _cpu(values: list[Any]) -> list[Any]:
+    return [v.detach().cpu() if isinstance(v, torch.Tensor) else None for v in values]
+
+
+def _check_functional(case: fam.Case, ns: dict, state: dict, errors: dict, nvrtc: bool, gpu: bool) -> None:
     import tkx
     from tkx.schedule import interpreter
 
@@ -316,6 +330,14 @@ def _check_functional(case: fam.Case, ns: dict, state: dict, errors: dict, nvrtc
         r = make()
         got = list(r.outputs) + [r.updates.get(i) for i in range(n_in)]
         _compare_all(stage, got, want, exact, noisy, originals, n_out, dtype, errors)
+    if gpu:  # the kernel on the device: outputs, then every input as the step left it
+        state["stage"] = "gpu"
+        runner = tkx.runtime.build(step, _to_device(inputs, "cuda"), options)
+        args = _to_device(inputs, "cuda")
+        out = runner(*args)
+        got = _cpu(tree_flatten(out)[0] + tree_flatten(args)[0])
+        _compare_all("gpu", got, want, exact, noisy, originals, len(tree_flatten(out)[0]), dtype, errors)
+        return
     _nvrtc_check(exp, state, nvrtc)
 
 
@@ -328,7 +350,7 @@ def _module_values(model: Any, opt: Any) -> list[torch.Tensor]:
     return out
 
 
-def _check_stateful(case: fam.Case, ns: dict, state: dict, errors: dict, nvrtc: bool) -> None:
+def _check_stateful(case: fam.Case, ns: dict, state: dict, errors: dict, nvrtc: bool, gpu: bool) -> None:
     import tkx
 
     step, (model, opt), inputs = ns["make"](case.seed)
@@ -358,6 +380,18 @@ def _check_stateful(case: fam.Case, ns: dict, state: dict, errors: dict, nvrtc: 
         raise _Wrong(f"{len(got)} state tensors after the step, eager {len(want)}", "state count")
     for i, (g, w, x) in enumerate(zip(got, want, exact)):
         errors[f"run value {i}"] = compare(f"value {i}", g, w, x, dtype, [run[i] for run in noisy])
+    if gpu:  # the kernel on the device updates a fresh model and optimizer moved there
+        state["stage"] = "gpu"
+        s, (m, o), x = ns["make"](case.seed)
+        m.cuda()  # the optimizer holds the same Parameter objects, now on the device
+        x = _to_device(x, "cuda")
+        runner = tkx.runtime.build(s, x, tkx.Options.make(**dict(case.options)), state=(m, o))
+        got = _cpu([runner(*x)] + _module_values(m, o))
+        if len(got) != len(want):
+            raise _Wrong(f"{len(got)} state tensors after the kernel's step, eager {len(want)}", "state count")
+        for i, (g, w, x64) in enumerate(zip(got, want, exact)):
+            errors[f"gpu value {i}"] = compare(f"value {i}", g, w, x64, dtype, [run[i] for run in noisy])
+        return
     _nvrtc_check(exp, state, nvrtc)
 
 
@@ -369,6 +403,41 @@ def _nvrtc_check(exp: Any, state: dict, nvrtc: bool) -> None:
         state["stage"] = "nvrtc"
         arch = exp.options.arch
         source.check(arch if arch != "auto" else "sm_90")
+
+
+# -- the injected error (a check of the oracle itself) ---------------------------------------------------
+
+@contextlib.contextmanager
+def injected_error(size: float = 1e-3) -> Iterator[list[str]]:
+    """While open, every capture runs one more default pass, ``perturbed_constant``: it multiplies the first
+    float constant (not 0 or +-1) of the first op that an output or update depends on by ``1 + size`` - a
+    rewrite that gets one constant 0.1% wrong. Yields a list that collects the ids of the ops it changed.
+    The pass is removed on exit."""
+    import tkx
+    from tkx.passes.registry import unregister_pass
+
+    hits: list[str] = []
+
+    def perturbed_constant(program: Any) -> Any:
+        ops = list(program.ops)
+        live = {o.value.buffer for o in (*program.outputs, *program.updates)}
+        for op in reversed(ops):
+            if op.id in live:
+                live |= {x.buffer for x in op.inputs if hasattr(x, "buffer")}
+        for i, op in enumerate(ops):
+            k = next((j for j, a in enumerate(op.inputs) if type(a) is float and abs(a) not in (0.0, 1.0)
+                      and abs(a) < 1e30), None)
+            if k is not None and op.id in live:
+                ops[i] = op.replace(inputs=op.inputs[:k] + (op.inputs[k] * (1 + size),) + op.inputs[k + 1:])
+                hits.append(op.id)
+                break
+        return program.replace(ops=tuple(ops))
+
+    tkx.register_pass("perturbed_constant", default=True, replace=True)(perturbed_constant)
+    try:
+        yield hits
+    finally:
+        unregister_pass("perturbed_constant")
 
 
 # -- shrinking and reproductions --------------------------------------------------------------------------
@@ -401,7 +470,7 @@ def shrink(outcome: Outcome, *, nvrtc: bool = True, budget_s: float = 60.0, time
             for cand in simpler(best.case, target):
                 if time.perf_counter() > deadline:
                     return best
-                o = check(cand, nvrtc=nvrtc and best.stage == "nvrtc", timeout_s=timeout_s)
+                o = check(cand, nvrtc=nvrtc and best.stage == "nvrtc", timeout_s=timeout_s, gpu=best.stage == "gpu")
                 if (o.status, o.stage, o.key) == (best.status, best.stage, best.key):
                     best, improved = o, True
                     break
@@ -423,6 +492,6 @@ def reproduction(o: Outcome) -> str:
         "    sys.path.insert(0, 'tests')",
         "    import fuzz_families, fuzz_oracle",
         f"    case = fuzz_families.{c!r}",
-        "    print(fuzz_oracle.check(case, namespace=globals()).line())",
+        f"    print(fuzz_oracle.check(case, namespace=globals(){', gpu=True' if o.stage == 'gpu' else ''}).line())",
         "",
     ])

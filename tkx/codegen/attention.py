@@ -12,10 +12,10 @@ attention written by hand (``zero_empty_rows=False``, the plain softmax's 0/0, a
 Backward (``flash_bwd``), no atomics: work items ``[0, B*KT)`` each own one key tile and loop over
 the query tiles (``dv += P^T dO``, ``dk += dS^T Q``), items ``[B*KT, B*KT + B*QT)`` each own one
 query tile and loop over the key tiles (``dq += dS K``); ``P = exp(S - lse)`` is recomputed per
-tile from q, k and the saved lse, ``dS = P * (dO V^T - rowsum(dO * out))`` (the row sum in the order of ``dO V^T``, so that a row whose
-weight is all on one key gets ``dS = 0`` exactly, as eager's ``rowsum(P * dP)``). Both kinds of items
-sum in a fixed order, so the kernel gives the same bits on every run. The packed float32 root is
-``[dq | dk | dv]``.
+tile from q, k and the saved lse, ``dS = P * (dO V^T - rowsum(dO * out))`` (the row sum in the
+order of ``dO V^T``, so that a row whose weight is all on one key gets ``dS = 0`` exactly, as eager's
+``rowsum(P * dP)``). Both kinds of items sum in a fixed order, so the kernel gives the same bits on
+every run. The packed float32 root is ``[dq | dk | dv]``.
 
 Every accumulator entry stays in the register of one thread for the whole loop
 (``ceil(tile * dim / threads)`` floats each); the emitter reports the shared bytes it carves from
@@ -188,7 +188,8 @@ def backward(plan: AttentionPlan, *, threads: int, ld_q: Loader, ld_k: Loader, l
             f"for (int i = threadIdx.x; i < {bq}; i += {t}) {{",
             f"    const int r = {q0} + i;",
             "    float d = 0.0f;",
-            f"    if (r < {lq}) for (int e = 0; e < {ev}; ++e) d = fmaf(sDO[i * {ev} + e], {ld_out('b', 'r', 'e')}, d);",
+            f"    if (r < {lq}) for (int e = 0; e < {ev}; ++e) "
+            f"d = fmaf(sDO[i * {ev} + e], {ld_out('b', 'r', 'e')}, d);",
             f"    sDelta[i] = d; sLse[i] = r < {lq} ? {ld_lse('b', 'r')} : 0.0f;",
             "}")
 
