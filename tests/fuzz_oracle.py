@@ -405,6 +405,12 @@ def _nvrtc_check(exp: Any, state: dict, nvrtc: bool) -> None:
         source.check(arch if arch != "auto" else "sm_90")
 
 
+def check_seed(seed: int, family: str, options: bool = True, nvrtc: bool = True, timeout_s: float = 0.0,
+               gpu: bool = False) -> Outcome:
+    """:func:`check` of ``fam.random_case(seed, family, options=options)`` (a campaign worker's job)."""
+    return check(fam.random_case(seed, family, options=options), nvrtc=nvrtc, timeout_s=timeout_s, gpu=gpu)
+
+
 # -- the injected error (a check of the oracle itself) ---------------------------------------------------
 
 @contextlib.contextmanager

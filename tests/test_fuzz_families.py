@@ -229,3 +229,23 @@ def test_injected_error_is_caught_on_the_fixed_seed_set():
         invisible.append((case.label(), effect))
     assert len(caught) >= len(INJECTED) // 3, (caught, invisible)
     print("caught:", *caught, "without effect:", invisible, sep="\n  ")
+
+
+def test_campaign_with_workers_merges_and_resumes_past_finished_seeds(tmp_path, capsys):
+    """Two worker processes check their own seeds and the counts merge; a resumed campaign skips the seeds
+    an interrupted one finished beyond its next seed."""
+    import json
+
+    from script_module import load_script
+    campaign = load_script("fuzz-campaign")
+    argv = ["--out", str(tmp_path), "--count", "3", "--families", "views", "--no-nvrtc", "--quiet", "--workers", "2"]
+    assert campaign.main(argv) == 0
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert res["programs"] == 3 and res["per_family"]["views"]["ok"] == 3 and res["next_seed"] == 1003
+    assert res["workers"] == 2 and res["done_ahead"] == [] and res["programs_per_second"] > 0
+    res.update(next_seed=1003, done_ahead=[1004])  # as if 1003 was in flight when the run stopped
+    (tmp_path / "results.json").write_text(json.dumps(res))
+    assert campaign.main(argv[:-2] + ["--resume", "--count", "2"]) == 0
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert res["programs"] == 5 and res["next_seed"] == 1006 and res["done_ahead"] == []
+    assert "programs/s per worker" in capsys.readouterr().out
