@@ -28,8 +28,8 @@ def _nvrtc() -> bool:
     return bool(nvrtc_available())
 
 
-def _run(cases: list[fam.Case], nvrtc: bool) -> list[oracle.Outcome]:
-    outcomes = [oracle.check(c, nvrtc=nvrtc, timeout_s=300) for c in cases]
+def _run(cases: list[fam.Case], nvrtc: bool, gpu: bool = False) -> list[oracle.Outcome]:
+    outcomes = [oracle.check(c, nvrtc=nvrtc, timeout_s=300, gpu=gpu) for c in cases]
     failures = [o for o in outcomes if o.failed]
     if failures:
         small = oracle.shrink(failures[0], nvrtc=nvrtc, budget_s=30)
@@ -47,6 +47,16 @@ def test_family_against_eager(family):
 @pytest.mark.skipif(not fam.state_available(), reason="tkx.explore takes no state= yet")
 def test_module_and_optimizer_against_eager():
     outcomes = _run([fam.random_case(s, "module") for s in SEEDS], _nvrtc())
+    assert any(o.status == "ok" for o in outcomes), [o.line() for o in outcomes]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("family", fam.families_available())
+def test_family_kernel_on_the_gpu(family):
+    """The fixed seeds' kernels built and run on the device, judged against eager and float64."""
+    outcomes = _run([fam.random_case(s, family) for s in SEEDS], False, gpu=True)
+    print("\n".join(o.line() for o in outcomes))
     assert any(o.status == "ok" for o in outcomes), [o.line() for o in outcomes]
 
 
