@@ -17,7 +17,9 @@ Verdicts (:class:`Outcome.status`):
 * ``crash``: any other exception at any stage; ``hang``: the case ran past its time limit.
 
 :func:`shrink` walks a failing case's knobs towards their simplest values and drops its options while
-it still fails the same way; :func:`reproduction` writes it as a runnable script.
+it still fails the same way; :func:`reproduction` writes it as a runnable script. ``check(..., gpu=True)``
+runs the built kernel on the CUDA device as one more stage (``gpu``), judged like the interpreters.
+:func:`injected_error` checks the oracle itself: a pass that gets one constant 0.1% wrong must be caught.
 """
 
 from __future__ import annotations
