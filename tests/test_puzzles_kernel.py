@@ -169,3 +169,22 @@ def test_a_planted_fault_needs_the_counters_protocol():
     plan = compute("arena", _context(ex.step_fn, ex.example_inputs, Options(mode="grid", arch=ARCH), "t", 0), {})
     with pytest.raises(TkxError, match="counters protocol"):
         generate(plan.schedule, plan, audit=True)
+
+
+@pytest.mark.skipif(not nvrtc_available()[0], reason="NVRTC unavailable")
+def test_each_poisoned_kernel_has_its_own_compile_cache_entry():
+    """The faults are not options: what keys the compiled kernel is its text, so each poison, its sound
+    protocol and the unaudited default kernel get distinct cache entries."""
+    from tkx.examples import get
+    from tkx.pipeline import lower
+    from tkx.runtime.kernel import nvrtc_cache_key
+
+    ex = get("tiny_online")
+    default = lower(ex.step_fn, ex.example_inputs, Options(mode="grid", sync="counters", arch=ARCH), name="tiny_online")
+    keys = {nvrtc_cache_key(default.text, ARCH)[0]}
+    for name in NAMES:
+        if puzzles.poison(name).example == "tiny_online":
+            keys |= {nvrtc_cache_key(src.text, ARCH)[0] for src in sources(name)}
+    texts = {default.text} | {src.text for n in NAMES if puzzles.poison(n).example == "tiny_online"
+                              for src in sources(n)}
+    assert len(keys) == len(texts) >= 7
