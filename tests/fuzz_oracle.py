@@ -54,6 +54,8 @@ NOISE = {"float32": 1e-6, "bfloat16": 4e-3, "float16": 5e-4}
 SPREAD_RUNS = 6
 
 FAILURES = ("wrong", "crash", "hang")
+#: The device of the ``gpu`` stage.
+DEVICE = "cuda"
 
 
 @dataclass
@@ -124,7 +126,7 @@ def _perturbed(tree: Any, size: float, seed: int) -> Any:
     def noise(t: Any) -> Any:
         if not isinstance(t, torch.Tensor) or t.dtype != torch.float32:
             return t.clone() if isinstance(t, torch.Tensor) else t
-        return t * (1 + size * torch.randn(t.shape, generator=g))
+        return t * (1 + size * torch.randn(t.shape, generator=g).to(t.device))
     return tree_map(noise, tree)
 
 
@@ -245,8 +247,8 @@ def check(case: fam.Case, *, nvrtc: bool = True, timeout_s: float = 0.0,
     ``timeout_s`` seconds (0: no limit; SIGALRM, main thread only). Never raises. ``namespace``: the
     module of the case's source already executed (a reproduction passes its own globals). ``gpu``: build
     the kernel (:func:`tkx.runtime.build`) and run it on the CUDA device (stage ``gpu``), its values
-    judged like the interpreters' (against eager float32 on the CPU, arbitrated by float64), in place
-    of the NVRTC compile."""
+    judged like the interpreters' but against eager on the device (its autocast policy and kernels; the
+    spread runs there too), arbitrated by float64, in place of the NVRTC compile."""
     start = time.perf_counter()
     state = {"stage": "build"}
     errors: dict[str, float] = {}
@@ -310,6 +312,16 @@ def _cpu(values: list[Any]) -> list[Any]:
     return [v.detach().cpu() if isinstance(v, torch.Tensor) else None for v in values]
 
 
+def _eager_on_device(run: Any) -> list[Any]:
+    """``run()``: eager on the CUDA device, the reference of the ``gpu`` stage; eager raising there (and not
+    on the CPU) makes the case ``invalid`` for the device."""
+    try:
+        return run()
+    except Exception as e:  # noqa: BLE001 - eager raised: not a finding of tkx
+        text = str(e).splitlines()[0][:160] if str(e) else ""
+        raise _Verdict("invalid", f"eager raised {type(e).__name__} on the device: {text}") from e
+
+
 def _check_functional(case: fam.Case, ns: dict, state: dict, errors: dict, nvrtc: bool, gpu: bool) -> None:
     import tkx
     from tkx.schedule import interpreter
@@ -334,8 +346,13 @@ def _check_functional(case: fam.Case, ns: dict, state: dict, errors: dict, nvrtc
         _compare_all(stage, got, want, exact, noisy, originals, n_out, dtype, errors)
     if gpu:  # the kernel on the device: outputs, then every input as the step left it
         state["stage"] = "gpu"
-        runner = tkx.runtime.build(step, _to_device(inputs, "cuda"), options)
-        args = _to_device(inputs, "cuda")
+
+        def on_device(tree: Any) -> list[Any]:  # eager on the device (its autocast policy and kernels)
+            return _cpu(_eager(step, _to_device(tree, DEVICE)))
+        want = _eager_on_device(lambda: on_device(inputs))
+        noisy = _spread_runs(lambda size, seed: on_device(_perturbed(inputs, size, seed)), dtype, case.seed)
+        runner = tkx.runtime.build(step, _to_device(inputs, DEVICE), options)
+        args = _to_device(inputs, DEVICE)
         out = runner(*args)
         got = _cpu(tree_flatten(out)[0] + tree_flatten(args)[0])
         _compare_all("gpu", got, want, exact, noisy, originals, len(tree_flatten(out)[0]), dtype, errors)
@@ -358,18 +375,21 @@ def _check_stateful(case: fam.Case, ns: dict, state: dict, errors: dict, nvrtc: 
     step, (model, opt), inputs = ns["make"](case.seed)
     state["stage"] = "eager"
 
-    def eager(double: bool, noise: float = 0.0, seed: int = 0) -> list[torch.Tensor]:
+    def eager(double: bool, noise: float = 0.0, seed: int = 0, device: str = "cpu") -> list[torch.Tensor]:
         s, (m, o), x = ns["make"](case.seed)
         if double:
             m.double()
             x = _double(x)
+        if device != "cpu":
+            m.to(device)  # the optimizer holds the same Parameter objects, now on the device
+            x = _to_device(x, device)
         if noise:  # the parameters and the batch moved by rounding-sized noise
             with torch.no_grad():
                 for j, p in enumerate(m.parameters()):
                     p.copy_(_perturbed(p, noise, seed + j + 1))
             x = _perturbed(x, noise, seed)
         loss = s(*x)
-        return [loss] + _module_values(m, o)
+        return _cpu([loss] + _module_values(m, o))
     want, exact = _eager_pair(eager)
     dtype = fam.compute_dtype(case)
     noisy = _spread_runs(lambda size, seed: eager(False, size, seed), dtype, case.seed)
@@ -384,9 +404,11 @@ def _check_stateful(case: fam.Case, ns: dict, state: dict, errors: dict, nvrtc: 
         errors[f"run value {i}"] = compare(f"value {i}", g, w, x, dtype, [run[i] for run in noisy])
     if gpu:  # the kernel on the device updates a fresh model and optimizer moved there
         state["stage"] = "gpu"
+        want = _eager_on_device(lambda: eager(False, device=DEVICE))
+        noisy = _spread_runs(lambda size, seed: eager(False, size, seed, DEVICE), dtype, case.seed)
         s, (m, o), x = ns["make"](case.seed)
-        m.cuda()  # the optimizer holds the same Parameter objects, now on the device
-        x = _to_device(x, "cuda")
+        m.to(DEVICE)
+        x = _to_device(x, DEVICE)
         runner = tkx.runtime.build(s, x, tkx.Options.make(**dict(case.options)), state=(m, o))
         got = _cpu([runner(*x)] + _module_values(m, o))
         if len(got) != len(want):

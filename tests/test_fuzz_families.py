@@ -259,3 +259,33 @@ def test_campaign_with_workers_merges_and_resumes_past_finished_seeds(tmp_path, 
     res = json.loads((tmp_path / "results.json").read_text())
     assert res["programs"] == 5 and res["next_seed"] == 1006 and res["done_ahead"] == []
     assert "programs/s per worker" in capsys.readouterr().out
+
+
+def test_gpu_stage_judges_the_runner_against_eager_on_its_device(monkeypatch):
+    """The ``gpu`` stage's plumbing on the CPU: the device is the CPU and the built runner is the schedule
+    interpreter (:meth:`tkx.Exploration.run`); a functional and a stateful case pass, and a runner that
+    gets one output wrong is caught at that stage."""
+    import tkx
+    monkeypatch.setattr(oracle, "DEVICE", "cpu")
+    built = []
+
+    def build(step, inputs, options=None, *, state=None):
+        exp = tkx.explore(step, inputs, options=options, state=state)
+        built.append(exp)
+        return exp.run
+    monkeypatch.setattr(tkx.runtime, "build", build)
+    for case in (fam.random_case(5, "views", options=False), fam.random_case(11, "module", options=False)):
+        if case.family in fam.STATEFUL and not fam.state_available():
+            continue
+        o = oracle.check(case, nvrtc=False, gpu=True)
+        assert o.status == "ok" and any(k.startswith("gpu ") for k in o.errors), o.line()
+    assert built
+
+    def off_by_a_percent(step, inputs, options=None, *, state=None):
+        run = build(step, inputs, options, state=state)
+        return lambda *args: tree_flatten(run(*args))[0][0] * 1.01
+    monkeypatch.setattr(tkx.runtime, "build", off_by_a_percent)
+    case = fam.Case("views", 5, tuple(sorted(dict(fam.random_case(5, "views", options=False).k,
+                                                  update="inplace", amp="none").items())))
+    o = oracle.check(case, nvrtc=False, gpu=True)
+    assert (o.status, o.stage) == ("wrong", "gpu"), o.line()
