@@ -161,6 +161,20 @@ def _check_supported(s: FusedSchedule) -> None:
             raise TkxError(f"codegen: the op table row of {op.kind} ({op.id}) has no C expression or emitter")
 
 
+def _loop_plan(s: FusedSchedule, em: Any, loop: Any, params: list, timeline: bool) -> tuple[str, str, list]:
+    """(sync, reason, parameters) of a training-loop kernel: grid barriers (counter epochs are per launch),
+    the one-step parameters with the loop's (:func:`tkx.codegen.loop.loop_params`)."""
+    from ..errors import UnsupportedError
+    from .loop import check_spec, loop_params
+
+    if timeline:
+        raise UnsupportedError("training-loop", "Options(timeline=True) records one launch of one step",
+                               hint="record the timeline of the one-step kernel (tkx.runtime.build)")
+    check_spec(s.program, loop, em.plan.tensor_maps)
+    reason = "grid barriers between stages and steps (a loop runs with sync='barrier')"
+    return "barrier", reason, loop_params(params, s.program, loop)
+
+
 def max_registers(threads: int, blocks_per_sm: int = 1) -> int:
     """Registers per thread that let ``blocks_per_sm`` blocks of ``threads`` share a 64K-register SM
     (CUDA caps a thread at 255; register allocation is in units of 8), but never fewer than
@@ -168,10 +182,13 @@ def max_registers(threads: int, blocks_per_sm: int = 1) -> int:
     return register_budget(threads, blocks_per_sm)
 
 
-def generate(s: FusedSchedule, arena: ArenaPlan):
+def generate(s: FusedSchedule, arena: ArenaPlan, loop: Any = None):
     """The CUDA source of ``s`` with memory from ``arena``: a :class:`tkx.codegen.CudaSource`.
 
-    Raises :class:`tkx.TkxError` if a group cannot be emitted (a scheduler/codegen bug).
+    ``loop``: a :class:`tkx.codegen.loop.LoopSpec`: the kernel runs the step in a loop of
+    ``tkx_loop[0]`` steps in one launch (:mod:`tkx.codegen.loop`), always with grid barriers.
+    Raises :class:`tkx.TkxError` if a group cannot be emitted (a scheduler/codegen bug) and
+    :class:`tkx.UnsupportedError` for a loop the kernel cannot run.
     """
     from .source import CudaSource
 
@@ -195,6 +212,8 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
     sync, sync_reason, dag, work_items = _sync_plan(s, arena, stage_code)
     timeline = bool(getattr(s.options, "timeline", False))
     pointers = [p for p in params if p.role in ("input", "output", "arena", "status")]
+    if loop is not None:
+        sync, sync_reason, params = _loop_plan(s, em, loop, params, timeline)
     body: list[str] = [
         f"if (!tkx_check_launch(status, {s.threads})) return;",
         barrier_setup(mode, s.blocks, s.options.grid_barrier) if sync == "barrier" else
@@ -209,6 +228,7 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
     if shared:
         body.append(shared_workspace(shared))
     group_lines: dict[str, tuple[int, int]] = {}
+    head, body = body, []
     for si, parts in stage_code:
         if si > 0 and sync == "barrier":
             hz = "; ".join(s.barriers[si - 1].hazards[:2])
@@ -220,6 +240,12 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
         if sync == "counters" or timeline:
             parts = [(g, _task_code(g, code, dag, sync == "counters", timeline, spin), n) for g, code, n in parts]
         body.append(_stage_loop(parts, em.plan.cluster_groups))
+    if loop is not None:
+        from .loop import loop_kernel_body
+        body = loop_kernel_body(head, body, s.program, loop, mode, len(s.stages), spin, s.blocks,
+                                s.options.grid_barrier)
+    else:
+        body = head + body
     if sync == "counters":
         body.append("tkx_counters_exit(sync);  // the last block out advances the epoch")
     # Register budget of the requested occupancy (blocks_per_sm blocks of s.threads threads on
@@ -253,8 +279,14 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
     if sync == "counters":
         header = block(header, f"// Sync: counters ({len(dag.counters)} counters, "
                                f"{sum(len(w) for w in dag.waits.values())} waits, no grid barrier): {sync_reason}")
-    text = block(header, "", prelude(tensor_cores=em.plan.tensor_cores, counters=sync == "counters",
-                                     timeline=timeline, tma=bool(em.plan.tensor_maps)), "", struct, "",
+    pre = prelude(tensor_cores=em.plan.tensor_cores, counters=sync == "counters", timeline=timeline,
+                  tma=bool(em.plan.tensor_maps))
+    if loop is not None:
+        from .loop import LOOP_PRELUDE
+        pre = block(pre, "", LOOP_PRELUDE)
+        header = block(header, f"// Training loop: the step runs tkx_loop[0] times in this launch, a barrier "
+                               f"after each step; {sync_reason}")
+    text = block(header, "", pre, "", struct, "",
                  functions, "" if functions else None, kernel) + "\n"
     # Source map: the lines of each group (by its marker comment) and of each op.
     lines = text.splitlines()
