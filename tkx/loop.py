@@ -138,7 +138,7 @@ class TrainingLoop:
         if isinstance(batches, torch.Tensor):
             batches = (batches,)
         self.inputs = tuple(inputs)
-        self.batches = tuple(batches)
+        self.batches = tuple(d.contiguous() for d in batches)
         base = as_options(options)
         self.options = base.replace(**changes) if changes else base
         self.device = next((t.device for t in tree_flatten(self.inputs)[0] if isinstance(t, torch.Tensor)),
@@ -189,6 +189,26 @@ class TrainingLoop:
         if self.state is not None:
             self.exploration.captured.stateful.finish()
 
+    def loop_runner(self) -> Any:
+        """The :class:`~tkx.runtime.loop.LoopRunner` (compiled on first use; needs the step on a GPU)."""
+        if self.runner is None:
+            from .runtime.loop import LoopRunner
+
+            self.runner = LoopRunner(self.cuda(), self.spec(), device=self.device)
+        return self.runner
+
+    def _datasets(self) -> dict[int, torch.Tensor]:
+        return dict(zip(self.binding.batch_inputs, self.batches))
+
+    def capture_graph(self, steps: int, *, order: torch.Tensor | None = None) -> Any:
+        """One launch of ``steps`` steps on the argument tensors captured in a CUDA graph
+        (:class:`~tkx.runtime.loop.LoopGraph`; each ``replay()`` runs ``steps`` more steps). Functional and
+        in-place steps only: with ``state=`` use :meth:`run` (it writes learning rates and step counts back)."""
+        if self.state is not None:
+            raise UnsupportedError("training-loop", "capture_graph of a step with state=(model, opt)",
+                                   hint="call run(steps) instead: it keeps the optimizer's own step counts")
+        return self.loop_runner().capture_graph(self._flat(), self._datasets(), steps, order=order)
+
     def run(self, steps: int, *, order: torch.Tensor | None = None, progress: Any = "auto", wait: bool = True,
             timeout: float | None = None, first: int | None = 0) -> Any:
         """Run ``steps`` steps; see :func:`training_loop`. Returns a :class:`~tkx.runtime.loop.LoopResult`, or
@@ -203,14 +223,10 @@ class TrainingLoop:
                                        hint="build the training loop again for the modules' current mode")
         if self.device.type != "cuda":
             return self._run_cpu(steps, order, progress, first or 0)
-        from .runtime.loop import LoopRunner
-
-        if self.runner is None:
-            self.runner = LoopRunner(self.cuda(), self.spec(), device=self.device)
+        runner = self.loop_runner()
         flat = self._flat()
-        datasets = dict(zip(self.binding.batch_inputs, (d.contiguous() for d in self.batches)))
         try:
-            run = self.runner.start(flat, datasets, steps, order=order, first=first, progress=progress,
+            run = runner.start(flat, self._datasets(), steps, order=order, first=first, progress=progress,
                                     title=self.program.name, timeout=timeout)
         except BaseException:
             self._finish()
@@ -286,20 +302,21 @@ def training_loop(step: Callable[..., Any], inputs: Sequence[Any], batches: Sequ
 
 def eager_training_loop(step: Callable[..., Any], inputs: Sequence[Any], batches: Sequence[torch.Tensor], *,
                         steps: int, order: torch.Tensor | None = None, loss: int = 0, carry: bool = True,
-                        state: bool = False) -> torch.Tensor:
+                        state: bool = False, first: int = 0) -> torch.Tensor:
     """The reference: ``step`` run ``steps`` times eagerly, binding ``batches`` as :func:`training_loop`
     does, on ``inputs`` themselves (pass copies to keep the originals). ``loss``: the flat output index of
     the loss; ``carry``: a functional step's other outputs are copied into its leading argument leaves;
-    ``state=True``: the step updates modules and optimizers itself (nothing to carry). Returns the losses
+    ``state=True``: the step updates modules and optimizers itself (nothing to carry); ``first``: the dataset
+    position of the first step (to go on from an earlier call). Returns the losses
     (1-D float tensor of ``steps`` values, on the inputs' device)."""
     args = list(inputs)
-    first = len(args) - len(batches)
-    rows = _rows(order, int(batches[0].shape[0]), steps)
-    leaves = tree_flatten(tuple(args[:first]))[0]
+    lead = len(args) - len(batches)
+    rows = _rows(order, int(batches[0].shape[0]), steps, first)
+    leaves = tree_flatten(tuple(args[:lead]))[0]
     losses = []
     for row in rows:
         for b, data in enumerate(batches):
-            args[first + b] = data[row]
+            args[lead + b] = data[row]
         out = step(*args)
         flat = tree_flatten(out)[0]
         losses.append(flat[loss].detach().reshape(()).clone())

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ..codegen.loop import LOOP_CYCLE, LOOP_FIRST, LOOP_RAN, LOOP_STEPS, LOOP_WORDS
+from ..codegen.loop import LIVE_STOP, LOOP_CYCLE, LOOP_FIRST, LOOP_RAN, LOOP_STEPS, LOOP_WORDS
 from ..errors import TkxError
 from . import status as _status
 from .live import MappedWords, NoDisplay, Snapshot, progress_display
@@ -98,17 +98,26 @@ class LoopRunner:
         return int(order.numel())
 
     def args(self, flat: Sequence[torch.Tensor], batches: dict[int, torch.Tensor], outs: Sequence[torch.Tensor],
-             arena: torch.Tensor, losses: torch.Tensor, order: torch.Tensor | None, words: torch.Tensor) -> list[int]:
-        """The kernel's arguments: the datasets in place of their batch inputs, the loop's own pointers."""
+             arena: torch.Tensor, losses: torch.Tensor, order: torch.Tensor | None, words: torch.Tensor,
+             loop_words: torch.Tensor | None = None) -> list[int]:
+        """The kernel's arguments: the datasets in place of their batch inputs, the loop's own pointers
+        (``loop_words``: the device loop words, by default the runner's own)."""
+        loop_words = self.loop_words if loop_words is None else loop_words
         ins = [batches[i].data_ptr() if i in batches else t.data_ptr() for i, t in enumerate(flat)]
         sync, status = _status.word_pointers(words)
         r = self.runner
         maps = r.tensor_maps.buffer(ins, [t.data_ptr() for t in outs], arena.data_ptr()).data_ptr() \
             if r.tensor_maps else 0
         return pack_args(r.params, ins, [t.data_ptr() for t in outs], arena.data_ptr(), sync, status,
-                         tensormaps=maps, loop={"losses": losses.data_ptr(), "loop": self.loop_words.data_ptr(),
+                         tensormaps=maps, loop={"losses": losses.data_ptr(), "loop": loop_words.data_ptr(),
                                                 "live": self.live.device_address,
                                                 "order": 0 if order is None else order.data_ptr()})
+
+    def capture_graph(self, flat: Sequence[torch.Tensor], batches: dict[int, torch.Tensor], steps: int, *,
+                      order: torch.Tensor | None = None) -> LoopGraph:
+        """One launch of ``steps`` steps captured in a CUDA graph (:class:`LoopGraph`); arguments as for
+        :meth:`start`. Capturing runs nothing: the state is unchanged until the first replay."""
+        return LoopGraph(self, flat, batches, steps, order)
 
     def start(self, flat: Sequence[torch.Tensor], batches: dict[int, torch.Tensor], steps: int, *,
               order: torch.Tensor | None = None, first: int | None = 0, progress: Any = False,
@@ -260,3 +269,58 @@ class LoopRun:
         if not isinstance(self.display, NoDisplay):
             self.display.close(self.poll(), "stopped" if ran < self.steps else "done", losses.float().cpu().tolist())
         return LoopResult(losses, ran, self.steps, ran < self.steps, seconds, str(self.loop.device))
+
+
+class LoopGraph:
+    """One launch of ``steps`` loop steps captured in a :class:`torch.cuda.CUDAGraph`
+    (:meth:`LoopRunner.capture_graph`).
+
+    :meth:`replay` runs the steps again on the same tensors (the state goes on from where it is; the
+    datasets are read on from the position the last launch reached); ``losses`` holds the last
+    replay's losses. It has its own outputs, arena, losses and sync/status words; :meth:`check_status`
+    synchronises and raises the kernel's :class:`~tkx.runtime.status.KernelError` if a replay reported one.
+    """
+
+    def __init__(self, loop: LoopRunner, flat: Sequence[torch.Tensor], batches: dict[int, torch.Tensor],
+                 steps: int, order: torch.Tensor | None = None) -> None:
+        self.loop, self.steps = loop, int(steps)
+        self.flat, self.batches = list(flat), dict(batches)
+        cycle = loop.check(self.flat, self.batches, order)
+        if order is not None:
+            _check_order(order, next(iter(self.batches.values())).shape[0], loop.device)
+        self.order = order
+        runner = loop.runner
+        self.outputs = runner.allocate_outputs()
+        self.arena = runner.new_arena()
+        self.losses = torch.full((max(1, self.steps),), float("nan"), dtype=self.outputs[loop.loss_index].dtype,
+                                 device=loop.device)
+        self._words = _status.new_words(loop.device, _status.words_of(runner.source))
+        #: The graph's own loop words: its step count stays fixed whatever other launches of the runner ask for.
+        self.loop_words = torch.zeros(LOOP_WORDS, dtype=torch.int64, device=loop.device)
+        self.loop_words[LOOP_STEPS:LOOP_CYCLE + 1].copy_(torch.tensor([self.steps, cycle], dtype=torch.int64))
+        loop.live.clear()
+        args = loop.args(self.flat, self.batches, self.outputs, self.arena, self.losses, order, self._words,
+                         self.loop_words)
+        torch.cuda.synchronize(loop.device)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.device(loop.device), torch.cuda.graph(self.graph):
+            runner.kernel.launch(args, _stream_handle(loop.device))
+        torch.cuda.synchronize(loop.device)
+
+    def replay(self) -> torch.Tensor:
+        """Replay the captured launch on the current stream (no wait); returns ``losses`` (filled once it ends)."""
+        self.loop.live.words[LIVE_STOP] = 0  # no stop request left over from an earlier run
+        self.graph.replay()
+        return self.losses
+
+    def check_status(self) -> None:
+        error = _status.read_and_clear(self._words, self.loop.runner.schedule, self.loop.runner.launch_description(),
+                                       synchronize=True)
+        if error is not None:
+            raise error
+
+    @property
+    def steps_run(self) -> int:
+        """Steps the last launch ran (waits for the GPU)."""
+        torch.cuda.synchronize(self.loop.device)
+        return int(self.loop_words[LOOP_RAN])
