@@ -108,3 +108,16 @@ def test_terminal_display_draws():
     display.update(live.Snapshot(2, 0.5, False))
     display.close(live.Snapshot(4, 0.25, True), "done", [1.0, 0.5, 0.4, 0.25])
     assert display._progress.tasks[0].completed == 4
+
+
+def test_notebook_display_stop_button_and_curve():
+    pytest.importorskip("ipywidgets")
+    stopped = []
+    display = live.NotebookDisplay(10, "digits", lambda: stopped.append(True))
+    display.update(live.Snapshot(3, 1.5, False))
+    assert display.bar.value == 3 and "loss 1.5" in display.label.value
+    display.button.click()
+    assert stopped == [True]
+    display.close(live.Snapshot(10, 0.5, True), "done", [float(i) for i in range(2000)])
+    assert display.button.disabled and len(display.points) <= 2 * live.CURVE_POINTS
+    assert "<polyline" in display.curve.value

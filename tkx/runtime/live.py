@@ -142,6 +142,10 @@ class TerminalDisplay:
         self._progress.stop()
 
 
+#: Points the final loss curve keeps (every n-th step's loss, and the last).
+CURVE_POINTS = 400
+
+
 def curve_svg(points: list[tuple[int, float]], steps: int, width: int = 360, height: int = 120) -> str:
     """An inline SVG line of ``(step, loss)`` points, the x axis from 0 to ``steps``, the y axis from the
     smallest to the largest finite loss (empty axes when there is none)."""
@@ -195,7 +199,8 @@ class NotebookDisplay:
 
     def close(self, snap: Snapshot, note: str = "", losses: list[float] | None = None) -> None:
         if losses:
-            self.points = list(enumerate(losses, start=1))
+            stride = max(1, len(losses) // CURVE_POINTS)
+            self.points = [(i + 1, v) for i, v in enumerate(losses) if i % stride == 0 or i == len(losses) - 1]
         self.update(snap)
         self.curve.value = curve_svg(self.points, self.steps)
         self.button.disabled = True

@@ -238,8 +238,10 @@ class LoopRun:
     def _follow(self) -> LoopResult:
         deadline = None if self.timeout is None else self._t0 + float(self.timeout)
         stop_deadline = None
-        while not self._done.query():
-            try:
+        while True:
+            try:  # Ctrl-C anywhere in here asks the kernel to stop and keeps waiting for it
+                if self._done.query():
+                    break
                 self.display.update(self.poll())
                 time.sleep(POLL_SECONDS)
             except KeyboardInterrupt:
