@@ -50,6 +50,16 @@ def test_loop_kernel_compiles_without_spills(name):
         assert report.spill_bytes == 0, (arch, report.spill_bytes)
 
 
+def test_stateful_loop_kernel_compiles_without_spills():
+    from tkx.codegen.nvrtc import compile_cuda
+
+    mine, _ = ss.twin(ss.MLP, lambda ps: torch.optim.AdamW(ps, lr=3e-3))
+    X, Y = torch.randn(3, 6, 8), torch.randint(0, 4, (3, 6))
+    source = tkx.TrainingLoop(ss.classify_step(*mine), (X[0], Y[0]), (X, Y), state=mine).cuda()
+    for arch in ("sm_80", "sm_90"):
+        assert compile_cuda(source.text, arch).spill_bytes == 0
+
+
 def test_functional_state_is_swapped_and_copied_back():
     step, state, datasets, loss = ls.zoo_loop("linear_regression")
     text = tkx.TrainingLoop(step, (*state, *(d[0] for d in datasets)), datasets, loss=loss).cuda().text
