@@ -51,8 +51,11 @@ class HostWords:
         self.words[LIVE_LOSS] = 0x7FC00000
 
     def read(self) -> Snapshot:
+        """The published progress: the step count first, then the loss (stored before the count, so it is at
+        least as recent)."""
+        done = int(self.words[LIVE_DONE])
         loss = struct.unpack("<f", struct.pack("<I", int(self.words[LIVE_LOSS])))[0]
-        return Snapshot(int(self.words[LIVE_DONE]), float(loss), bool(self.words[LIVE_FINISHED]))
+        return Snapshot(done, float(loss), bool(self.words[LIVE_FINISHED]))
 
     def request_stop(self) -> None:
         """Ask the running loop to stop at its next step boundary (the kernel polls this word)."""
