@@ -15,12 +15,15 @@ one-step kernel:
 * **a step boundary**: one barrier after every step (the next step reads the state this one wrote);
   before it block 0 polls the host's stop flag, after it block 0 publishes the step count and
   the latest loss to mapped host memory (both at most every ``publish_ns``, and always at the end).
+  A stop request seen before the barrier ending step k is written as "stop after step k + 2"; every
+  block reads that word after the same barrier and acts on it at the next boundary, so all blocks
+  leave the loop after the same step without waiting on the word's load.
 
 Words of ``tkx_loop`` (device memory, ``unsigned long long``, :data:`LOOP_WORDS`): ``[0]`` the steps
 to run, ``[1]`` the cycle length (dataset rows or the permutation's length), ``[2]`` steps completed
 by earlier launches (the dataset position, advanced at the end of each launch: CUDA-graph replays
-continue through the data), ``[3]`` the step count after which to stop (written by block 0, read by
-every block after the barrier), ``[4]`` the steps the last launch ran.
+continue through the data), ``[3]`` the step count after which to stop (written once by block 0, read by
+every block after each step's barrier), ``[4]`` the steps the last launch ran.
 
 Words of ``tkx_live`` (pinned host memory mapped into the device, ``unsigned int``,
 :data:`LIVE_WORDS`): ``[0]`` steps completed in this launch (stored with ``st.release.sys`` after
@@ -183,6 +186,8 @@ def loop_head() -> list[str]:
         f"const unsigned long long tkx_first = tkx_ld_volatile_u64(tkx_loop + {LOOP_FIRST});",
         "const bool tkx_lead = blockIdx.x == 0 && threadIdx.x == 0;  // publishes and polls the stop flag",
         "unsigned long long tkx_tick = 0, tkx_done = 0;",
+        "unsigned long long tkx_stop_seen = ~0ULL;  // the stop word as read after the previous step's barrier",
+        "bool tkx_stop_asked = false;  // block 0: the stop word is written once",
         "if (tkx_lead) {  // read by the other blocks only after the first step's barrier",
         f"    *(volatile unsigned long long*)(tkx_loop + {LOOP_STOP_AT}) = ~0ULL;",
         f"    tkx_st_sys(tkx_live + {LIVE_FINISHED}, 0u);",
@@ -224,17 +229,21 @@ def step_end(program, spec: LoopSpec, mode: str, stages: int, spin: int, blocks:
         f"    if (tkx_now_ns - tkx_tick >= {spec.publish_ns}ULL) {{",
         "        tkx_tick = tkx_now_ns;",
         "        tkx_due = true;",
-        f"        if (tkx_ld_sys(tkx_live + {LIVE_STOP}) != 0u)",
-        f"            *(volatile unsigned long long*)(tkx_loop + {LOOP_STOP_AT}) = tkx_k + 1;",
+        f"        if (!tkx_stop_asked && tkx_ld_sys(tkx_live + {LIVE_STOP}) != 0u) {{",
+        "            tkx_stop_asked = true;  // stop after the next step: every block reads this after this barrier",
+        f"            *(volatile unsigned long long*)(tkx_loop + {LOOP_STOP_AT}) = tkx_k + 2;",
+        "        }",
         "    }",
         "}",
         barrier(mode, stages, spin_limit=f"{spin}ULL", blocks=blocks, choice=choice)
         + "  (the step boundary)",
         "tkx_done = tkx_k + 1;",
-        f"const bool tkx_stop = tkx_ld_volatile_u64(tkx_loop + {LOOP_STOP_AT}) <= tkx_done;",
+        "const bool tkx_stop = tkx_stop_seen <= tkx_done;  // read after the previous barrier: all blocks agree",
+        f"tkx_stop_seen = tkx_ld_volatile_u64(tkx_loop + {LOOP_STOP_AT});  // used at the next boundary (the load "
+        "overlaps the next step)",
         "if (tkx_lead && (tkx_due || tkx_stop || tkx_done == tkx_steps))",
         f"    tkx_publish(tkx_live, tkx_done, {load}(tkx_losses, tkx_k));",
-        "if (tkx_stop) break;  // every block reads the same word after the same barrier",
+        "if (tkx_stop) break;",
     ]
 
 

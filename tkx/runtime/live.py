@@ -58,7 +58,7 @@ class HostWords:
         return Snapshot(done, float(loss), bool(self.words[LIVE_FINISHED]))
 
     def request_stop(self) -> None:
-        """Ask the running loop to stop at its next step boundary (the kernel polls this word)."""
+        """Ask the running loop to stop at a step boundary (the kernel polls this word)."""
         self.words[LIVE_STOP] = 1
 
     @property

@@ -174,7 +174,7 @@ def _check_order(order: torch.Tensor, rows: int, device: torch.device) -> None:
 
 class LoopRun:
     """A training loop in flight. :meth:`poll` reads the published progress without waiting,
-    :meth:`stop` asks the kernel to stop at the next step boundary, :meth:`wait` updates the display
+    :meth:`stop` asks the kernel to stop at a step boundary, :meth:`wait` updates the display
     until the launch ends and returns the :class:`LoopResult` (raising the kernel's
     :class:`~tkx.runtime.status.KernelError` if it reported one)."""
 
@@ -195,7 +195,8 @@ class LoopRun:
         return self.loop.live.read()
 
     def stop(self) -> None:
-        """Ask the kernel to stop after the step it is running (the state stays consistent)."""
+        """Ask the kernel to stop: it leaves the loop at a step boundary, after the step it is running or the
+        one after (:mod:`tkx.codegen.loop`), with the state of that many whole steps."""
         self.loop.live.request_stop()
 
     def running(self) -> bool:
