@@ -211,8 +211,10 @@ class TrainingLoop:
 
     def run(self, steps: int, *, order: torch.Tensor | None = None, progress: Any = "auto", wait: bool = True,
             timeout: float | None = None, first: int | None = 0) -> Any:
-        """Run ``steps`` steps; see :func:`training_loop`. Returns a :class:`~tkx.runtime.loop.LoopResult`, or
-        with ``wait=False`` on a GPU the in-flight :class:`~tkx.runtime.loop.LoopRun` (call ``.wait()``)."""
+        """Run ``steps`` steps; see :func:`training_loop`. ``first``: the dataset position of the first step
+        (step k reads row ``(first + k) % N``; on a GPU ``None`` goes on from where the last launch of this
+        loop stopped). Returns a :class:`~tkx.runtime.loop.LoopResult`, or with ``wait=False`` on a GPU the
+        in-flight :class:`~tkx.runtime.loop.LoopRun` (call ``.wait()``; on the CPU the steps run at once)."""
         steps = int(steps)
         if steps < 0:
             raise ValueError(f"steps must be >= 0, not {steps}")
@@ -227,7 +229,7 @@ class TrainingLoop:
         flat = self._flat()
         try:
             run = runner.start(flat, self._datasets(), steps, order=order, first=first, progress=progress,
-                                    title=self.program.name, timeout=timeout)
+                               title=self.program.name, timeout=timeout)
         except BaseException:
             self._finish()
             raise
