@@ -99,3 +99,11 @@ def test_graph_replays_continue_through_the_data():
     torch.testing.assert_close(torch.cat([first, second]), expected, rtol=0, atol=0)
     for a, b in zip(tree_flatten(loop.inputs[:1])[0], tree_flatten(direct.inputs[:1])[0]):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_terminal_progress_while_in_flight():
+    loop, _ = _loop()
+    result = loop.run(5000, progress="terminal")
+    assert result.steps == 5000 and not result.stopped
+    snap = loop.runner.live.read()
+    assert snap.finished and snap.done == 5000 and snap.loss == float(result.losses[-1])
