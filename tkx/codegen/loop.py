@@ -187,6 +187,8 @@ def loop_head() -> list[str]:
         "const bool tkx_lead = blockIdx.x == 0 && threadIdx.x == 0;  // publishes and polls the stop flag",
         "unsigned long long tkx_tick = 0, tkx_done = 0;",
         "unsigned long long tkx_stop_seen = ~0ULL;  // the stop word as read after the previous step's barrier",
+        "unsigned long long tkx_pos = tkx_first % tkx_cycle;  // this step's dataset position (advanced per step)",
+        "unsigned long long tkx_row = tkx_order ? (unsigned long long)tkx_order[tkx_pos] : tkx_pos;  // its row",
         "bool tkx_stop_asked = false;  // block 0: the stop word is written once",
         "if (tkx_lead) {  // read by the other blocks only after the first step's barrier",
         f"    *(volatile unsigned long long*)(tkx_loop + {LOOP_STOP_AT}) = ~0ULL;",
@@ -198,8 +200,9 @@ def loop_head() -> list[str]:
 
 def step_pointers(program, spec: LoopSpec) -> list[str]:
     """Declarations at the top of each step: the dataset row, the carried buffers and the loss slot."""
-    lines = ["const unsigned long long tkx_pos = (tkx_first + tkx_k) % tkx_cycle;",
-             "const unsigned long long tkx_row = tkx_order ? (unsigned long long)tkx_order[tkx_pos] : tkx_pos;"]
+    lines = ["const unsigned long long tkx_next_pos = tkx_pos + 1 == tkx_cycle ? 0 : tkx_pos + 1;",
+             "const unsigned long long tkx_next_row = tkx_order ? (unsigned long long)tkx_order[tkx_next_pos] : "
+             "tkx_next_pos;  // loaded a step ahead"]
     for i, stride in spec.batches:
         t = abi.C_TYPES[program.inputs[i].value.dtype]
         lines.append(f"const {t}* __restrict__ in{i} = tkx_arg_in{i} + tkx_row * {stride}ULL;  "
@@ -244,6 +247,8 @@ def step_end(program, spec: LoopSpec, mode: str, stages: int, spin: int, blocks:
         "if (tkx_lead && (tkx_due || tkx_stop || tkx_done == tkx_steps))",
         f"    tkx_publish(tkx_live, tkx_done, {load}(tkx_losses, tkx_k));",
         "if (tkx_stop) break;",
+        "tkx_pos = tkx_next_pos;",
+        "tkx_row = tkx_next_row;",
     ]
 
 
