@@ -28,6 +28,12 @@ through the schedule interpreter (:mod:`tkx.schedule.interpreter`), the check th
 
 :func:`eager_training_loop` runs the user's own step K times eagerly on copies: the reference the
 tests and ``scripts/multistep-bench`` compare with.
+
+**Limits.** Hyperparameters stay fixed for the K steps (an LR scheduler steps between calls: the next
+call reads the new learning rate); a step that draws random numbers (dropout) is refused, as are
+``Options(timeline=True)`` and the protocol audit (both describe one launch of one step); the loop
+kernel synchronises with grid barriers whatever ``Options.sync`` says. A stop request ends the loop
+at a step boundary, after the step running when the kernel sees it or the one after.
 """
 
 from __future__ import annotations
