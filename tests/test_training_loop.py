@@ -131,3 +131,20 @@ def test_notebook_display_stop_button_and_curve():
     display.close(live.Snapshot(10, 0.5, True), "done", [float(i) for i in range(2000)])
     assert display.button.disabled and len(display.points) <= 2 * live.CURVE_POINTS
     assert "<polyline" in display.curve.value
+
+
+def test_loop_kernel_arguments_follow_the_parameter_roles():
+    from tkx.errors import TkxError
+    from tkx.runtime.runner import pack_args
+
+    step, state, datasets, loss = ls.zoo_loop("linear_regression")
+    params = tkx.TrainingLoop(step, (*state, *(d[0] for d in datasets)), datasets, loss=loss).cuda().launch.params
+    ins, outs = [100, 101, 102, 103], [200, 201, 202]
+    loop = {"losses": 300, "loop": 301, "live": 302, "order": 0}
+    args = dict(zip((p.name for p in params), pack_args(params, ins, outs, 400, 500, 516, loop=loop)))
+    assert args["tkx_arg_in0"] == 100 and args["tkx_arg_in2"] == 102 and args["tkx_arg_out1"] == 201
+    assert "out0" not in args  # the loss output is the losses vector
+    assert (args["tkx_losses"], args["tkx_loop"], args["tkx_live"], args["tkx_order"]) == (300, 301, 302, 0)
+    assert (args["arena"], args["sync"], args["status"]) == (400, 500, 516)
+    with pytest.raises(TkxError, match="losses"):
+        pack_args(params, ins, outs, 400, 500, 516)
