@@ -318,13 +318,13 @@ def eager_training_loop(step: Callable[..., Any], inputs: Sequence[Any], batches
     position of the first step (to go on from an earlier call). Returns the losses
     (1-D float tensor of ``steps`` values, on the inputs' device)."""
     args = list(inputs)
-    lead = len(args) - len(batches)
+    n_state = len(args) - len(batches)
     rows = _rows(order, int(batches[0].shape[0]), steps, first)
-    leaves = tree_flatten(tuple(args[:lead]))[0]
+    leaves = tree_flatten(tuple(args[:n_state]))[0]
     losses = []
     for row in rows:
         for b, data in enumerate(batches):
-            args[lead + b] = data[row]
+            args[n_state + b] = data[row]
         out = step(*args)
         flat = tree_flatten(out)[0]
         losses.append(flat[loss].detach().reshape(()).clone())

@@ -184,13 +184,13 @@ def loop_head() -> list[str]:
         f"const unsigned long long tkx_steps = tkx_ld_volatile_u64(tkx_loop + {LOOP_STEPS});",
         f"const unsigned long long tkx_cycle = tkx_ld_volatile_u64(tkx_loop + {LOOP_CYCLE});",
         f"const unsigned long long tkx_first = tkx_ld_volatile_u64(tkx_loop + {LOOP_FIRST});",
-        "const bool tkx_lead = blockIdx.x == 0 && threadIdx.x == 0;  // publishes and polls the stop flag",
+        "const bool tkx_publisher = blockIdx.x == 0 && threadIdx.x == 0;  // publishes and polls the stop flag",
         "unsigned long long tkx_tick = 0, tkx_done = 0;",
         "unsigned long long tkx_stop_seen = ~0ULL;  // the stop word as read after the previous step's barrier",
         "unsigned long long tkx_pos = tkx_first % tkx_cycle;  // this step's dataset position (advanced per step)",
         "unsigned long long tkx_row = tkx_order ? (unsigned long long)tkx_order[tkx_pos] : tkx_pos;  // its row",
         "bool tkx_stop_asked = false;  // block 0: the stop word is written once",
-        "if (tkx_lead) {  // read by the other blocks only after the first step's barrier",
+        "if (tkx_publisher) {  // read by the other blocks only after the first step's barrier",
         f"    *(volatile unsigned long long*)(tkx_loop + {LOOP_STOP_AT}) = ~0ULL;",
         f"    tkx_st_sys(tkx_live + {LIVE_FINISHED}, 0u);",
         "    tkx_tick = tkx_clock();",
@@ -227,7 +227,7 @@ def step_end(program, spec: LoopSpec, mode: str, stages: int, spin: int, blocks:
     return [
         f"// ---- end of step: block 0 polls the stop flag (at most every {spec.publish_ns} ns), then a barrier",
         "bool tkx_due = false;",
-        "if (tkx_lead) {",
+        "if (tkx_publisher) {",
         "    const unsigned long long tkx_now_ns = tkx_clock();",
         f"    if (tkx_now_ns - tkx_tick >= {spec.publish_ns}ULL) {{",
         "        tkx_tick = tkx_now_ns;",
@@ -244,7 +244,7 @@ def step_end(program, spec: LoopSpec, mode: str, stages: int, spin: int, blocks:
         "const bool tkx_stop = tkx_stop_seen <= tkx_done;  // read after the previous barrier: all blocks agree",
         f"tkx_stop_seen = tkx_ld_volatile_u64(tkx_loop + {LOOP_STOP_AT});  // used at the next boundary (the load "
         "overlaps the next step)",
-        "if (tkx_lead && (tkx_due || tkx_stop || tkx_done == tkx_steps))",
+        "if (tkx_publisher && (tkx_due || tkx_stop || tkx_done == tkx_steps))",
         f"    tkx_publish(tkx_live, tkx_done, {load}(tkx_losses, tkx_k));",
         "if (tkx_stop) break;",
         "tkx_pos = tkx_next_pos;",
@@ -264,7 +264,7 @@ def loop_tail(program, spec: LoopSpec) -> list[str]:
                                 f"e += (long long)gridDim.x * blockDim.x) tkx_arg_in{i}[e] = tkx_arg_out{j}[e];"))
         lines.append("}")
     lines += [
-        "if (tkx_lead) {",
+        "if (tkx_publisher) {",
         f"    tkx_loop[{LOOP_FIRST}] = tkx_first + tkx_done;  // the dataset position for the next launch",
         f"    tkx_loop[{LOOP_RAN}] = tkx_done;",
         f"    tkx_st_release_sys(tkx_live + {LIVE_FINISHED}, 1u);",
