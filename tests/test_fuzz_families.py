@@ -289,3 +289,30 @@ def test_gpu_stage_judges_the_runner_against_eager_on_its_device(monkeypatch):
                                                   update="inplace", amp="none").items())))
     o = oracle.check(case, nvrtc=False, gpu=True)
     assert (o.status, o.stage) == ("wrong", "gpu"), o.line()
+
+
+_CHECK_SEED = oracle.check_seed
+
+
+def _dies_on_odd_seeds(seed: int, *rest):
+    """A campaign job whose process dies (as on a fatal signal) for odd seeds."""
+    if seed % 2:
+        os._exit(3)
+    return _CHECK_SEED(seed, *rest)
+
+
+def test_campaign_survives_a_worker_that_dies(tmp_path, monkeypatch):
+    """A worker process that dies breaks the pool: the programs in flight run again, each in a process of
+    its own, and only the one that kills its process counts as a crash; the campaign goes on."""
+    import json
+
+    from script_module import load_script
+    campaign = load_script("fuzz-campaign")
+    monkeypatch.setattr(oracle, "check_seed", _dies_on_odd_seeds)
+    argv = ["--out", str(tmp_path), "--count", "4", "--families", "views", "--no-nvrtc", "--quiet", "--workers", "2"]
+    assert campaign.main(argv) == 1
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert res["counts"]["crash"] == 2 and res["counts"]["ok"] == 2 and res["next_seed"] == 1004, res["counts"]
+    (entry,) = res["failures"].values()
+    assert entry["seeds"] == [1001, 1003] and "worker process died" in entry["shrunk"]
+    assert (tmp_path / entry["reproduction"]).exists()
