@@ -25,7 +25,7 @@ def _script(name: str):
 def test_dry_run_writes_the_record_and_its_page(tmp_path):
     bench = _script("decode-llama1b-bench")
     assert bench.main(["--dry-run", "--out", str(tmp_path), "--tokens", "2", "--formats", "int8"]) == 0
-    run = json.loads((tmp_path / "decode-llama1b.json").read_text())
+    run = json.loads((tmp_path / "decode-llama1b-dry-run.json").read_text())
     assert run["benchmark"] == "decode-llama1b" and run["config"] == "llama_1b_tiny" and run["tokens"] == 2
     for key in ("date", "machine", "torch", "commit", "command"):
         assert isinstance(run[key], str) and run[key]
@@ -39,8 +39,8 @@ def test_dry_run_writes_the_record_and_its_page(tmp_path):
     assert rec["sol_us"] == pytest.approx((rec["weight_bytes"] + rec["kv_bytes_read"]) / 4.8e12 * 1e6)
     if "tkx_resources" in rec:  # NVRTC installed: the outlined kernel compiled without spills
         assert " 0 B spills" in rec["tkx_resources"]
-    page = (tmp_path / "decode-llama1b.md").read_text()
-    assert page == _script("results-pages").render(run)
+    page = (tmp_path / "decode-llama1b-dry-run.md").read_text()
+    assert page == _script("results-pages").render(run, "decode-llama1b-dry-run.json")
     assert "| int8 |" in page and run["commit"] in page
 
 

@@ -22,6 +22,8 @@ from typing import Any
 
 from .. import ops as optable
 from ..arena import ArenaPlan
+from ..dataflow.audit import audit_words
+from ..dataflow.audit import layout as audit_layout
 from ..dtypes import INT_DTYPES
 from ..errors import TkxError
 from ..schedule.model import FusedSchedule, Group
@@ -116,8 +118,11 @@ def _sync_words(sync: str, dag: Any, tile_counters: int = 0) -> int:
     return COUNTER_BASE + len(dag.counters) if sync == "counters" else 8
 
 
-def _task_code(g: Group, code: str, dag: Any, counters: bool, timeline: bool, spin: int) -> str:
-    """A work item's code with its waits before and its counter bump (and timeline record) after."""
+def _task_code(g: Group, code: str, dag: Any, counters: bool, timeline: bool, spin: int,
+               audit_base: int | None = None) -> str:
+    """A work item's code with its waits before and its counter bump (and timeline record) after.
+    ``audit_base``: the first audit word (:mod:`tkx.dataflow.audit`) when the protocol is logged; the planted
+    faults of ``dag`` (``skips``, ``unfenced``) select the broken forms of a wait and a publish."""
     pos = dag.order.index(g.id)
     base = sum(dag.items[x] for x in dag.order[:pos])
     pre: list[str] = []
@@ -125,11 +130,28 @@ def _task_code(g: Group, code: str, dag: Any, counters: bool, timeline: bool, sp
     if timeline:
         pre.append("const unsigned long long tkx_ready = tkx_now();")
     if counters:
-        for w in dag.waits[g.id]:
+        sites = {(x, k): j for j, (x, k, _) in enumerate(audit_layout(dag))} if audit_base is not None else {}
+        skippers = sorted(b for b, x in dag.skips if x == g.id)
+        for k, w in enumerate(dag.waits[g.id]):
             prod = dag.counters[w.counter].group
-            pre.append(f"if (!tkx_wait(sync, tkx_epoch, status, {w.counter}, {w.threshold}u, {pos}, item, "
-                       f"{spin}ULL)) return;  // wait for {prod} ({w.threshold} tiles)")
-        post.append(f"tkx_task_done(sync, {dag.counter_of[g.id]});  // publish this tile of {g.id}")
+            line = (f"if (!tkx_wait(sync, tkx_epoch, status, {w.counter}, {w.threshold}u, {pos}, item, "
+                    f"{spin}ULL)) return;  // wait for {prod} ({w.threshold} tiles)")
+            if audit_base is not None:
+                word = audit_base + len(dag.counters) + 2 * sites[(g.id, k)]
+                line = block(line, f"tkx_audit_wait(sync + {word}, {w.counter}, {w.threshold}u);  // log the wait")
+            if skippers:
+                cond = " && ".join(f"blockIdx.x != {b}" for b in skippers)
+                line = block(f"if ({cond}) {{  // planted fault: block {', '.join(map(str, skippers))} skips "
+                             "this wait", indent(line), "}")
+            pre.append(line)
+        c = dag.counter_of[g.id]
+        if g.id in dag.unfenced:
+            post.append(f"tkx_task_done_unfenced(sync, {c});  // planted fault: publish this tile of {g.id} "
+                        "without a release fence")
+        else:
+            post.append(f"tkx_task_done(sync, {c});  // publish this tile of {g.id}")
+            if audit_base is not None:
+                post.append(f"tkx_audit_publish(sync + {audit_base + c});  // count the fenced publish")
     if timeline:
         pre.append("const unsigned long long tkx_start = tkx_now();")
         post.append(f"tkx_record(timeline, {base} + item, tkx_ready, tkx_start);  // task {base} + item")
@@ -166,6 +188,24 @@ def _check_supported(s: FusedSchedule) -> None:
         emitted = r.statements and op.kind in SPECIAL_POINTWISE
         if r.family in ("pointwise", "index") and r.c is None and not emitted:
             raise TkxError(f"codegen: the op table row of {op.kind} ({op.id}) has no C expression or emitter")
+
+
+def _loop_plan(s: FusedSchedule, em: Any, loop: Any, params: list, timeline: bool,
+               audit: bool) -> tuple[str, str, list]:
+    """(sync, reason, parameters) of a training-loop kernel: grid barriers (counter epochs are per launch),
+    the one-step parameters with the loop's (:func:`tkx.codegen.loop.loop_params`)."""
+    from ..errors import UnsupportedError
+    from .loop import check_spec, loop_params
+
+    if timeline:
+        raise UnsupportedError("training-loop", "Options(timeline=True) records one launch of one step",
+                               hint="record the timeline of the one-step kernel (tkx.runtime.build)")
+    if audit:
+        raise UnsupportedError("training-loop", "the protocol audit and planted faults check one launch of one step",
+                               hint="generate the one-step kernel (no loop=) for them")
+    check_spec(s.program, loop, em.plan.tensor_maps)
+    reason = "grid barriers between stages and steps (a loop runs with sync='barrier')"
+    return "barrier", reason, loop_params(params, s.program, loop)
 
 
 def _outline(s: FusedSchedule, em: _Emitter, params: list, stage_code: list
@@ -218,16 +258,9 @@ def max_registers(threads: int, blocks_per_sm: int = 1) -> int:
     return register_budget(threads, blocks_per_sm)
 
 
-def generate(s: FusedSchedule, arena: ArenaPlan):
-    """The CUDA source of ``s`` with memory from ``arena``: a :class:`tkx.codegen.CudaSource`.
-
-    Raises :class:`tkx.TkxError` if a group cannot be emitted (a scheduler/codegen bug).
-    """
-    from .source import CudaSource
-
-    _check_supported(s)
+def _emit_groups(s: FusedSchedule, arena: ArenaPlan) -> tuple[Any, list, int]:
+    """(the emitter, each stage's (group, code, work items), the largest shared-memory workspace in bytes)."""
     em = _Emitter(s, arena)
-    params = abi.kernel_params(s.program, timeline=bool(getattr(s.options, "timeline", False)))
     stage_code: list[tuple[int, list[tuple[Group, str, int]]]] = []
     shared = 0
     for si, stage in enumerate(s.stages):
@@ -238,13 +271,49 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
             shared = max(shared, smem)
             parts.append((g, code, n))
         stage_code.append((si, parts))
-    if em.plan.tensor_maps:
-        params.append(abi.Param("tmaps", "const unsigned char* __restrict__", "tensormaps"))
+    return em, stage_code, shared
+
+
+def generate(s: FusedSchedule, arena: ArenaPlan, *, plant: Any = None, audit: bool = False, loop: Any = None):
+    """The CUDA source of ``s`` with memory from ``arena``: a :class:`tkx.codegen.CudaSource`.
+
+    ``loop``: a :class:`tkx.codegen.loop.LoopSpec`: the kernel runs the step in a loop of
+    ``tkx_loop[0]`` steps in one launch (:mod:`tkx.codegen.loop`), always with grid barriers
+    (:class:`tkx.UnsupportedError` for a loop the kernel cannot run).
+
+    ``audit`` (with ``sync="counters"``): the kernel logs the protocol it runs for the post-run check of
+    :func:`tkx.dataflow.audit.audit` (``CudaSource.audit_base``: its first word). ``plant``: a function
+    ``TaskDAG -> TaskDAG`` that plants a protocol fault in the kernel's task DAG (its waits, ``unfenced``,
+    ``skips``, ``epoch_step`` or its arena plan: :data:`tkx.puzzles.POISONS`); implies ``audit``. Neither is
+    reachable from :class:`tkx.Options`: they serve the poison litmus and its tests.
+
+    Raises :class:`tkx.TkxError` if a group cannot be emitted (a scheduler/codegen bug), or for ``plant`` /
+    ``audit`` without ``sync="counters"``.
+    """
+    from .source import CudaSource
+
+    _check_supported(s)
+    em, stage_code, shared = _emit_groups(s, arena)
+    params = abi.kernel_params(s.program, timeline=bool(getattr(s.options, "timeline", False)))
     mode = s.mode
     spin = s.options.spin_limit
     sync, sync_reason, dag, work_items = _sync_plan(s, arena, stage_code)
+    audit = audit or plant is not None
+    if audit and sync != "counters":
+        raise TkxError(f"the protocol audit and planted faults need the counters protocol, not sync={sync!r}: "
+                       "lower with Options(mode='grid', sync='counters')")
+    if plant is not None:
+        dag = plant(dag)
+        if dag.arena is not arena:  # the kernel addresses the planted plan
+            arena = dag.arena
+            em, stage_code, shared = _emit_groups(s, arena)
+    if em.plan.tensor_maps:
+        params.append(abi.Param("tmaps", "const unsigned char* __restrict__", "tensormaps"))
+    audit_base = _sync_words(sync, dag, em.plan.tile_counter_words) if audit else None
     timeline = bool(getattr(s.options, "timeline", False))
     pointers = [p for p in params if p.role in ("input", "output", "arena", "status")]
+    if loop is not None:
+        sync, sync_reason, params = _loop_plan(s, em, loop, params, timeline, audit)
     body: list[str] = [
         f"if (!tkx_check_launch(status, {s.threads})) return;",
         barrier_setup(mode, s.blocks, s.options.grid_barrier) if sync == "barrier" else
@@ -256,12 +325,14 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
     if em.plan.tile_counter_words:
         body.append(f"unsigned int* const tkx_tiles = sync + {_tile_counter_base(sync, dag)};  // split-K tile "
                     f"arrival counters ({em.plan.tile_counter_words} words, left at 0 by every launch)")
-    outlined, pieces = _outline(s, em, params, stage_code)
+    # group bodies as device functions (not in a training loop: its steps rebind the kernel's pointers)
+    outlined, pieces = _outline(s, em, params, stage_code) if loop is None else ({}, [])
     file_smem = bool(outlined) and shared > 0  # the functions see the workspace at file scope
     if shared and not file_smem:
         body.append(shared_workspace(shared))
-    bounds: list[tuple[int, str | None]] = []  # (0-based line of the body, group id or None): where groups end
-    body_lines = sum(x.count("\n") + 1 for x in body)
+    head, body = body, []
+    bounds: list[tuple[int, str | None]] = []  # (0-based line of the stages, group id or None): where groups end
+    body_lines = 0
     for si, parts in stage_code:
         if si > 0 and sync == "barrier":
             hz = "; ".join(s.barriers[si - 1].hazards[:2])
@@ -276,15 +347,24 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
         body_lines += 1
         parts = [(g, call_text(*outlined[g.id], g.id) if g.id in outlined else code, n) for g, code, n in parts]
         if sync == "counters" or timeline:
-            parts = [(g, _task_code(g, code, dag, sync == "counters", timeline, spin), n) for g, code, n in parts]
-        loop, marks = _stage_loop(parts, em.plan.cluster_groups)
-        body.append(loop)
+            parts = [(g, _task_code(g, code, dag, sync == "counters", timeline, spin, audit_base), n)
+                     for g, code, n in parts]
+        stage_loop, marks = _stage_loop(parts, em.plan.cluster_groups)
+        body.append(stage_loop)
         bounds += [(body_lines + at, gid) for at, gid in marks]
-        body_lines += loop.count("\n") + 1
-    if sync == "counters":
+        body_lines += stage_loop.count("\n") + 1
+    bounds.append((body_lines, None))
+    first_stage = body[0]
+    if loop is not None:
+        from .loop import loop_kernel_body
+        body = loop_kernel_body(head, body, s.program, loop, mode, len(s.stages), spin, s.blocks,
+                                s.options.grid_barrier)
+    else:
+        body = head + body
+    if sync == "counters" and dag.epoch_step == 0:
+        body.append("tkx_counters_exit_frozen(sync);  // planted fault: the epoch is not advanced")
+    elif sync == "counters":
         body.append("tkx_counters_exit(sync);  // the last block out advances the epoch")
-        body_lines += 1
-    bounds.append((body_lines, None))  # the kernel's closing brace
     # Register budget of the requested occupancy (blocks_per_sm blocks of s.threads threads on
     # a 64K-register SM). An explicit cap also keeps ptxas from its small default budget for
     # very large kernels, which made it spill.
@@ -316,8 +396,16 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
     if sync == "counters":
         header = block(header, f"// Sync: counters ({len(dag.counters)} counters, "
                                f"{sum(len(w) for w in dag.waits.values())} waits, no grid barrier): {sync_reason}")
-    sections = [header, prelude(tensor_cores=em.plan.tensor_cores, counters=sync == "counters",
-                                timeline=timeline, tma=bool(em.plan.tensor_maps)), struct, functions]
+    if audit:
+        header = block(header, f"// Protocol audit: {audit_words(dag)} sync words from word {audit_base}")
+    pre = prelude(tensor_cores=em.plan.tensor_cores, counters=sync == "counters", timeline=timeline,
+                  tma=bool(em.plan.tensor_maps), audit=audit)
+    if loop is not None:
+        from .loop import LOOP_PRELUDE
+        pre = block(pre, "", LOOP_PRELUDE)
+        header = block(header, f"// Training loop: the step runs tkx_loop[0] times in this launch, a barrier "
+                               f"after each step; {sync_reason}")
+    sections = [header, pre, struct, functions]
     if outlined:
         sections.append(block(shared_workspace(shared) if file_smem else None,
                               "\n\n".join(text for _, text, _ in pieces)))
@@ -325,8 +413,12 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
     starts = [1]  # 1-based first line of each section, then of the kernel
     for part in sections:
         starts.append(starts[-1] + (part.count("\n") + 1 if part else 0))
+    lines = text.splitlines()
+    # the stages' first line (a training loop puts them inside its step loop, indented once more)
+    at = next(no for no in range(starts[-1], len(lines) + 1) if lines[no - 1].strip() == first_stage)
+    ends = [(at + no, gid) for no, gid in bounds[:-1]] + [(len(lines), None)]  # the last group: to the kernel's end
     op_lines, group_lines, function_lines = source_map(
-        text.splitlines(), s, em.ops, [(starts[-1] + 1 + len(params) + at, gid) for at, gid in bounds],
+        lines, s, em.ops, ends,
         functions=(starts[3], starts[4] - 1) if functions else None, outlined=outlined, pieces=pieces,
         outlined_at=starts[4] + (1 if file_smem else 0) if outlined else None)
     config = abi.KernelConfig(threads=s.threads, mode=mode, blocks=1 if mode == "block" else s.blocks,
@@ -340,6 +432,7 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
                       op_lines={k: tuple(v) for k, v in op_lines.items()}, group_lines=group_lines,
                       function_lines=function_lines,
                       tensor_cores=em.plan.tensor_cores, notes=em.plan.notes, sync=sync, sync_reason=sync_reason,
-                      sync_words=_sync_words(sync, dag, em.plan.tile_counter_words),
+                      sync_words=_sync_words(sync, dag, em.plan.tile_counter_words)
+                      + (audit_words(dag) if audit else 0),
                       timeline_tasks=dag.num_tasks if timeline and dag else 0,
-                      dag=dag, work_items=work_items)
+                      dag=dag, work_items=work_items, audit_base=audit_base)

@@ -54,6 +54,8 @@ class CudaSource:
     #: Group id -> (first, last) line of the ``__noinline__`` device function holding its body, for the groups
     #: whose body is emitted once for all its users (``Options.outline``); their ``group_lines`` are the call.
     function_lines: Mapping[str, tuple[int, int]] = field(default_factory=dict, repr=False, compare=False)
+    #: First ``sync`` word of the protocol audit (:mod:`tkx.dataflow.audit`; ``None``: the kernel has none).
+    audit_base: int | None = None
 
     # -- the launch contract, by its old names ---------------------------------------------------
     @property
