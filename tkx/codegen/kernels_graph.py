@@ -49,7 +49,8 @@ class GraphKernel:
     @property
     def dynamic_shared_bytes(self) -> int:
         """Bytes the launch must pass as dynamic shared memory (0 when the workspace is static)."""
-        return self.shared_bytes if self.shared_bytes > 48 * 1024 else 0
+        n = max(16, (self.shared_bytes + 15) // 16 * 16)
+        return n if self.shared_bytes and n > abi.STATIC_SHARED_LIMIT else 0
 
 
 @dataclass(frozen=True)

@@ -31,16 +31,16 @@ from ..pipeline import build, lower  # the pipeline table makes every stage up t
 from .backends import compile
 from .cache import cache_dir, cache_key, clear_cache
 from .device import CudaCoreMissingError, NoDeviceError
-from .inputs import InputMismatchError
 from .graph_of_kernels import GraphOfKernels, KernelSequence
+from .inputs import InputMismatchError
 from .kernel import Binary, CompiledKernel, KernelLoadError, Resources, compile_cubin
 from .runner import CompiledRunner, GraphRunner, pack_args
 from .status import KernelError
 from .verify import Comparison, Verification, VerificationError, relative_error
 
 __all__ = [
-    "Binary", "CompiledKernel", "CompiledRunner", "Comparison", "CudaCoreMissingError", "GraphOfKernels", "GraphRunner",
-    "InputMismatchError", "KernelError", "KernelLoadError", "KernelSequence", "NoDeviceError", "Resources", "Verification",
-    "VerificationError", "build", "cache_dir", "cache_key", "clear_cache", "compile", "compile_cubin",
-    "lower", "pack_args", "relative_error",
+    "Binary", "CompiledKernel", "CompiledRunner", "Comparison", "CudaCoreMissingError", "GraphOfKernels",
+    "GraphRunner", "InputMismatchError", "KernelError", "KernelLoadError", "KernelSequence", "NoDeviceError",
+    "Resources", "Verification", "VerificationError", "build", "cache_dir", "cache_key", "clear_cache", "compile",
+    "compile_cubin", "lower", "pack_args", "relative_error",
 ]

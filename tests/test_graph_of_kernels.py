@@ -1,0 +1,122 @@
+"""The graph of kernels: one kernel per fused group of the megakernel's schedule (tkx.codegen.kernels_graph).
+
+On the CPU: the kernels compile with NVRTC for sm_80, sm_90 (and sm_90a with wgmma/TMA GEMMs) with no
+spills, one per group in stage order, with the megakernel's parameters and no grid barrier. On a GPU
+(marked gpu): they give the megakernel's numbers, verify against eager, and are timed.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import tkx
+from tkx.codegen.kernels_graph import generate_graph
+from tkx.codegen.nvrtc import nvrtc_available
+
+OK, WHY = nvrtc_available()
+needs_nvrtc = pytest.mark.skipif(not OK, reason=f"NVRTC unavailable: {WHY}")
+
+CASES = {  # case -> (example, Options of the check)
+    "linear_regression": ("linear_regression", {}),
+    "small": ("small", {}),
+    "poly_clip_adamw-block": ("poly_clip_adamw", {"mode": "block"}),
+    "char_lm": ("char_lm", {}),
+    "mixed_precision-sm_90a": ("mixed_precision", {"arch": "sm_90a"}),
+    "medium-tma-clusters": ("medium", {"arch": "sm_90a", "gemm_copy": "tma", "gemm_cluster": "on"}),
+}
+
+
+def _source(name, **options):
+    ex = tkx.examples.get(name)
+    return tkx.explore(ex.step_fn, ex.example_inputs, name=name, **options).cuda
+
+
+@pytest.fixture(scope="module")
+def graphs():
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            example, options = CASES[name]
+            cache[name] = generate_graph(_source(example, **options))
+        return cache[name]
+    return get
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_one_kernel_per_group_in_stage_order(graphs, name):
+    g = graphs(name)
+    s = g.schedule
+    assert [k.group for k in g.kernels] == [gid for stage in s.stages for gid in stage]
+    assert [k.stage for k in g.kernels] == sorted(k.stage for k in g.kernels)
+    assert [k.items for k in g.kernels] == [g.megakernel.work_items[k.group] for k in g.kernels]
+    entries = re.findall(r'extern "C" __global__ void __maxnreg__\(\d+\) (\w+)\(', g.text)
+    assert entries == [k.name for k in g.kernels]
+    assert g.launch is g.megakernel.launch and g.sync_words == g.megakernel.sync_words
+    kernels_text = g.text[g.text.index('extern "C" __global__'):]
+    assert "tkx_grid_barrier" not in kernels_text and "tkx_wait(" not in kernels_text
+    if CASES[name][1].get("gemm_cluster") == "on":  # the paired GEMMs launch in clusters of 2, the rest alone
+        assert {k.cluster for k in g.kernels} == {1, 2}
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("name", list(CASES))
+def test_kernels_compile_without_spills(graphs, name):
+    g = graphs(name)
+    options = CASES[name][1]
+    archs = [options["arch"]] if "arch" in options else ["sm_80", "sm_90"]
+    for arch in archs:
+        report = g.check(arch)
+        assert sorted(k.name for k in report.kernels) == sorted(k.name for k in g.kernels)
+        assert report.spill_bytes == 0, f"{name}/{arch}: {report.summary()}"
+        assert all(k.registers > 0 for k in report.kernels)
+
+
+def test_same_parameters_as_the_megakernel(graphs):
+    g = graphs("small")
+    decl = ",\n".join(p.declaration() for p in g.megakernel.params)
+    assert g.text.count(decl.splitlines()[0].strip()) >= len(g.kernels)
+    assert "tkx_k0_" in g.text and repr(g).startswith("<tkx.GraphSource")
+
+
+# -- on a GPU ----------------------------------------------------------------------------------------
+GPU_EXAMPLES = ["linear_regression", "small", "q_learning", "poly_clip_adamw", "char_lm", "medium"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", GPU_EXAMPLES)
+def test_graph_of_kernels_gives_the_megakernels_numbers(name):
+    import torch
+
+    from tkx.bench.compare import same_numbers
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    ex = tkx.examples.get(name)
+    args = ex.make_inputs(0, "cuda")
+    runner = tkx.runtime.build(ex.step_fn, args, name=name)
+    many = tkx.runtime.GraphOfKernels.from_runner(runner)
+    assert len(many.kernel.entries) == len(runner.schedule.groups)
+    worst, sentence = same_numbers(runner, many, ex.make_inputs(1, "cuda"))
+    assert worst <= 1e-5, sentence
+    ver = many.verify(seeds=(0,), make_inputs=ex.make_inputs)
+    assert ver.passed, ver.summary()
+    graph = many.capture_graph(*ex.make_inputs(2, "cuda"))
+    graph.replay()
+    graph.check_status()
+
+
+@pytest.mark.gpu
+def test_graph_of_kernels_is_timed_beside_the_megakernel():
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    ex = tkx.examples.get("small")
+    exp = tkx.explore(ex.step_fn, ex.make_inputs(0, "cuda"), name="small")
+    t = tkx.bench.graph_of_kernels(exp, make_inputs=ex.make_inputs, repeats=3)
+    assert t.kernels == len(exp.schedule.groups) and t.relative_error <= 1e-5
+    assert t.megakernel_us > 0 and t.graph_of_kernels_us > 0 and t.speed_of_light_us > 0
+    assert "one kernel saves" in str(t) and set(t.as_dict()["samples_us"]) == {"megakernel", "graph_of_kernels"}
