@@ -120,3 +120,16 @@ def test_graph_of_kernels_is_timed_beside_the_megakernel():
     assert t.kernels == len(exp.schedule.groups) and t.relative_error <= 1e-5
     assert t.megakernel_us > 0 and t.graph_of_kernels_us > 0 and t.speed_of_light_us > 0
     assert "one kernel saves" in str(t) and set(t.as_dict()["samples_us"]) == {"megakernel", "graph_of_kernels"}
+
+
+def test_the_report_shows_the_graph_of_kernels_beside_tkx_never_as_a_baseline():
+    from tkx.bench import GRAPH_OF_KERNELS, BenchmarkReport, Row
+
+    rows = tuple(Row.measured(n, [us] * 7, 10) for n, us in
+                 (("eager", 900.0), ("inductor", 20.0), ("tkx", 10.0), (GRAPH_OF_KERNELS, 5.0)))
+    report = BenchmarkReport("x", rows, {"passed": True}, schedule={"speed_of_light_us": 2.0})
+    assert report.best_baseline == "inductor" and report.ratio_to_best == pytest.approx(0.5)
+    assert report.graph_of_kernels_us == 5.0 and report.sol_fraction == pytest.approx(0.2)
+    d = report.to_dict()
+    assert d["graph_of_kernels_us"] == 5.0 and d["sol_fraction"] == pytest.approx(0.2)
+    assert GRAPH_OF_KERNELS in str(report) and "speed of light" in str(report)
