@@ -57,6 +57,7 @@ def test_one_kernel_per_group_in_stage_order(graphs, name):
     assert g.launch is g.megakernel.launch and g.sync_words == g.megakernel.sync_words
     kernels_text = g.text[g.text.index('extern "C" __global__'):]
     assert "tkx_grid_barrier" not in kernels_text and "tkx_wait(" not in kernels_text
+    assert kernels_text.count("griddepcontrol.wait") == len(g.kernels)  # each may be a programmatic dependent
     if CASES[name][1].get("gemm_cluster") == "on":  # the paired GEMMs launch in clusters of 2, the rest alone
         assert {k.cluster for k in g.kernels} == {1, 2}
 
@@ -86,8 +87,9 @@ GPU_EXAMPLES = ["linear_regression", "small", "q_learning", "poly_clip_adamw", "
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("pdl", [False, "auto"])
 @pytest.mark.parametrize("name", GPU_EXAMPLES)
-def test_graph_of_kernels_gives_the_megakernels_numbers(name):
+def test_graph_of_kernels_gives_the_megakernels_numbers(name, pdl):
     import torch
 
     from tkx.bench.compare import same_numbers
@@ -97,8 +99,9 @@ def test_graph_of_kernels_gives_the_megakernels_numbers(name):
     ex = tkx.examples.get(name)
     args = ex.make_inputs(0, "cuda")
     runner = tkx.runtime.build(ex.step_fn, args, name=name)
-    many = tkx.runtime.GraphOfKernels.from_runner(runner)
+    many = tkx.runtime.GraphOfKernels.from_runner(runner, pdl=pdl)
     assert len(many.kernel.entries) == len(runner.schedule.groups)
+    assert not many.kernel.pdl if pdl is False else many.kernel.pdl <= (torch.cuda.get_device_capability()[0] >= 9)
     worst, sentence = same_numbers(runner, many, ex.make_inputs(1, "cuda"))
     assert worst <= 1e-5, sentence
     ver = many.verify(seeds=(0,), make_inputs=ex.make_inputs)

@@ -13,7 +13,9 @@ and launches them (and captures them in one CUDA graph); :func:`tkx.bench.graph_
 beside the megakernel.
 
 The text is the megakernel's own translation unit up to its kernel (prelude, device functions of inlined
-values), followed by the per-group kernels ``tkx_k<i>_<group>``.
+values), followed by the per-group kernels ``tkx_k<i>_<group>``. On sm_90 and later each kernel starts with
+``griddepcontrol.wait`` (and then releases its dependents), so the runtime may launch it as a programmatic
+dependent of the kernel before (PDL): its launch then overlaps the end of that kernel.
 """
 
 from __future__ import annotations
@@ -119,6 +121,15 @@ class GraphSource:
                 f"{len(self.schedule.stages)} stages, {self.threads} threads per block>")
 
 
+#: Programmatic dependent launch (sm_90 and later): wait until the kernel launched before this one has finished
+#: and its writes are visible (immediately when it was not launched as a programmatic dependent), then let the
+#: next kernel's blocks be scheduled while this one runs (they wait here in turn).
+PDL = """#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+asm volatile("griddepcontrol.wait;" ::: "memory");  // the kernel before has finished, its writes visible
+asm volatile("griddepcontrol.launch_dependents;" ::: "memory");  // the next kernel may be scheduled now
+#endif"""
+
+
 def _entry_name(i: int, gid: str) -> str:
     return f"tkx_k{i}_" + re.sub(r"[^A-Za-z0-9_]", "_", gid)
 
@@ -153,7 +164,7 @@ def generate_graph(source: Any) -> GraphSource:
     for si, g, code, n, smem in codes:
         name = _entry_name(len(kernels), g.id)
         cluster = em.plan.cluster if g.id in em.plan.cluster_groups else 1
-        body = [f"if (!tkx_check_launch(status, {threads})) return;"]
+        body = [f"if (!tkx_check_launch(status, {threads})) return;", PDL]
         if prefetch:
             body.append(prefetch)
         if em.plan.tile_counter_words:

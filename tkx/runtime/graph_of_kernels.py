@@ -10,7 +10,8 @@ the status words (a kernel error is raised as for the megakernel).
 Each kernel launches ``min(work items, resident blocks)`` blocks, where resident blocks is its own
 occupancy (from the driver) times the SM count, capped by ``Options.max_blocks``: what a compiler that
 launches one kernel per fused group would launch. The launches are plain (not cooperative); a GEMM whose
-items run in pairs of CTAs is launched in clusters of 2.
+items run in pairs of CTAs is launched in clusters of 2. On compute capability 9.0 and later each kernel but
+the first is a programmatic dependent of the one before (``pdl="auto"``, see :class:`KernelSequence`).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class _Entry:
     occupancy and shared-memory helpers read)."""
 
     def __init__(self, spec: Any, obj: Any, device: torch.device, threads: int, sms: int, max_blocks: int | None,
-                 core: Any) -> None:
+                 core: Any, pdl: bool = False) -> None:
         self.spec, self.device, self._core = spec, device, core
         self._kernel = obj.get_kernel(spec.name)
         attrs = self._kernel.attributes
@@ -61,17 +62,32 @@ class _Entry:
         if max_blocks:
             grid = min(grid, int(max_blocks))
         c = spec.cluster
+        extra = {"programmatic_stream_serialization": True} if pdl else {}
         if c > 1:
-            self.cluster = c
             grid = max(c, grid - grid % c) if grid >= c else c
             self.config = core.LaunchConfig(grid=_cluster_grid_arg(core, grid, c), cluster=c, block=threads,
-                                            shmem_size=dyn)
+                                            shmem_size=dyn, **extra)
         else:
-            self.config = core.LaunchConfig(grid=grid, block=threads, shmem_size=dyn)
-        self.grid = grid
+            self.config = core.LaunchConfig(grid=grid, block=threads, shmem_size=dyn, **extra)
+        self.grid, self.pdl = grid, pdl
 
     def launch(self, stream: Any, args: Sequence[Any]) -> None:
         self._core.launch(stream, self.config, self._kernel, *args)
+
+
+def _pdl_wanted(pdl: bool | str, device: torch.device, core: Any) -> bool:
+    """Whether to launch with programmatic dependent launch (see :class:`KernelSequence`)."""
+    if pdl not in (True, False, "auto"):
+        raise ValueError(f"pdl={pdl!r}: use True, False or 'auto'")
+    try:
+        core.LaunchConfig(grid=1, block=32, programmatic_stream_serialization=True)
+        offered = True
+    except TypeError:  # a cuda-core without the keyword
+        offered = False
+    if pdl is True and not offered:
+        raise KernelLoadError("this cuda-core's LaunchConfig has no programmatic_stream_serialization: "
+                              "update cuda-core or use pdl=False")
+    return bool(pdl is True or (pdl == "auto" and offered and torch.cuda.get_device_capability(device)[0] >= 9))
 
 
 class KernelSequence:
@@ -80,11 +96,15 @@ class KernelSequence:
     ``occupancy``); the summary attributes of :class:`~tkx.runtime.kernel.CompiledKernel`
     (``registers``, ``shared_bytes``, ``local_bytes``: the largest over the kernels; ``occupancy``: the
     smallest; ``grid``: the largest; ``block``, ``mode`` = ``"graph"``, ``sm_count``, ``binary``).
+    ``pdl``: launch every kernel but the first as a programmatic dependent of the one before (programmatic
+    dependent launch: its blocks may be scheduled while that kernel ends, and wait in ``griddepcontrol.wait``
+    until it has finished); ``"auto"``: on compute capability 9.0 and later when this cuda-core's
+    ``LaunchConfig`` offers it. ``self.pdl`` says whether it is on.
     Raises :class:`~tkx.runtime.kernel.KernelLoadError` when a kernel cannot run (not one block fits)."""
 
     backend = "nvrtc"
 
-    def __init__(self, source: Any, binary: Any, device: torch.device) -> None:
+    def __init__(self, source: Any, binary: Any, device: torch.device, *, pdl: bool | str = "auto") -> None:
         core = cuda_core()
         self.source, self.binary, self.device = source, binary, device
         self._core = core
@@ -98,8 +118,9 @@ class KernelSequence:
             except TypeError:  # cuda-core releases without the name keyword
                 obj = core.ObjectCode.from_cubin(binary.cubin)
             self._object = obj
-            self.entries = [_Entry(k, obj, device, threads, self.sm_count, source.launch.config.max_blocks, core)
-                            for k in source.kernels]
+            self.pdl = _pdl_wanted(pdl, device, core)
+            self.entries = [_Entry(k, obj, device, threads, self.sm_count, source.launch.config.max_blocks, core,
+                                   pdl=self.pdl and i > 0) for i, k in enumerate(source.kernels)]
         self.load_seconds = time.perf_counter() - start
         self.block = threads
         self.mode = "graph"
@@ -151,26 +172,29 @@ class GraphOfKernels(CompiledRunner):
     """
 
     def __init__(self, source: Any, *, device: Any = None, step_fn: Callable[..., Any] | None = None,
-                 cache: bool | str = True) -> None:
+                 cache: bool | str = True, pdl: bool | str = "auto") -> None:
         from ..codegen.kernels_graph import GraphSource, generate_graph
 
         if not isinstance(source, GraphSource):
             source = generate_graph(source)
+        self._pdl = pdl
         super().__init__(source, device=device, step_fn=step_fn, backend="nvrtc", cache=cache)
 
     @classmethod
-    def from_runner(cls, runner: CompiledRunner, *, cache: bool | str = True) -> GraphOfKernels:
+    def from_runner(cls, runner: CompiledRunner, *, cache: bool | str = True,
+                    pdl: bool | str = "auto") -> GraphOfKernels:
         """The same step as ``runner`` (its megakernel's schedule and arena), as many kernels."""
-        return cls(runner.source, device=runner.device, step_fn=runner.step_fn, cache=cache)
+        return cls(runner.source, device=runner.device, step_fn=runner.step_fn, cache=cache, pdl=pdl)
 
     def _load(self, source: Any, backend: str | None, cache: bool | str) -> KernelSequence:
         binary = compile_cubin(source, kernel_arch(self.device), cache=cache)
-        return KernelSequence(source, binary, self.device)
+        return KernelSequence(source, binary, self.device, pdl=self._pdl)
 
     def launch_description(self) -> str:
         k = self.kernel
-        return (f"{len(k.entries)} kernels (one per fused group), grids {min(e.grid for e in k.entries)}-{k.grid} x "
-                f"{k.block} threads, up to {k.registers} registers, arena {self.arena_bytes} B")
+        pdl = ", programmatic dependent launch" if k.pdl else ""
+        return (f"{len(k.entries)} kernels (one per fused group{pdl}), grids {min(e.grid for e in k.entries)}-"
+                f"{k.grid} x {k.block} threads, up to {k.registers} registers, arena {self.arena_bytes} B")
 
     def timeline(self) -> Any:
         """Not recorded: the per-task timeline is the megakernel's (``Options(timeline=True)``)."""
