@@ -50,8 +50,9 @@ def _inputs(ex, seed: int, dry: bool):
 
 # -- phase 1: warm the caches (one job per worker process) --------------------------------------------
 def warm_job(kind: str, name: str, what: str, options: dict | None, cache: str, dry: bool) -> dict:
-    """Compile one torch.compile configuration (kind "compile", ``what`` a key of :data:`COMPILE_MODES`) or
-    build one tkx variant (kind "tkx", ``what`` its name, ``options`` its Options keywords)."""
+    """Compile one torch.compile configuration (kind "compile", ``what`` a key of :data:`COMPILE_MODES`),
+    build one tkx variant (kind "tkx", ``what`` its name, ``options`` its Options keywords), or build it and
+    compile its graph of kernels (kind "graph": one kernel per fused group, the NVRTC cubin cached)."""
     setup_env(Path(cache))
     import torch
 
@@ -72,22 +73,31 @@ def warm_job(kind: str, name: str, what: str, options: dict | None, cache: str, 
         else:
             opts = tkx.Options(**(options or {}))
             if dry:
-                tkx.runtime.lower(ex.step_fn, args, opts, name=name)
+                src = tkx.runtime.lower(ex.step_fn, args, opts, name=name)
             else:
-                tkx.runtime.build(ex.step_fn, args, opts, name=name)
+                src = tkx.runtime.build(ex.step_fn, args, opts, name=name).source
+            if kind == "graph":
+                from tkx.codegen.kernels_graph import generate_graph
+                from tkx.runtime.device import kernel_arch
+
+                many = generate_graph(src)
+                if not dry:
+                    tkx.runtime.compile_cubin(many, kernel_arch(torch.device("cuda")))
         return {"kind": kind, "name": name, "what": what, "s": time.perf_counter() - t0, "ok": True}
     except Exception as exc:
         return {"kind": kind, "name": name, "what": what, "s": time.perf_counter() - t0, "ok": False,
                 "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]}
 
 
-def warm(names: list[str], compiles: list[str], variants: dict, cache: Path, workers: int, dry: bool) -> list[dict]:
-    """Phase 1: every torch.compile configuration and every tkx variant of every example once, in ``workers``
-    spawned processes (filling the caches under ``cache``); one result dict per job, progress on stderr."""
+def warm(names: list[str], compiles: list[str], variants: dict, cache: Path, workers: int, dry: bool,
+         graph_of_kernels: str | None = None) -> list[dict]:
+    """Phase 1: every torch.compile configuration and every tkx variant of every example once (variant
+    ``graph_of_kernels`` also as its graph of kernels), in ``workers`` spawned processes (filling the caches
+    under ``cache``); one result dict per job, progress on stderr."""
     import multiprocessing as mp
 
     jobs = [("compile", n, c, None) for c in compiles[::-1] for n in names]  # max-autotune first: longest
-    jobs += [("tkx", n, v, variants[v]) for n in names for v in variants]
+    jobs += [("graph" if v == graph_of_kernels else "tkx", n, v, variants[v]) for n in names for v in variants]
     done: list[dict] = []
     t0 = time.perf_counter()
     with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
