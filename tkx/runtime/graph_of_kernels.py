@@ -98,8 +98,8 @@ class KernelSequence:
     smallest; ``grid``: the largest; ``block``, ``mode`` = ``"graph"``, ``sm_count``, ``binary``).
     ``pdl``: launch every kernel but the first as a programmatic dependent of the one before (programmatic
     dependent launch: its blocks may be scheduled while that kernel ends, and wait in ``griddepcontrol.wait``
-    until it has finished); ``"auto"``: on compute capability 9.0 and later when this cuda-core's
-    ``LaunchConfig`` offers it. ``self.pdl`` says whether it is on.
+    until it has finished; a kernel launched in clusters is not); ``"auto"``: on compute capability 9.0 and
+    later when this cuda-core's ``LaunchConfig`` offers it. ``self.pdl`` says whether it is on.
     Raises :class:`~tkx.runtime.kernel.KernelLoadError` when a kernel cannot run (not one block fits)."""
 
     backend = "nvrtc"
@@ -120,7 +120,7 @@ class KernelSequence:
             self._object = obj
             self.pdl = _pdl_wanted(pdl, device, core)
             self.entries = [_Entry(k, obj, device, threads, self.sm_count, source.launch.config.max_blocks, core,
-                                   pdl=self.pdl and i > 0) for i, k in enumerate(source.kernels)]
+                                   pdl=self.pdl and i > 0 and k.cluster == 1) for i, k in enumerate(source.kernels)]
         self.load_seconds = time.perf_counter() - start
         self.block = threads
         self.mode = "graph"
