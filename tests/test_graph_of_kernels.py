@@ -136,3 +136,74 @@ def test_the_report_shows_the_graph_of_kernels_beside_tkx_never_as_a_baseline():
     d = report.to_dict()
     assert d["graph_of_kernels_us"] == 5.0 and d["sol_fraction"] == pytest.approx(0.2)
     assert GRAPH_OF_KERNELS in str(report) and "speed of light" in str(report)
+
+
+# -- the launch shapes, with a stand-in for cuda-core (no GPU) -------------------------------------
+class _FakeConfig:
+    def __init__(self, **kw):
+        self.kw = kw
+
+
+class _FakeCore:
+    """cuda-core's LaunchConfig and launch, recording what would be launched."""
+
+    LaunchConfig = _FakeConfig
+    launched: list = []
+
+    @staticmethod
+    def launch(stream, config, kernel, *args):
+        _FakeCore.launched.append((kernel.name, config.kw, len(args)))
+
+
+class _FakeKernel:
+    def __init__(self, name):
+        from types import SimpleNamespace
+
+        self.name = name
+        self.attributes = SimpleNamespace(num_regs=64, shared_size_bytes=1024, local_size_bytes=0)
+        self.occupancy = SimpleNamespace(max_active_blocks_per_multiprocessor=lambda threads, dyn: 2)
+
+
+class _FakeObject:
+    def get_kernel(self, name):
+        return _FakeKernel(name)
+
+
+def test_each_kernel_launches_its_items_capped_by_the_resident_blocks():
+    import torch
+
+    from tkx.codegen.kernels_graph import GraphKernel
+    from tkx.runtime.graph_of_kernels import _Entry
+
+    def entry(items, cluster=1, pdl=False, max_blocks=None):
+        spec = GraphKernel(f"k{items}", "g", 0, items, 1024, cluster)
+        return _Entry(spec, _FakeObject(), torch.device("cpu"), 256, 132, max_blocks, _FakeCore, pdl=pdl)
+
+    assert entry(500).grid == 264 and entry(3).grid == 3 and entry(500, max_blocks=100).grid == 100
+    paired = entry(5, cluster=2, pdl=True)  # clusters of 2: a whole number of clusters
+    assert paired.grid == 4 and paired.config.kw["cluster"] == 2 and paired.config.kw["grid"] == 2
+    assert entry(3, pdl=True).config.kw["programmatic_stream_serialization"] is True
+    assert "programmatic_stream_serialization" not in entry(3).config.kw
+    e = entry(7)
+    e.launch("stream", [1, 2, 3])
+    assert _FakeCore.launched[-1] == ("k7", {"grid": 7, "block": 256, "shmem_size": 0}, 3)
+
+
+def test_programmatic_dependent_launch_needs_a_cuda_core_that_offers_it():
+    import torch
+
+    from tkx.runtime.graph_of_kernels import _pdl_wanted
+    from tkx.runtime.kernel import KernelLoadError
+
+    class Old:
+        class LaunchConfig:
+            def __init__(self, grid, block):
+                pass
+
+    cpu = torch.device("cpu")
+    assert _pdl_wanted(False, cpu, _FakeCore) is False and _pdl_wanted(True, cpu, _FakeCore) is True
+    assert _pdl_wanted("auto", cpu, Old) is False
+    with pytest.raises(KernelLoadError, match="programmatic_stream_serialization"):
+        _pdl_wanted(True, cpu, Old)
+    with pytest.raises(ValueError, match="pdl="):
+        _pdl_wanted("yes", cpu, _FakeCore)
