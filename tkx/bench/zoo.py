@@ -161,7 +161,7 @@ def restore(sets, saved) -> None:
                 t.copy_(c)
 
 
-def speed_of_light_us(program) -> float:
+def step_speed_of_light_us(program) -> float:
     """max(FLOPs / peak, bytes / peak bandwidth) of one step (tkx.target.speed_of_light_us), µs."""
     from tkx.target import program_work, speed_of_light_us
     return speed_of_light_us(*program_work(program))
@@ -225,13 +225,13 @@ def bench_example(name: str, compiles: list[str], variants: dict, timer: Timer, 
                 src = exp.cuda
                 fns = [lambda a=a: run_schedule(exp.schedule, exp.arena, a) for a in sets]
                 built[var] = exp
-                entry.setdefault("sol_us", speed_of_light_us(exp.program))
+                entry.setdefault("sol_us", step_speed_of_light_us(exp.program))
                 info = {"sync": src.sync, "mode": exp.schedule.mode, "stages": len(exp.schedule.stages),
                         "barriers": exp.schedule.num_barriers, "verified": None}
                 return fns, None, False, info
             runner = tkx.runtime.build(ex.step_fn, sets[0], options, name=name)
             built[var] = runner
-            entry.setdefault("sol_us", speed_of_light_us(runner.program))
+            entry.setdefault("sol_us", step_speed_of_light_us(runner.program))
             ver = runner.verify(seeds=(0,), make_inputs=ex.make_inputs)
             restore(sets, saved)
             graphs = [runner.capture_graph(*a) for a in sets]
