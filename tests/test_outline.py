@@ -105,3 +105,14 @@ def test_outlined_kernel_gives_the_inline_kernels_tokens_on_the_gpu(name):
     assert torch.equal(tokens["on"], tokens["off"])
     want = D.generate(ex.step_fn, ex.make_inputs(0, device="cuda"), 8).cpu()
     assert torch.equal(tokens["on"], want)
+
+
+@pytest.mark.skipif(not nvrtc_available(), reason="NVRTC is not installed")
+def test_graph_of_kernels_of_an_outlined_kernel_compiles():
+    """The per-group kernels (tkx.codegen.kernels_graph) share the megakernel's translation unit, its device
+    functions and file-scope workspace included, and still inline their own group code."""
+    from tkx.codegen.kernels_graph import generate_graph
+
+    graph = generate_graph(_explore("llama_1b_tiny", outline="on").cuda)
+    report = graph.check("sm_90")
+    assert len(graph.kernels) == len(report.kernels) and report.spill_bytes == 0, report.summary()
