@@ -126,11 +126,16 @@ SKINNY_MAX = 4
 
 
 class GemmEmitter:
-    """The spec of one GEMM variant. Subclasses override :meth:`supports` and :meth:`_tiles`."""
+    """The spec of one GEMM variant. Subclasses override :meth:`supports` and :meth:`_tiles`.
+
+    ``codegen``: the module below :mod:`tkx.codegen` whose ``@register_gemm(name)`` function writes the
+    variant's code (:mod:`tkx.codegen.gemm_registry`); ``clusters``: the code runs items in 2-CTA clusters."""
 
     name = ""
     capabilities = Capabilities(ARCHES, "registers", (1, 1, 1))
     summary = ""
+    codegen = ""
+    clusters = False
 
     def supports(self, p: GemmProblem, options: Any, arch: str) -> str | None:
         """``None`` when this emitter can compute ``p`` under ``options`` for ``arch``, else why not."""
@@ -244,6 +249,7 @@ def _fit_tiles(p: GemmProblem, options: Any, threads: int, *, multiple: tuple[in
 
 class _Simt(GemmEmitter):
     name = "simt"
+    codegen = "gemm_simt"
     capabilities = Capabilities(ARCHES, "registers -> shared (fp32)", (1, 1, 1))
     summary = "fp32 tiles in shared memory, each thread an RM x RN register micro-tile"
 
@@ -254,6 +260,7 @@ class _Simt(GemmEmitter):
 
 
 class _Wmma(GemmEmitter):
+    codegen = "gemm_wmma"
     capabilities = Capabilities(ARCHES, "registers -> shared (converted)", (16, 16, 16), "wmma")
 
     def __init__(self, name: str, dtype: str, fk: int, summary: str) -> None:
@@ -279,6 +286,9 @@ class _Wmma(GemmEmitter):
 class _Wgmma(GemmEmitter):
     """Hopper warpgroup MMA: each warpgroup (128 threads) owns 64 rows of the tile; B and A are
     read by the tensor cores from 128-byte-swizzled shared memory through matrix descriptors."""
+
+    codegen = "gemm_tma"
+    clusters = True
 
     def __init__(self, name: str, dtype: str, fk: int, summary: str) -> None:
         self.name, self.dtype, self.fk, self.summary = name, dtype, fk, summary
@@ -369,6 +379,7 @@ class _Wgmma(GemmEmitter):
 
 class _Gemv(GemmEmitter):
     name = "gemv"
+    codegen = "gemv"
     capabilities = Capabilities(ARCHES, "registers (no tiles)", (1, 1, 1))
     summary = "M <= 4 or N <= 4: no tiles, K split across lanes or warps"
 
