@@ -6,16 +6,7 @@ from __future__ import annotations
 import math
 
 from .gemm_registry import GemmRequest, register_gemm
-from .gemm_tile import (
-    GemmCode,
-    _align,
-    _epilogue_block,
-    _fetch_and_stash,
-    _k_loop,
-    _operand_stages,
-    _tile_header,
-    ceil_div,
-)
+from .gemm_tile import GemmCode, _align, _epilogue_block, _operand_stages, _staged_k_loop, _tile_header, _tile_items
 from .text import block, indent
 
 
@@ -93,13 +84,12 @@ def simt_gemm(r: GemmRequest) -> GemmCode:
         f"for (int i = 0; i < {rm}; ++i)",
         "    #pragma unroll",
         f"    for (int j = 0; j < {rn}; ++j) sums[i][j] = 0.0f;",
-        _fetch_and_stash(p, sa, sb, r.load_a, r.load_b, f"As[c * {lda} + r]", f"Bs[r * {ldb} + c]", lambda v: v,
-                         m_guard, n_guard, k_guard),
-        _k_loop(tk, compute),
+        _staged_k_loop(p, sa, sb, r.load_a, r.load_b, f"As[c * {lda} + r]", f"Bs[r * {ldb} + c]", lambda v: v,
+                         m_guard, n_guard, k_guard, compute),
         "// epilogue: each thread hands its accumulators to the caller's code",
         epi,
     )
-    items = p.batch * ceil_div(p.m, tm) * ceil_div(p.n, tn)
+    items = _tile_items(p, tm, tn)
     params = {"tile": (tm, tn, tk), "micro_tile": (rm, rn), "thread_grid": (ty_count, tx_count),
               "a_fast": sa.fast, "b_fast": sb.fast}
     return GemmCode("simt", "{\n" + indent(body) + "\n}", items, shared, threads, False, params)

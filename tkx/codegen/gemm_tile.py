@@ -224,6 +224,11 @@ def _tile_header(p: GemmProblem, tm: int, tn: int, item: str, what: str, split: 
     return lines
 
 
+def _tile_items(p: GemmProblem, tm: int, tn: int, split: int = 1) -> int:
+    """Work items of a tiled GEMM: one per ``tm x tn`` output tile of each matrix (and slice of K)."""
+    return p.batch * ceil_div(p.m, tm) * ceil_div(p.n, tn) * split
+
+
 def _guard(*conds: tuple[str, bool]) -> str:
     """``a && b`` of the conditions that are needed (``"true"`` when none)."""
     needed = [c for c, need in conds if need]
@@ -344,8 +349,12 @@ def _fetch_and_stash(p: GemmProblem, sa: _Stage, sb: _Stage, load_a: LoadA, load
             fetch, stash]
 
 
-def _k_loop(tk: int, compute: str) -> list[str]:
-    return [
+def _staged_k_loop(p: GemmProblem, sa: _Stage, sb: _Stage, load_a: LoadA, load_b: LoadB, a_slot: str, b_slot: str,
+                   convert: Callable[[str], str], m_guard: bool, n_guard: bool, k_guard: bool,
+                   compute: str) -> list[str]:
+    """The register-staged main loop of the SIMT and wmma emitters: :func:`_fetch_and_stash`, then the k loop
+    that stashes a k-tile, starts the next one's global loads and runs ``compute`` on the shared tiles."""
+    return _fetch_and_stash(p, sa, sb, load_a, load_b, a_slot, b_slot, convert, m_guard, n_guard, k_guard) + [
         "fetch(0);",
         "for (int k0 = 0; k0 < K; k0 += TK) {",
         "    stash();",

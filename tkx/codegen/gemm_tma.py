@@ -14,6 +14,7 @@ from .gemm_tile import (
     _align,
     _guard,
     _tile_header,
+    _tile_items,
     ceil_div,
 )
 from .gemm_wgmma import (
@@ -502,7 +503,7 @@ def _wgmma_pipelined(r: GemmRequest, tmaps: str = "tmaps") -> GemmCode | None:
         "// epilogue: accumulators -> shared C tile -> per element",
         epi,
     )
-    items = p.batch * ceil_div(p.m, tm) * ceil_div(p.n, tn) * split
+    items = _tile_items(p, tm, tn, split)
     params = {"tile": (tm, tn, tk), "warpgroups": (g.wgm, g.wgn), "instruction": f"m64n{g.wn}k{g.fk}",
               **({"epilogue_prefetch": len(r.epilogue_reads)} if prefetch else {}),
               "epilogue_batch": WGMMA_EPILOGUE_BATCH, **(vec.params() if vec is not None else {}),

@@ -5,7 +5,7 @@ Specs: ``tkx.target`` ``wgmma_bf16``, ``wgmma_f16``, ``wgmma_tf32``."""
 
 from __future__ import annotations
 
-from ..target import GemmProblem, ceil_div
+from ..target import GemmProblem
 from .gemm_epilogue import _vector_tile, _wgmma_store_c
 from .gemm_split_k import _split_final_code, _split_final_params
 from .gemm_tile import (  # noqa: F401 - DEFAULT_KNOBS and WgmmaKnobs: the module's names
@@ -22,6 +22,7 @@ from .gemm_tile import (  # noqa: F401 - DEFAULT_KNOBS and WgmmaKnobs: the modul
     _guard,
     _operand_stages,
     _tile_header,
+    _tile_items,
 )
 from .text import block, indent
 
@@ -302,7 +303,7 @@ def wgmma_staged(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogu
         "// epilogue: accumulators -> shared C tile -> per element",
         epi,
     )
-    items = p.batch * ceil_div(p.m, tm) * ceil_div(p.n, tn) * split
+    items = _tile_items(p, tm, tn, split)
     params = {"tile": (tm, tn, tk), "warpgroups": (wgm, wgn), "instruction": f"m64n{wn}k{fk}",
               "swizzle": "128B", "stages": 2, "vector_loads": vec is not None, "split_k": split,
               **(vtile.params() if vtile is not None else {}),

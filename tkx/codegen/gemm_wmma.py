@@ -4,16 +4,7 @@ Specs: ``tkx.target`` ``wmma_bf16``, ``wmma_f16``, ``wmma_tf32``."""
 from __future__ import annotations
 
 from .gemm_registry import GemmRequest, register_gemm
-from .gemm_tile import (
-    GemmCode,
-    _align,
-    _epilogue_block,
-    _fetch_and_stash,
-    _k_loop,
-    _operand_stages,
-    _tile_header,
-    ceil_div,
-)
+from .gemm_tile import GemmCode, _align, _epilogue_block, _operand_stages, _staged_k_loop, _tile_header, _tile_items
 from .text import block, indent
 
 # --------------------------------------------------------------------------------------
@@ -141,13 +132,13 @@ def wmma_gemm(r: GemmRequest) -> GemmCode:
         f"for (int i = 0; i < {pm}; ++i)",
         "    #pragma unroll",
         f"    for (int j = 0; j < {pn}; ++j) wmma::fill_fragment(c_frag[i][j], 0.0f);",
-        _fetch_and_stash(p, sa, sb, r.load_a, r.load_b, a_slot, b_slot, conv.format, m_guard, n_guard, k_guard),
-        _k_loop(tk, compute),
+        _staged_k_loop(p, sa, sb, r.load_a, r.load_b, a_slot, b_slot, conv.format, m_guard, n_guard, k_guard,
+                       compute),
         "// epilogue: each fragment goes through the warp's staging area, then element by element",
         epi,
         "__syncthreads();  // every warp is done with its staging area before the next item reuses it",
     )
-    items = p.batch * ceil_div(p.m, tm) * ceil_div(p.n, tn)
+    items = _tile_items(p, tm, tn)
     params = {"tile": (tm, tn, tk), "warp_grid": (wm, wn), "fragments_per_warp": (pm, pn),
               "a_layout": a_layout.split("::")[1], "b_layout": b_layout.split("::")[1]}
     return GemmCode(variant, "{\n" + indent(body) + "\n}", items, shared, threads, True, params)

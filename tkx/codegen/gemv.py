@@ -97,6 +97,14 @@ def _skinny(p: GemmProblem, name: str, threads: int) -> tuple[bool, int, int]:
     return small_m, s_count, p.n if small_m else p.m
 
 
+def _long_index(p: GemmProblem, item: str, per_batch: int, step: str) -> list[str]:
+    """The matrix ``bat`` of the batch, ``warp``, ``lane`` and this thread's long index ``l`` (item ``item`` of
+    ``per_batch`` per matrix; ``step``: the rest of ``l = item * step``)."""
+    return [f"const int bat = {item} / {per_batch};" if p.batch > 1 else "const int bat = 0;",
+            "const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;",
+            f"const int l = ({item} % {per_batch}) * {step};" if p.batch > 1 else f"const int l = {item} * {step};"]
+
+
 @register_gemm("gemv")
 def gemv(r: GemmRequest) -> GemmCode:
     """(d) skinny GEMM for ``M <= 4`` or ``N <= 4``: every output of the short side at once.
@@ -130,7 +138,7 @@ def gemv(r: GemmRequest) -> GemmCode:
                 epilogue("bat", "row", "col", "acc"))
     out_total = block(f"const int row = {row}, col = {col};", "const float acc = total;",
                       epilogue("bat", "row", "col", "acc"))
-    header = [f"constexpr int M = {p.m}, N = {p.n}, K = {p.k};  // {dims}, S = {s_count} short index(es)"]
+    header = f"constexpr int M = {p.m}, N = {p.n}, K = {p.k};  // {dims}, S = {s_count} short index(es)"
     if long_k_contiguous:
         per_item = warps
         mode = "split_k"
@@ -138,10 +146,7 @@ def gemv(r: GemmRequest) -> GemmCode:
         body = block(
             "// skinny GEMM (split_k): one warp per long index l, lanes split K, shuffle reduction",
             header,
-            f"const int bat = {item} / {per_batch};" if p.batch > 1 else "const int bat = 0;",
-            "const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;",
-            f"const int l = ({item} % {per_batch}) * {warps} + warp;" if p.batch > 1
-            else f"const int l = {item} * {warps} + warp;",
+            *_long_index(p, item, per_batch, f"{warps} + warp"),
             f"if (l < {long_n}) {{  // the whole warp takes the same branch",
             f"    float sum[{s_count}];",
             "    #pragma unroll",
@@ -171,10 +176,7 @@ def gemv(r: GemmRequest) -> GemmCode:
         body = block(
             f"// skinny GEMM (split_l): one thread per long index l, the {warps} warps split K",
             header,
-            f"const int bat = {item} / {per_batch};" if p.batch > 1 else "const int bat = 0;",
-            "const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;",
-            f"const int l = ({item} % {per_batch}) * 32 + lane;" if p.batch > 1
-            else f"const int l = {item} * 32 + lane;",
+            *_long_index(p, item, per_batch, "32 + lane"),
             f"const int k_begin = warp * {kc}, k_end = min(K, k_begin + {kc});  // this warp's share of K",
             f"float sum[{s_count}];",
             "#pragma unroll",
@@ -276,6 +278,17 @@ def _short8(r: GemmRequest, g: _Stream) -> list[str]:
               f"a[{2 * i + 1}] = __uint_as_float(av.{w} & 0xffff0000u);" for i, w in enumerate("xyzw"))]
 
 
+def _fma_per_short(r: GemmRequest, g: _Stream, fma: str) -> str:
+    """For each short index ``s``: its 8 elements into ``a[8]`` (:func:`_short8`), then ``fma`` (indented C
+    statements adding them into ``sum[c][s]``) for each column ``c`` of the warp."""
+    return block(
+        "#pragma unroll",
+        f"for (int s = 0; s < {g.s_count}; ++s) {{",
+        indent(block("float a[8];", *_short8(r, g), "#pragma unroll", f"for (int c = 0; c < {g.cpw}; ++c) {{", fma,
+                     "}")),
+        "}")
+
+
 def _vector_loop(r: GemmRequest, g: _Stream) -> tuple[str, int]:
     """The K loop with 16-byte weight loads: ``(loop, unroll)``."""
     ld, cpw = r.gemv_loads, g.cpw
@@ -297,18 +310,10 @@ def _vector_loop(r: GemmRequest, g: _Stream) -> tuple[str, int]:
             f"        else raw[c] = {_pack8('src')};",
             "    }",
             "}",
-            "#pragma unroll",
-            f"for (int s = 0; s < {g.s_count}; ++s) {{",
-            indent(block(
-                "float a[8];",
-                *_short8(r, g),
-                "#pragma unroll",
-                f"for (int c = 0; c < {cpw}; ++c) {{",
-                indent(block(*(f"sum[c][s] = fmaf(a[{2 * i}], __uint_as_float({w} << 16), sum[c][s]);\n"
-                               f"sum[c][s] = fmaf(a[{2 * i + 1}], __uint_as_float({w} & 0xffff0000u), sum[c][s]);"
-                               for i, w in enumerate(words)))),
-                "}")),
-            "}")),
+            _fma_per_short(r, g, indent(block(*(
+                f"sum[c][s] = fmaf(a[{2 * i}], __uint_as_float({w} << 16), sum[c][s]);\n"
+                f"sum[c][s] = fmaf(a[{2 * i + 1}], __uint_as_float({w} & 0xffff0000u), sum[c][s]);"
+                for i, w in enumerate(words))))))),
         "}")
     return loop, unroll
 
@@ -331,17 +336,9 @@ def _chain_loop(r: GemmRequest, g: _Stream) -> tuple[str, int]:
             f"    for (int t = 0; t < 8; ++t) elem[c][t] = l < {g.long_n} ? "
             f"{long8('bat', 'k0', 'l', 't') if long8 is not None else _long_of(r, g, '(k0 + t)')} : 0.0f;",
             "}",
-            "#pragma unroll",
-            f"for (int s = 0; s < {g.s_count}; ++s) {{",
-            indent(block(
-                "float a[8];",
-                *_short8(r, g),
-                "#pragma unroll",
-                f"for (int c = 0; c < {cpw}; ++c) {{",
-                "    #pragma unroll",
-                "    for (int t = 0; t < 8; ++t) sum[c][s] = fmaf(a[t], elem[c][t], sum[c][s]);",
-                "}")),
-            "}")),
+            _fma_per_short(r, g, block("    #pragma unroll",
+                                       "    for (int t = 0; t < 8; ++t) sum[c][s] = fmaf(a[t], elem[c][t], "
+                                       "sum[c][s]);")))),
         "}")
     return loop, unroll
 

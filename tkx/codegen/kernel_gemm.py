@@ -204,9 +204,7 @@ class GemmGroups(ValueEmitter):
             lines = [f"const long long e = (long long)item * {t * ub} + threadIdx.x;"]
             for u in range(ub):
                 x = f"tkxE{u}_"
-                lines += [f"const long long {x}e = e + {u * t};",
-                          f"const int {x}bat = (int)({x}e / {m * n}), {x}row = (int)(({x}e / {n}) % {m}), "
-                          f"{x}col = (int)({x}e % {n});",
+                lines += [f"const long long {x}e = e + {u * t};", ev.element_coords(x, f"{x}e", m, n),
                           f"float {x}acc = 0.0f;",
                           "#pragma unroll",
                           f"for (int s = 0; s < {split}; ++s) {x}acc += {scratch}[s * {total}LL + {x}e];"
