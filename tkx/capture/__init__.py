@@ -58,7 +58,7 @@ class FxNodeInfo:
 
 
 @dataclass(frozen=True)
-class CapturedGraph:
+class CapturedGraph(display.Views):
     """The traced step: an FX ``GraphModule`` on fake tensors plus tkx's labels.
 
     Attributes: ``graph_module`` (``torch.fx.GraphModule``), ``nodes`` (one
@@ -98,12 +98,6 @@ class CapturedGraph:
     # -- views, looked up in tkx.display (the printer and tkx.render register them) --
     def __str__(self) -> str:
         return display.text(self)
-
-    def __rich__(self) -> Any:
-        return display.rich(self)
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        return display.mimebundle(self, include, exclude)
 
     def graph(self, **kw: Any) -> Any:
         """The FX graph as a ``graphviz.Digraph`` (``collapse``/``expand`` as for
