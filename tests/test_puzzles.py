@@ -74,6 +74,11 @@ def _wrong(name: str):
         yield 1, "predicted"
         yield 16, "predicted"
         yield 3, "one of 1, 2, 4, 8, 16"
+    elif isinstance(p, puzzles.WeightPrefetch):
+        yield {u: "start" for u in sol}, "over budget"
+        last = p.units()[-1]
+        yield {**sol, last.name: last.consumers[-1]}, "deadlock"
+        yield {**sol, last.name: p.dag.order[p.dag.order.index(last.consumers[0]) - 1]}, "predicted"
     else:  # pragma: no cover - a new kind of puzzle needs wrong answers here
         raise AssertionError(f"no wrong answers for {name}")
 
@@ -241,3 +246,45 @@ def test_a_stalled_wait_is_explained_by_the_poisoned_threshold():
                 message(g, w.counter, dag.items[producer] + 1, w.threshold)):  # more tiles than the producer has
         with pytest.raises(AssertionError):
             check_stalled_wait(dag, bad)
+
+
+def test_weight_prefetch_model():
+    """The prefetch timeline without prefetches is the cost model's counters timeline (run_timed); the
+    compiler's plan overlaps a load with the previous unit's readers and keeps within the budget in every
+    adversarial run; the budget decides: with room for one unit only, no two units overlap."""
+    from tkx import costs
+    from tkx.dataflow import prefetch
+    from tkx.dataflow.cost import task_us
+
+    p = puzzles.get("prefetch-1")
+    dag, blocks = p.dag, p.blocks
+    c = costs.constants()
+    timed = vm.run_timed(dag, blocks=blocks, task_us={g: task_us(dag, g, c) for g in dag.order}, sync="counters",
+                         handoff_us=c["handoff_us"], wait_us=c["wait_us"])
+    assert prefetch.predicted_us(dag, p.blank(), blocks=blocks) == pytest.approx(max(t.end for t in timed))
+    names = [u.name for u in p.units()]
+    assert names == ["l0.attn", "l0.mlp", "l1.attn", "l1.mlp", "head"]
+    sol = p.solution()
+    run = prefetch.simulate(dag, sol, blocks=blocks, streams=p.streams)
+    assert len(run.peak_units) >= 2 and run.peak_bytes <= p.budget  # an overlap, within the budget
+    assert not p.adversarial_problems(sol)
+    assert run.makespan < prefetch.predicted_us(dag, p.blank(), blocks=blocks)
+    small = max(u.nbytes for u in p.units())
+    tight = prefetch.plan(dag, small, blocks=blocks, streams=p.streams)
+    assert prefetch.simulate(dag, tight, blocks=blocks, streams=p.streams).peak_bytes <= small
+    assert not prefetch.static_problems(dag, tight, small)
+    assert prefetch.static_problems(dag, sol, small)  # the plan of the larger budget is over the smaller one
+    with pytest.raises(TkxError, match="no prefetch unit"):
+        prefetch.simulate(dag, {"l9.mlp": "start"}, blocks=2)
+
+
+def test_weight_prefetch_over_budget_overlap_is_named():
+    """Two MLP units issued together (96 KiB over an 80 KiB budget) are named by the static check and the
+    adversarial runs, whatever the predicted µs."""
+    p = puzzles.get("prefetch-1")
+    sol = p.solution()
+    order = p.dag.order
+    # issue l1.mlp as soon as l0.mlp's loads are issued: both MLP units may be held at once (96 KiB)
+    answer = {**sol, "l1.mlp": sol["l0.mlp"] or order[0]}
+    v = puzzles.check(p, answer)
+    assert not v.ok and "l0.mlp" in str(v) and "l1.mlp" in str(v) and "budget" in v.hint

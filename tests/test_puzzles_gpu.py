@@ -1,9 +1,14 @@
-"""On a GPU: a poisoned protocol compiled into the kernel is named by the kernel's own error word.
+"""On a GPU: a poisoned protocol compiled into the kernel is named by the kernel.
 
 The counters kernel is generated from a task DAG with a fault planted (``tkx.dataflow.build`` wrapped
 so the code generator receives the poisoned DAG). A wait whose threshold can never be met spins until
 ``Options.spin_limit`` and reports error 4 with the waiting task, the counter, its value and the
-threshold; the same fault the static checker and the task VM report on the CPU."""
+threshold; the same fault the static checker and the task VM report on the CPU.
+
+Every poison (``Poison.run_kernel``): the kernel generated with the fault planted and the protocol audit
+(``tkx.codegen.generate(plant=..., audit=True)``) runs twice from zeroed sync words; the audit of the words
+it leaves (``tkx.dataflow.audit``) names the poison, whether or not the race it opens changed a result;
+the same kernel generated from the sound protocol runs clean under the same audit."""
 
 from __future__ import annotations
 
@@ -53,3 +58,14 @@ def test_sound_protocol_runs_with_the_same_spin_limit():
     for _ in range(2):
         runner.verify(seeds=(0,), strict=True)
     runner.check_status()
+
+
+@pytest.mark.parametrize("q", puzzles.POISONS, ids=[q.name for q in puzzles.POISONS])
+def test_each_poison_is_named_by_the_kernel(q):
+    findings = q.run_kernel(launches=2, device=DEV)
+    assert findings and {f.poison for f in findings} == {q.name}, [str(f) for f in findings]
+
+
+@pytest.mark.parametrize("q", puzzles.POISONS, ids=[q.name for q in puzzles.POISONS])
+def test_the_sound_protocol_passes_the_same_audit(q):
+    assert q.run_kernel(planted=False, launches=2, device=DEV) == []

@@ -474,6 +474,42 @@ COUNTERS = dedent(r"""
     }
 """)
 
+#: The protocol audit (``generate(..., audit=True)``): what the counters protocol executed, logged in ``sync``
+#: words past the counters for a post-run check (:mod:`tkx.dataflow.audit`), and the broken variants of its
+#: steps that a planted fault selects (:attr:`tkx.dataflow.TaskDAG.unfenced`, ``epoch_step``).
+AUDIT = dedent(r"""
+    // ---------------------------------------------------------------------------------
+    // Protocol audit. After each wait that passed, its task counts the pass in log[0] and records
+    // (counter << 16) | threshold in log[1]; after each fenced publish its task counts it in the
+    // counter's publish word. A post-run check compares them with the task DAG: every wait passed by
+    // every task with the DAG's counter and threshold, every bump fenced, the epoch advanced once per
+    // launch. The unfenced publish and the frozen exit are planted faults, never emitted otherwise.
+    // ---------------------------------------------------------------------------------
+    __device__ __forceinline__ void tkx_audit_wait(unsigned int* log, int counter, unsigned int threshold) {
+        if (threadIdx.x == 0) {
+            atomicAdd(log, 1u);
+            atomicExch(log + 1, ((unsigned int)counter << 16) | threshold);
+        }
+    }
+    __device__ __forceinline__ void tkx_audit_publish(unsigned int* word) {
+        if (threadIdx.x == 0) atomicAdd(word, 1u);
+    }
+    // Planted fault: the bump without a release fence (relaxed: may become visible before the tile).
+    __device__ __forceinline__ void tkx_task_done_unfenced(unsigned int* sync, int counter) {
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            asm volatile("red.relaxed.gpu.global.add.u32 [%0], %1;" :: "l"(sync + 12 + counter), "r"(1u) : "memory");
+        }
+    }
+    // Planted fault: the last block out resets the exit count but leaves the epoch where it was.
+    __device__ __forceinline__ void tkx_counters_exit_frozen(unsigned int* sync) {
+        __syncthreads();
+        if (threadIdx.x == 0 && tkx_atom_add_acq_rel(sync + 3, 1u) == gridDim.x - 1) {
+            tkx_st_relaxed(sync + 3, 0u);
+        }
+    }
+""")
+
 TIMELINE = dedent(r"""
     // ---------------------------------------------------------------------------------
     // Per-task timeline (Options(timeline=True)): task t writes timeline[4t..4t+3] =
@@ -516,12 +552,14 @@ TKX_INLINE void tkx_mbar_wait(unsigned bar, unsigned parity) {
 }"""
 
 
-def prelude(*, tensor_cores: bool = False, counters: bool = False, timeline: bool = False, tma: bool = False) -> str:
+def prelude(*, tensor_cores: bool = False, counters: bool = False, timeline: bool = False, tma: bool = False,
+            audit: bool = False) -> str:
     """The device code to put at the top of a kernel (``tensor_cores`` adds the WMMA headers,
     ``counters`` the dataflow counters, ``timeline`` the per-task timer, ``tma`` the bulk tensor
-    copy and mbarrier helpers)."""
+    copy and mbarrier helpers, ``audit`` with ``counters`` the protocol audit, :data:`AUDIT`)."""
     text = PRELUDE
-    extra = ([COUNTERS] if counters else []) + ([TIMELINE] if timeline else []) + ([TMA] if tma else [])
+    extra = ([COUNTERS] if counters else []) + ([AUDIT] if counters and audit else []) + \
+        ([TIMELINE] if timeline else []) + ([TMA] if tma else [])
     if extra:
         text = PRELUDE.replace("// ===== end of tkx prelude =====", "\n\n".join(extra) + "\n\n"
                                "// ===== end of tkx prelude =====")

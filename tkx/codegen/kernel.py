@@ -21,6 +21,8 @@ from typing import Any
 
 from .. import ops as optable
 from ..arena import ArenaPlan
+from ..dataflow.audit import audit_words
+from ..dataflow.audit import layout as audit_layout
 from ..dtypes import INT_DTYPES
 from ..errors import TkxError
 from ..schedule.model import FusedSchedule, Group
@@ -109,8 +111,11 @@ def _sync_words(sync: str, dag: Any, tile_counters: int = 0) -> int:
     return COUNTER_BASE + len(dag.counters) if sync == "counters" else 8
 
 
-def _task_code(g: Group, code: str, dag: Any, counters: bool, timeline: bool, spin: int) -> str:
-    """A work item's code with its waits before and its counter bump (and timeline record) after."""
+def _task_code(g: Group, code: str, dag: Any, counters: bool, timeline: bool, spin: int,
+               audit_base: int | None = None) -> str:
+    """A work item's code with its waits before and its counter bump (and timeline record) after.
+    ``audit_base``: the first audit word (:mod:`tkx.dataflow.audit`) when the protocol is logged; the planted
+    faults of ``dag`` (``skips``, ``unfenced``) select the broken forms of a wait and a publish."""
     pos = dag.order.index(g.id)
     base = sum(dag.items[x] for x in dag.order[:pos])
     pre: list[str] = []
@@ -118,11 +123,28 @@ def _task_code(g: Group, code: str, dag: Any, counters: bool, timeline: bool, sp
     if timeline:
         pre.append("const unsigned long long tkx_ready = tkx_now();")
     if counters:
-        for w in dag.waits[g.id]:
+        sites = {(x, k): j for j, (x, k, _) in enumerate(audit_layout(dag))} if audit_base is not None else {}
+        skippers = sorted(b for b, x in dag.skips if x == g.id)
+        for k, w in enumerate(dag.waits[g.id]):
             prod = dag.counters[w.counter].group
-            pre.append(f"if (!tkx_wait(sync, tkx_epoch, status, {w.counter}, {w.threshold}u, {pos}, item, "
-                       f"{spin}ULL)) return;  // wait for {prod} ({w.threshold} tiles)")
-        post.append(f"tkx_task_done(sync, {dag.counter_of[g.id]});  // publish this tile of {g.id}")
+            line = (f"if (!tkx_wait(sync, tkx_epoch, status, {w.counter}, {w.threshold}u, {pos}, item, "
+                    f"{spin}ULL)) return;  // wait for {prod} ({w.threshold} tiles)")
+            if audit_base is not None:
+                word = audit_base + len(dag.counters) + 2 * sites[(g.id, k)]
+                line = block(line, f"tkx_audit_wait(sync + {word}, {w.counter}, {w.threshold}u);  // log the wait")
+            if skippers:
+                cond = " && ".join(f"blockIdx.x != {b}" for b in skippers)
+                line = block(f"if ({cond}) {{  // planted fault: block {', '.join(map(str, skippers))} skips "
+                             "this wait", indent(line), "}")
+            pre.append(line)
+        c = dag.counter_of[g.id]
+        if g.id in dag.unfenced:
+            post.append(f"tkx_task_done_unfenced(sync, {c});  // planted fault: publish this tile of {g.id} "
+                        "without a release fence")
+        else:
+            post.append(f"tkx_task_done(sync, {c});  // publish this tile of {g.id}")
+            if audit_base is not None:
+                post.append(f"tkx_audit_publish(sync + {audit_base + c});  // count the fenced publish")
     if timeline:
         pre.append("const unsigned long long tkx_start = tkx_now();")
         post.append(f"tkx_record(timeline, {base} + item, tkx_ready, tkx_start);  // task {base} + item")
@@ -168,16 +190,9 @@ def max_registers(threads: int, blocks_per_sm: int = 1) -> int:
     return register_budget(threads, blocks_per_sm)
 
 
-def generate(s: FusedSchedule, arena: ArenaPlan):
-    """The CUDA source of ``s`` with memory from ``arena``: a :class:`tkx.codegen.CudaSource`.
-
-    Raises :class:`tkx.TkxError` if a group cannot be emitted (a scheduler/codegen bug).
-    """
-    from .source import CudaSource
-
-    _check_supported(s)
+def _emit_groups(s: FusedSchedule, arena: ArenaPlan) -> tuple[Any, list, int]:
+    """(the emitter, each stage's (group, code, work items), the largest shared-memory workspace in bytes)."""
     em = _Emitter(s, arena)
-    params = abi.kernel_params(s.program, timeline=bool(getattr(s.options, "timeline", False)))
     stage_code: list[tuple[int, list[tuple[Group, str, int]]]] = []
     shared = 0
     for si, stage in enumerate(s.stages):
@@ -188,11 +203,41 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
             shared = max(shared, smem)
             parts.append((g, code, n))
         stage_code.append((si, parts))
-    if em.plan.tensor_maps:
-        params.append(abi.Param("tmaps", "const unsigned char* __restrict__", "tensormaps"))
+    return em, stage_code, shared
+
+
+def generate(s: FusedSchedule, arena: ArenaPlan, *, plant: Any = None, audit: bool = False):
+    """The CUDA source of ``s`` with memory from ``arena``: a :class:`tkx.codegen.CudaSource`.
+
+    ``audit`` (with ``sync="counters"``): the kernel logs the protocol it runs for the post-run check of
+    :func:`tkx.dataflow.audit.audit` (``CudaSource.audit_base``: its first word). ``plant``: a function
+    ``TaskDAG -> TaskDAG`` that plants a protocol fault in the kernel's task DAG (its waits, ``unfenced``,
+    ``skips``, ``epoch_step`` or its arena plan: :data:`tkx.puzzles.POISONS`); implies ``audit``. Neither is
+    reachable from :class:`tkx.Options`: they serve the poison litmus and its tests.
+
+    Raises :class:`tkx.TkxError` if a group cannot be emitted (a scheduler/codegen bug), or for ``plant`` /
+    ``audit`` without ``sync="counters"``.
+    """
+    from .source import CudaSource
+
+    _check_supported(s)
+    em, stage_code, shared = _emit_groups(s, arena)
+    params = abi.kernel_params(s.program, timeline=bool(getattr(s.options, "timeline", False)))
     mode = s.mode
     spin = s.options.spin_limit
     sync, sync_reason, dag, work_items = _sync_plan(s, arena, stage_code)
+    audit = audit or plant is not None
+    if audit and sync != "counters":
+        raise TkxError(f"the protocol audit and planted faults need the counters protocol, not sync={sync!r}: "
+                       "lower with Options(mode='grid', sync='counters')")
+    if plant is not None:
+        dag = plant(dag)
+        if dag.arena is not arena:  # the kernel addresses the planted plan
+            arena = dag.arena
+            em, stage_code, shared = _emit_groups(s, arena)
+    if em.plan.tensor_maps:
+        params.append(abi.Param("tmaps", "const unsigned char* __restrict__", "tensormaps"))
+    audit_base = _sync_words(sync, dag, em.plan.tile_counter_words) if audit else None
     timeline = bool(getattr(s.options, "timeline", False))
     pointers = [p for p in params if p.role in ("input", "output", "arena", "status")]
     body: list[str] = [
@@ -218,9 +263,12 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
         names = ", ".join(f"{g.id} {g.kind}" for g, _, _ in parts)
         body.append(f"// ==== stage {si}: {names} ====")
         if sync == "counters" or timeline:
-            parts = [(g, _task_code(g, code, dag, sync == "counters", timeline, spin), n) for g, code, n in parts]
+            parts = [(g, _task_code(g, code, dag, sync == "counters", timeline, spin, audit_base), n)
+                     for g, code, n in parts]
         body.append(_stage_loop(parts, em.plan.cluster_groups))
-    if sync == "counters":
+    if sync == "counters" and dag.epoch_step == 0:
+        body.append("tkx_counters_exit_frozen(sync);  // planted fault: the epoch is not advanced")
+    elif sync == "counters":
         body.append("tkx_counters_exit(sync);  // the last block out advances the epoch")
     # Register budget of the requested occupancy (blocks_per_sm blocks of s.threads threads on
     # a 64K-register SM). An explicit cap also keeps ptxas from its small default budget for
@@ -253,8 +301,10 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
     if sync == "counters":
         header = block(header, f"// Sync: counters ({len(dag.counters)} counters, "
                                f"{sum(len(w) for w in dag.waits.values())} waits, no grid barrier): {sync_reason}")
+    if audit:
+        header = block(header, f"// Protocol audit: {audit_words(dag)} sync words from word {audit_base}")
     text = block(header, "", prelude(tensor_cores=em.plan.tensor_cores, counters=sync == "counters",
-                                     timeline=timeline, tma=bool(em.plan.tensor_maps)), "", struct, "",
+                                     timeline=timeline, tma=bool(em.plan.tensor_maps), audit=audit), "", struct, "",
                  functions, "" if functions else None, kernel) + "\n"
     # Source map: the lines of each group (by its marker comment) and of each op.
     lines = text.splitlines()
@@ -302,6 +352,7 @@ def generate(s: FusedSchedule, arena: ArenaPlan):
     return CudaSource(text=text, launch=launch, schedule=s, arena=arena,
                       op_lines={k: tuple(v) for k, v in op_lines.items()}, group_lines=group_lines,
                       tensor_cores=em.plan.tensor_cores, notes=em.plan.notes, sync=sync, sync_reason=sync_reason,
-                      sync_words=_sync_words(sync, dag, em.plan.tile_counter_words),
+                      sync_words=_sync_words(sync, dag, em.plan.tile_counter_words)
+                      + (audit_words(dag) if audit else 0),
                       timeline_tasks=dag.num_tasks if timeline and dag else 0,
-                      dag=dag, work_items=work_items)
+                      dag=dag, work_items=work_items, audit_base=audit_base)

@@ -51,6 +51,8 @@ class CudaSource:
     dag: Any = field(default=None, repr=False, compare=False)
     #: Schedule group id -> the work items (tasks) its emitter deals over the grid.
     work_items: Mapping[str, int] = field(default_factory=dict, repr=False, compare=False)
+    #: First ``sync`` word of the protocol audit (:mod:`tkx.dataflow.audit`; ``None``: the kernel has none).
+    audit_base: int | None = None
 
     # -- the launch contract, by its old names ---------------------------------------------------
     @property

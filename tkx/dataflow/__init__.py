@@ -7,7 +7,10 @@
   deadlock and poisoned-read detection, results against the reference interpreter);
 * :mod:`tkx.dataflow.timeline`: per-task timelines (from the kernel or the VM);
 * :mod:`tkx.dataflow.trace`: a timeline as a Chrome / Perfetto trace, merged with ``torch.profiler``'s;
-* :mod:`tkx.dataflow.cost`: the sync choice and the cost constants (calibrated JSON).
+* :mod:`tkx.dataflow.cost`: the sync choice and the cost constants (calibrated JSON);
+* :mod:`tkx.dataflow.audit`: the post-run check of an audited counters kernel's sync words (names a
+  broken protocol);
+* :mod:`tkx.dataflow.prefetch`: a decode step's weight prefetch (issue points under a byte budget).
 """
 
 from __future__ import annotations

@@ -25,11 +25,12 @@ from ..errors import TkxError
 from .core import Drawing, Puzzle, Step, Verdict, check, step
 from .fusion import Fusion, GemmTiles, SplitK, rule_names
 from .poisons import POISONS, Poison, barrier_dag
+from .prefetch import WeightPrefetch
 from .sync import ArenaOffsets, Barriers, TaskOrder, Thresholds, Waits
 
 __all__ = ["PUZZLES", "POISONS", "check", "get", "poison", "Puzzle", "Poison", "Verdict", "Drawing", "Step",
            "step", "rule_names", "barrier_dag", "Fusion", "Barriers", "ArenaOffsets", "Thresholds", "Waits",
-           "TaskOrder", "GemmTiles", "SplitK"]
+           "TaskOrder", "GemmTiles", "SplitK", "WeightPrefetch"]
 
 #: The puzzles, easiest first.
 PUZZLES: tuple[Puzzle, ...] = (
@@ -45,6 +46,7 @@ PUZZLES: tuple[Puzzle, ...] = (
     GemmTiles("medium", "gemm-tiles-1", 5),
     SplitK("small", "split-k-1", 6),
     Waits("digits_mlp", "waits-2", 6),
+    WeightPrefetch("decode_tiny", "prefetch-1", 7),
 )
 
 

@@ -69,7 +69,12 @@ def _step(name: str, opts: tuple) -> Step:
     from ..reference import flatten_inputs
     from ..reference import run as reference_run
 
-    ex = get(name)
+    try:
+        ex = get(name)
+    except KeyError:  # an inference step: the decode registry
+        from ..examples import decode
+
+        ex = decode.get(name)
     options = Options(mode="grid", **dict(opts))
     cache: dict[str, Any] = {}
     ctx = _context(ex.step_fn, ex.example_inputs, options, name, None)
@@ -80,8 +85,8 @@ def _step(name: str, opts: tuple) -> Step:
 
 
 def step(name: str, **options: Any) -> Step:
-    """The :class:`Step` of zoo example ``name`` lowered with ``Options(mode="grid", **options)``
-    (cached). Raises :class:`KeyError` for an unknown example."""
+    """The :class:`Step` of zoo example ``name`` (or decode example, :mod:`tkx.examples.decode`) lowered
+    with ``Options(mode="grid", **options)`` (cached). Raises :class:`KeyError` for an unknown example."""
     return _step(name, tuple(sorted(options.items())))
 
 

@@ -23,6 +23,8 @@ __all__ = ["Poison", "POISONS", "barrier_dag"]
 #: (the adversary of a missing write-after-read order), and one slow block.
 ADVERSARIES = ("random", "lifo", "stall")
 ORDER_FAULTS = frozenset({"unwritten-read", "reused-read", "premature-overwrite"})
+#: Spin limit of the poisoned kernels: a wait that is never met gives up quickly.
+SPIN_LIMIT = 200_000
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,8 @@ class Poison:
     plant: Callable[[Any], Any] = field(repr=False)
     expect: frozenset[str] = ORDER_FAULTS
     launches: int = 1
+    #: The sound protocol the fault is planted in (the compiler's task DAG, or its grid-barrier form).
+    base: Callable[[Any], Any] | None = field(default=None, repr=False)
 
     def sound(self) -> Any:
         """The compiler's (sound) task DAG of the example."""
@@ -81,6 +85,51 @@ class Poison:
                 if f.kind in self.expect:
                     return f"{r.blocks} blocks, seed {r.seed}: {f}"
         return ""
+
+    def options(self, arch: str = "auto") -> Any:
+        """The options the poisoned kernel is lowered with: grid mode, counters, a short spin limit."""
+        from ..options import Options
+
+        return Options(mode="grid", sync="counters", spin_limit=SPIN_LIMIT, arch=arch)
+
+    def source(self, *, planted: bool = True, arch: str = "auto") -> Any:
+        """The :class:`~tkx.codegen.CudaSource` of the example's counters kernel with the protocol audit
+        (:mod:`tkx.dataflow.audit`), generated from the broken task DAG (``planted=False``: from the sound
+        protocol the fault is planted in). Needs no GPU."""
+        from ..codegen import generate
+        from ..examples import get
+        from ..pipeline import _context, compute
+
+        ex = get(self.example)
+        plan = compute("arena", _context(ex.step_fn, ex.example_inputs, self.options(arch), self.example,
+                                         ex.loss_output), {})
+        plant = self.plant if planted else (self.base or (lambda dag: dag))
+        return generate(plan.schedule, plan, plant=plant, audit=True)
+
+    def run_kernel(self, *, planted: bool = True, launches: int = 2, device: Any = "cuda") -> list[Any]:
+        """Run the audited kernel :meth:`source` ``launches`` times on a GPU from zeroed sync words, then
+        audit them (:func:`tkx.dataflow.audit.audit`): the findings, each naming a poison (empty for a sound
+        protocol). The kernel's error words are cleared afterwards. Raises
+        :class:`~tkx.runtime.NoDeviceError` without a GPU."""
+        from ..dataflow.audit import audit
+        from ..errors import KernelError
+        from ..examples import get
+        from ..pipeline import _options_for_device
+        from ..runtime.device import require_cuda
+        from ..runtime.runner import CompiledRunner
+
+        dev = require_cuda(device)
+        src = self.source(planted=planted, arch=_options_for_device(self.options(), dev).arch)
+        runner = CompiledRunner(src, device=dev)
+        flat = runner.flatten(get(self.example).make_inputs(0, dev))
+        for _ in range(launches):
+            runner.run_flat(flat, check=False)
+        findings = audit(src, runner.status_words(), launches)
+        try:
+            runner.check_status()
+        except KernelError:
+            pass  # the spin limit's error, already read by the audit: cleared for the next call
+        return findings
 
     def __str__(self) -> str:
         return f"{self.name} ({self.example}): {self.description}"
@@ -204,5 +253,5 @@ POISONS: tuple[Poison, ...] = (
     Poison("wait-on-wrong-counter", "a wait names the counter of another group: the producer it should order "
            "is not waited for", "tiny_online", _wrong_counter),
     Poison("barrier-skipped-by-one-block", "in the grid-barrier protocol, block 0 does not wait at one barrier",
-           "tiny_online", _skipped_barrier),
+           "tiny_online", _skipped_barrier, base=barrier_dag),
 )

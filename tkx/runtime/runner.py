@@ -230,6 +230,13 @@ class CompiledRunner:
         outs = self.run_flat(flat, out=out, check=check)
         return _inputs.unflatten_outputs(self.program, outs)
 
+    def status_words(self) -> list[int]:
+        """The sync and status words as ints, after waiting for the device: the barrier state, the epoch,
+        the error words, the counters and any audit words (:mod:`tkx.runtime.status`,
+        :mod:`tkx.dataflow.audit`). Reading them clears nothing."""
+        torch.cuda.synchronize(self.device)
+        return [int(x) for x in self._words.cpu().tolist()]
+
     def check_status(self, *, synchronize: bool = True) -> None:
         """Raise :class:`~tkx.runtime.status.KernelError` if a launch since the last check
         reported an error (the words are then cleared). ``synchronize`` waits for the whole
