@@ -65,6 +65,7 @@ def test_the_kernel_emits_a_new_emitter_chosen_by_the_scheduler(toy):
     src = tkx.runtime.lower(ex.step_fn, ex.example_inputs, Options(mode="grid"))
     gemms = [g for g in src.schedule.groups.values() if g.kind == "gemm"]
     assert gemms and all(g.plan.impl == "toy_gemm" for g in gemms)
+    assert all(g.plan.why.startswith("toy_gemm: one thread per output element") for g in gemms)
     assert src.text.count(MARK) == len(gemms)
     assert all(src.notes[g.id]["variant"] == "toy_gemm" for g in gemms)
 

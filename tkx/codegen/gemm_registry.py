@@ -4,8 +4,9 @@ every such function takes.
 Adding an emitter touches two places:
 
 1. **one spec row** in :data:`tkx.target.GEMM_EMITTERS` (:mod:`tkx.target.gemm`): a :class:`GemmEmitter`
-   whose ``name`` is the variant, with ``supports`` / ``plan`` / ``cost`` / ``registers`` and ``codegen``,
-   the name of the module below :mod:`tkx.codegen` that writes its code (the scheduler chooses it there);
+   whose ``name`` is the variant, with ``supports`` / ``plan`` / ``cost`` / ``registers`` / ``reason`` (the
+   inherited ones fit a plain tiled emitter) and ``codegen``, the name of the module below :mod:`tkx.codegen`
+   that writes its code; its place in the table is its priority when the scheduler chooses;
 2. **one module** ``tkx/codegen/<codegen>.py`` with a function ``(GemmRequest) -> GemmCode`` decorated
    ``@register_gemm("<name>")``.
 
