@@ -16,6 +16,7 @@ from .capture.lowerings import register_lowering, unregister_lowering
 from .errors import KernelError, SourceLine, TkxError, UnsupportedError
 from .explore import Exploration, explore
 from .ir import Op, Program, TensorSpec, validate
+from .loop import TrainingLoop, eager_training_loop, training_loop
 from .options import Options, OptionsError
 from .passes import PassTrace, register_pass, run_passes
 from .render.report import report
@@ -29,7 +30,7 @@ __all__ = [
     "fusion_rule", "fuse", "keep", "ArenaPlan", "report",
     "register_lowering", "unregister_lowering", "register_decomposition", "unregister_decomposition",
     "TkxError", "UnsupportedError", "KernelError", "SourceLine", "ir", "ops", "random", "reference", "examples",
-    "runtime",
+    "runtime", "training_loop", "TrainingLoop", "eager_training_loop",
     "bench", "pipeline", "display", "__version__",
 ]
 

@@ -54,6 +54,9 @@ def constants() -> dict[str, float]:
 
 
 def source() -> str:
-    """Where :func:`constants` came from (a path, or ``"defaults"``)."""
-    path = os.environ.get("TKX_COSTS") or (str(SHIPPED) if SHIPPED.exists() else None)
-    return path or "defaults (DESIGN.md anchors)"
+    """Where :func:`constants` came from: ``TKX_COSTS``'s path, ``"tkx/data/costs.json"`` (the shipped file,
+    named the same wherever the checkout lives, since the name reaches the generated CUDA's header), or the
+    defaults."""
+    if os.environ.get("TKX_COSTS"):
+        return os.environ["TKX_COSTS"]
+    return "tkx/data/costs.json" if SHIPPED.exists() else "defaults (DESIGN.md anchors)"

@@ -22,6 +22,11 @@ in this order:
    task (:attr:`CudaSource.timeline_tasks` tasks): ``block << 32 | task``, start and end
    (``%globaltimer`` ns) and the ns spent waiting before the start; contents undefined at launch.
 
+7. only in a training-loop kernel (:mod:`tkx.codegen.loop`): ``losses`` (one loss per step),
+   ``loop`` (the device loop words), ``live`` (pinned host words mapped into the device) and
+   ``order`` (a dataset permutation, or null); the inputs read from datasets and the state carried
+   from step to step are renamed ``tkx_arg_in{i}``/``tkx_arg_out{k}`` and the loss output is dropped.
+
 With ``sync="counters"`` (:attr:`CudaSource.sync_words` > 8) the ``sync`` words continue past
 the status words: ``sync[2]`` the epoch (launches completed), ``sync[3]`` the blocks that have
 left, ``sync[8..9]`` a timed-out wait's counter value and threshold, ``sync[12 + k]`` counter
@@ -74,7 +79,7 @@ C_TYPES: Mapping[str, str] = MappingProxyType({
 ERRORS: Mapping[int, str] = MappingProxyType({k: v for k, v in ERROR_CODES.items() if k})
 
 #: Parameter roles, in ABI order.
-ROLES = ("input", "output", "arena", "sync", "status", "timeline", "tensormaps")
+ROLES = ("input", "output", "arena", "sync", "status", "timeline", "tensormaps", "losses", "loop", "live", "order")
 
 
 @dataclass(frozen=True)

@@ -183,6 +183,24 @@ def _check_supported(s: FusedSchedule) -> None:
             raise TkxError(f"codegen: the op table row of {op.kind} ({op.id}) has no C expression or emitter")
 
 
+def _loop_plan(s: FusedSchedule, em: Any, loop: Any, params: list, timeline: bool,
+               audit: bool) -> tuple[str, str, list]:
+    """(sync, reason, parameters) of a training-loop kernel: grid barriers (counter epochs are per launch),
+    the one-step parameters with the loop's (:func:`tkx.codegen.loop.loop_params`)."""
+    from ..errors import UnsupportedError
+    from .loop import check_spec, loop_params
+
+    if timeline:
+        raise UnsupportedError("training-loop", "Options(timeline=True) records one launch of one step",
+                               hint="record the timeline of the one-step kernel (tkx.runtime.build)")
+    if audit:
+        raise UnsupportedError("training-loop", "the protocol audit and planted faults check one launch of one step",
+                               hint="generate the one-step kernel (no loop=) for them")
+    check_spec(s.program, loop, em.plan.tensor_maps)
+    reason = "grid barriers between stages and steps (a loop runs with sync='barrier')"
+    return "barrier", reason, loop_params(params, s.program, loop)
+
+
 def max_registers(threads: int, blocks_per_sm: int = 1) -> int:
     """Registers per thread that let ``blocks_per_sm`` blocks of ``threads`` share a 64K-register SM
     (CUDA caps a thread at 255; register allocation is in units of 8), but never fewer than
@@ -206,8 +224,12 @@ def _emit_groups(s: FusedSchedule, arena: ArenaPlan) -> tuple[Any, list, int]:
     return em, stage_code, shared
 
 
-def generate(s: FusedSchedule, arena: ArenaPlan, *, plant: Any = None, audit: bool = False):
+def generate(s: FusedSchedule, arena: ArenaPlan, *, plant: Any = None, audit: bool = False, loop: Any = None):
     """The CUDA source of ``s`` with memory from ``arena``: a :class:`tkx.codegen.CudaSource`.
+
+    ``loop``: a :class:`tkx.codegen.loop.LoopSpec`: the kernel runs the step in a loop of
+    ``tkx_loop[0]`` steps in one launch (:mod:`tkx.codegen.loop`), always with grid barriers
+    (:class:`tkx.UnsupportedError` for a loop the kernel cannot run).
 
     ``audit`` (with ``sync="counters"``): the kernel logs the protocol it runs for the post-run check of
     :func:`tkx.dataflow.audit.audit` (``CudaSource.audit_base``: its first word). ``plant``: a function
@@ -240,6 +262,8 @@ def generate(s: FusedSchedule, arena: ArenaPlan, *, plant: Any = None, audit: bo
     audit_base = _sync_words(sync, dag, em.plan.tile_counter_words) if audit else None
     timeline = bool(getattr(s.options, "timeline", False))
     pointers = [p for p in params if p.role in ("input", "output", "arena", "status")]
+    if loop is not None:
+        sync, sync_reason, params = _loop_plan(s, em, loop, params, timeline, audit)
     body: list[str] = [
         f"if (!tkx_check_launch(status, {s.threads})) return;",
         barrier_setup(mode, s.blocks, s.options.grid_barrier) if sync == "barrier" else
@@ -254,6 +278,7 @@ def generate(s: FusedSchedule, arena: ArenaPlan, *, plant: Any = None, audit: bo
     if shared:
         body.append(shared_workspace(shared))
     group_lines: dict[str, tuple[int, int]] = {}
+    head, body = body, []
     for si, parts in stage_code:
         if si > 0 and sync == "barrier":
             hz = "; ".join(s.barriers[si - 1].hazards[:2])
@@ -266,6 +291,12 @@ def generate(s: FusedSchedule, arena: ArenaPlan, *, plant: Any = None, audit: bo
             parts = [(g, _task_code(g, code, dag, sync == "counters", timeline, spin, audit_base), n)
                      for g, code, n in parts]
         body.append(_stage_loop(parts, em.plan.cluster_groups))
+    if loop is not None:
+        from .loop import loop_kernel_body
+        body = loop_kernel_body(head, body, s.program, loop, mode, len(s.stages), spin, s.blocks,
+                                s.options.grid_barrier)
+    else:
+        body = head + body
     if sync == "counters" and dag.epoch_step == 0:
         body.append("tkx_counters_exit_frozen(sync);  // planted fault: the epoch is not advanced")
     elif sync == "counters":
@@ -303,8 +334,14 @@ def generate(s: FusedSchedule, arena: ArenaPlan, *, plant: Any = None, audit: bo
                                f"{sum(len(w) for w in dag.waits.values())} waits, no grid barrier): {sync_reason}")
     if audit:
         header = block(header, f"// Protocol audit: {audit_words(dag)} sync words from word {audit_base}")
-    text = block(header, "", prelude(tensor_cores=em.plan.tensor_cores, counters=sync == "counters",
-                                     timeline=timeline, tma=bool(em.plan.tensor_maps), audit=audit), "", struct, "",
+    pre = prelude(tensor_cores=em.plan.tensor_cores, counters=sync == "counters", timeline=timeline,
+                  tma=bool(em.plan.tensor_maps), audit=audit)
+    if loop is not None:
+        from .loop import LOOP_PRELUDE
+        pre = block(pre, "", LOOP_PRELUDE)
+        header = block(header, f"// Training loop: the step runs tkx_loop[0] times in this launch, a barrier "
+                               f"after each step; {sync_reason}")
+    text = block(header, "", pre, "", struct, "",
                  functions, "" if functions else None, kernel) + "\n"
     # Source map: the lines of each group (by its marker comment) and of each op.
     lines = text.splitlines()

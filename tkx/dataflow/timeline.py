@@ -289,7 +289,7 @@ def predicted_timeline(source: Any, *, blocks: int | None = None, sync: str | No
                       barrier_us=barrier_us(blocks, s.mode, c), handoff_us=c["handoff_us"], wait_us=c["wait_us"])
     spans = tuple(Span(t.block, t.task, t.group, t.item, t.start * 1e3, t.end * 1e3, (t.start - t.ready) * 1e3)
                   for t in sorted(tasks, key=lambda t: (t.block, t.start)))
-    where = "tkx/data/costs.json" if costs.source() == str(costs.SHIPPED) else costs.source()
+    where = costs.source()
     note = (f"predicted by the cost model ({where}), {sync}"
             f"{' (__syncthreads)' if sync == 'barrier' and s.mode == 'block' else ''}, {blocks} blocks")
     kernel = getattr(source, "kernel_name", "") if not isinstance(source, TaskDAG) else ""

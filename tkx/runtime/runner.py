@@ -294,8 +294,9 @@ class CompiledRunner:
 
 
 def pack_args(params: Sequence[Any], inputs: Sequence[int], outputs: Sequence[int], arena: int, sync: int,
-              status: int, *, timeline: int = 0, tensormaps: int = 0) -> list[int]:
-    """Order the addresses as the kernel's parameters (``abi.Param`` roles) ask.
+              status: int, *, timeline: int = 0, tensormaps: int = 0, loop: dict[str, int] | None = None) -> list[int]:
+    """Order the addresses as the kernel's parameters (``abi.Param`` roles) ask. ``loop``: the addresses of a
+    training-loop kernel's own parameters by role (``losses``, ``loop``, ``live``, ``order``; ``order`` may be 0).
 
     Raises :class:`TkxError` for an unknown role or an index out of range (a code generator
     and runtime out of step).
@@ -325,6 +326,9 @@ def pack_args(params: Sequence[Any], inputs: Sequence[int], outputs: Sequence[in
             if not tensormaps:
                 raise TkxError(f"kernel parameter {p.name} wants the TMA tensor maps, but none were given")
             args.append(tensormaps)
+            continue
+        elif loop is not None and role in loop:
+            args.append(int(loop[role]))
             continue
         else:
             raise TkxError(f"kernel parameter {p.name} has role {role!r}, which this runtime does not know")
