@@ -274,6 +274,38 @@ def _emit_groups(s: FusedSchedule, arena: ArenaPlan) -> tuple[Any, list, int]:
     return em, stage_code, shared
 
 
+def _stages(s: FusedSchedule, stage_code: list, outlined: dict, sync: str, dag: Any, timeline: bool,
+            audit_base: int | None, paired: set[str]) -> tuple[list[str], list[tuple[int, str | None]]]:
+    """The kernel's stages (each a comment, its grid-stride loop and, with barriers, the barrier before it;
+    an outlined group's code is its call) and where each group starts or a stage ends: (0-based line of the
+    stages' text, group id or ``None``), the last entry the end of the stages."""
+    body: list[str] = []
+    bounds: list[tuple[int, str | None]] = []
+    lines = 0
+    spin = s.options.spin_limit
+    for si, parts in stage_code:
+        if si > 0 and sync == "barrier":
+            hz = "; ".join(s.barriers[si - 1].hazards[:2])
+            body.append(f"// ---- barrier before stage {si} ({hz})")
+            body.append(barrier(s.mode, si, spin_limit=f"{spin}ULL", blocks=s.blocks,
+                                choice=s.options.grid_barrier))
+            bounds.append((lines, None))
+            lines += 2
+        names = ", ".join(f"{g.id} {g.kind}" for g, _, _ in parts)
+        body.append(f"// ==== stage {si}: {names} ====")
+        bounds.append((lines, None))
+        lines += 1
+        parts = [(g, call_text(*outlined[g.id], g.id) if g.id in outlined else code, n) for g, code, n in parts]
+        if sync == "counters" or timeline:
+            parts = [(g, _task_code(g, code, dag, sync == "counters", timeline, spin, audit_base), n)
+                     for g, code, n in parts]
+        stage_loop, marks = _stage_loop(parts, paired)
+        body.append(stage_loop)
+        bounds += [(lines + at, gid) for at, gid in marks]
+        lines += stage_loop.count("\n") + 1
+    return body, bounds + [(lines, None)]
+
+
 def generate(s: FusedSchedule, arena: ArenaPlan, *, plant: Any = None, audit: bool = False, loop: Any = None):
     """The CUDA source of ``s`` with memory from ``arena``: a :class:`tkx.codegen.CudaSource`.
 
@@ -330,30 +362,8 @@ def generate(s: FusedSchedule, arena: ArenaPlan, *, plant: Any = None, audit: bo
     file_smem = bool(outlined) and shared > 0  # the functions see the workspace at file scope
     if shared and not file_smem:
         body.append(shared_workspace(shared))
-    head, body = body, []
-    bounds: list[tuple[int, str | None]] = []  # (0-based line of the stages, group id or None): where groups end
-    body_lines = 0
-    for si, parts in stage_code:
-        if si > 0 and sync == "barrier":
-            hz = "; ".join(s.barriers[si - 1].hazards[:2])
-            body.append(f"// ---- barrier before stage {si} ({hz})")
-            body.append(barrier(mode, si, spin_limit=f"{spin}ULL", blocks=s.blocks,
-                                 choice=s.options.grid_barrier))
-            bounds.append((body_lines, None))
-            body_lines += 2
-        names = ", ".join(f"{g.id} {g.kind}" for g, _, _ in parts)
-        body.append(f"// ==== stage {si}: {names} ====")
-        bounds.append((body_lines, None))
-        body_lines += 1
-        parts = [(g, call_text(*outlined[g.id], g.id) if g.id in outlined else code, n) for g, code, n in parts]
-        if sync == "counters" or timeline:
-            parts = [(g, _task_code(g, code, dag, sync == "counters", timeline, spin, audit_base), n)
-                     for g, code, n in parts]
-        stage_loop, marks = _stage_loop(parts, em.plan.cluster_groups)
-        body.append(stage_loop)
-        bounds += [(body_lines + at, gid) for at, gid in marks]
-        body_lines += stage_loop.count("\n") + 1
-    bounds.append((body_lines, None))
+    head = body
+    body, bounds = _stages(s, stage_code, outlined, sync, dag, timeline, audit_base, em.plan.cluster_groups)
     first_stage = body[0]
     if loop is not None:
         from .loop import loop_kernel_body
