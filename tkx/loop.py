@@ -18,7 +18,9 @@ before them are the state:
 * a functional step returns ``(loss, *new_state)``: the outputs other than the loss, flattened, are
   the new values of the leading state arguments, flattened, in order (same shapes and dtypes), and
   become the next step's arguments. The loop writes the final state back into the argument tensors.
-  ``carry=False`` treats the other outputs as results of each step instead.
+  Outputs after the new state (``(loss, new_params, accuracy)``) are results of each step: computed,
+  not carried and not kept (only the losses are). ``carry=False`` treats every output other than the
+  loss that way: nothing carries from one step to the next but what the step updates in place.
 
 **Where it runs.** CUDA tensors: one cooperative launch of the loop kernel
 (:mod:`tkx.codegen.loop`, :class:`tkx.runtime.loop.LoopRunner`): a grid barrier between steps,
@@ -38,6 +40,10 @@ at a step boundary, after the step running when the kernel sees it or the one af
 
 from __future__ import annotations
 
+import contextlib
+import operator
+import signal
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -47,7 +53,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from .errors import TkxError, UnsupportedError
-from .options import as_options
+from .options import OptionsError, as_options
 
 
 @dataclass(frozen=True)
@@ -105,24 +111,61 @@ def bind(program: Any, loss_index: int | None, args: Sequence[Any], batches: Seq
         pairs = list(zip(state_leaves, rest))
         bad = [(i, j) for i, j in pairs if program.inputs[i].value.shape != program.outputs[j].value.shape
                or program.inputs[i].value.dtype != program.outputs[j].value.dtype]
-        if len(rest) > len(state_leaves) or bad:
-            i, j = bad[0] if bad else (None, rest[len(state_leaves)])
+        if bad or not pairs:
+            i, j = bad[0] if bad else (None, rest[0])
             what = (f"output {program.outputs[j].name} cannot become input {program.inputs[i].name}" if i is not None
                     else f"output {program.outputs[j].name} has no state argument to become")
             raise UnsupportedError("training-loop", what,
-                                   hint="a functional step returns (loss, *new_state) in the order, shapes and dtypes "
-                                        "of its leading arguments; pass carry=False if its other outputs are "
-                                        "results, not state")
+                                   hint="a functional step returns (loss, *new_state, *results) with the new state "
+                                        "in the order, shapes and dtypes of its leading arguments; pass carry=False "
+                                        "if none of its other outputs is state (the step then updates its state in "
+                                        "place, or nothing carries from one step to the next)")
     return Binding(tuple(batch_inputs), tuple(pairs), int(loss_index), lifted)
 
 
-def _rows(order: torch.Tensor | None, rows: int, steps: int, first: int = 0) -> list[int]:
+def _random_step(*programs: Any) -> UnsupportedError:
+    """The error for a step that draws random numbers, naming the first op that reads the random state
+    (its kind, FX node and the user's source line) when one is known."""
+    for program in programs:
+        if program.rng_input is None:
+            continue
+        state = program.inputs[program.rng_input].value.buffer
+        for op in program.ops:
+            if op.source is not None and any(x.buffer == state for x in op.tensor_inputs):
+                return UnsupportedError("training-loop", f"{program.name} draws random numbers ({op.kind})",
+                                        op=op.kind, node=op.fx_node, source=op.source, hint=_RANDOM_HINT)
+    return UnsupportedError("training-loop", f"{programs[-1].name} draws random numbers (dropout, torch.rand)",
+                            hint=_RANDOM_HINT)
+
+
+_RANDOM_HINT = ("a training loop in one launch runs steps without random numbers: remove the dropout (or put "
+                "the module in eval()), or run the step once per launch (tkx.runtime.build(step, inputs)) instead")
+
+
+def _rows(order: torch.Tensor | None, data: torch.Tensor, steps: int, first: int = 0) -> list[int]:
+    """The dataset row of each of ``steps`` steps (``data``: the first dataset); raises :class:`TkxError`
+    for an ``order`` that is not a 1-D int64 tensor of rows of ``data`` on its device."""
+    from .runtime.loop import check_order
+
+    rows = int(data.shape[0])
     if order is None:
         return [(first + k) % rows for k in range(steps)]
+    check_order(order, rows, data.device)
     cyc = [int(x) for x in order.tolist()]
-    if not cyc or min(cyc) < 0 or max(cyc) >= rows:
-        raise TkxError(f"order must hold rows in [0, {rows}), got {cyc[:8]}")
     return [cyc[(first + k) % len(cyc)] for k in range(steps)]
+
+
+def _count(steps: Any) -> int:
+    """``steps`` as a count of steps; raises :class:`tkx.OptionsError` (a ValueError) for anything but a
+    whole number >= 0."""
+    try:
+        n = operator.index(steps)  # an int, a numpy or 0-d integer tensor; not 2.5, not "3"
+    except TypeError:
+        n = None
+    if n is None or isinstance(steps, bool) or n < 0:
+        raise OptionsError("steps", steps, "a whole number >= 0",
+                           message=f"steps must be a whole number >= 0, not {steps!r}")
+    return n
 
 
 class TrainingLoop:
@@ -144,6 +187,12 @@ class TrainingLoop:
         if isinstance(batches, torch.Tensor):
             batches = (batches,)
         self.inputs = tuple(inputs)
+        batches = tuple(batches)
+        for b, d in enumerate(batches):
+            if not isinstance(d, torch.Tensor):
+                raise UnsupportedError("training-loop", f"batches[{b}] is a {type(d).__name__}, not a tensor",
+                                       hint="stack the batches into one dataset tensor [N, *batch shape] "
+                                            "(torch.stack(list_of_batches))")
         self.batches = tuple(d.contiguous() for d in batches)
         base = as_options(options)
         self.options = base.replace(**changes) if changes else base
@@ -157,9 +206,7 @@ class TrainingLoop:
         captured = self.exploration.captured
         program = self.exploration.optimized
         if program.rng_input is not None:
-            raise UnsupportedError("training-loop", f"{program.name} draws random numbers (dropout, torch.rand)",
-                                   hint="a training loop in one launch runs steps without random numbers; call "
-                                        "the compiled step once per step instead")
+            raise _random_step(captured.program, program)
         stateful = captured.stateful
         self.binding = bind(program, captured.loss_index, self.inputs, self.batches,
                             lifted=len(stateful.slots) if stateful else 0, carry=carry, stateful=stateful is not None)
@@ -221,16 +268,18 @@ class TrainingLoop:
         (step k reads row ``(first + k) % N``; on a GPU ``None`` goes on from where the last launch of this
         loop stopped). Returns a :class:`~tkx.runtime.loop.LoopResult`, or with ``wait=False`` on a GPU the
         in-flight :class:`~tkx.runtime.loop.LoopRun` (call ``.wait()``; on the CPU the steps run at once)."""
-        steps = int(steps)
-        if steps < 0:
-            raise ValueError(f"steps must be >= 0, not {steps}")
+        steps = _count(steps)
+        if order is not None:
+            from .runtime.loop import check_order
+
+            check_order(order, int(self.batches[0].shape[0]), self.batches[0].device)
         if self.state is not None:
             reason = self.exploration.captured.stateful.stale()
             if reason is not None:
                 raise UnsupportedError("training-loop", f"{reason} since the loop was compiled",
                                        hint="build the training loop again for the modules' current mode")
         if self.device.type != "cuda":
-            return self._run_cpu(steps, order, progress, first or 0)
+            return self._run_cpu(steps, order, progress, first or 0, timeout)
         runner = self.loop_runner()
         flat = self._flat()
         try:
@@ -244,38 +293,71 @@ class TrainingLoop:
             return run.in_background()
         return run.wait()
 
-    def _run_cpu(self, steps: int, order: torch.Tensor | None, progress: Any, first: int) -> Any:
+    def _run_cpu(self, steps: int, order: torch.Tensor | None, progress: Any, first: int,
+                 timeout: float | None = None) -> Any:
+        from .runtime.inputs import TORCH_DTYPES
         from .runtime.live import HostWords, progress_display
         from .runtime.loop import LoopResult
         from .schedule.interpreter import run as run_schedule
 
         ex, b = self.exploration, self.binding
-        rows = _rows(order, int(self.batches[0].shape[0]), steps, first)
+        rows = _rows(order, self.batches[0], steps, first)
         words = HostWords()
         words.clear()
         display = progress_display(progress, steps, self.program.name, words.request_stop)
         t0 = time.perf_counter()
+        deadline = None if timeout is None else t0 + float(timeout)
         flat = self._flat()
         losses: list[torch.Tensor] = []
         try:
-            for k, row in enumerate(rows):
-                step_in = list(flat)
-                for i, data in zip(b.batch_inputs, self.batches):
-                    step_in[i] = data[row]
-                out = run_schedule(ex.schedule, ex.arena, step_in, update_inputs=True).outputs
-                losses.append(out[b.loss].reshape(()).clone())
-                with torch.no_grad():
-                    for i, j in b.carry:
-                        flat[i].copy_(out[j])
-                words.words[0] = k + 1
-                display.update(words.read())
-                if words.stop_requested:
-                    break
+            with _ctrl_c_stops(words.request_stop):
+                for k, row in enumerate(rows):
+                    step_in = list(flat)
+                    for i, data in zip(b.batch_inputs, self.batches):
+                        step_in[i] = data[row]
+                    try:
+                        out = run_schedule(ex.schedule, ex.arena, step_in, update_inputs=True).outputs
+                    except TkxError as exc:
+                        exc.add_note(f"in training-loop step {k} (dataset row {row}); the state holds the "
+                                     f"{k} steps before it")
+                        raise
+                    losses.append(out[b.loss].reshape(()).clone())
+                    with torch.no_grad():
+                        for i, j in b.carry:
+                            flat[i].copy_(out[j])
+                    words.words[0] = k + 1
+                    display.update(words.read())
+                    if deadline is not None and time.perf_counter() > deadline:
+                        words.request_stop()
+                    if words.stop_requested:
+                        break
         finally:
             self._finish()
-        loss_t = torch.stack(losses) if losses else torch.empty(0)
-        display.close(words.read(), "done", loss_t.float().tolist())
-        return LoopResult(loss_t, len(losses), steps, len(losses) < steps, time.perf_counter() - t0, str(self.device))
+        loss_t = torch.stack(losses) if losses else torch.empty(
+            0, dtype=TORCH_DTYPES[self.program.outputs[b.loss].value.dtype])
+        stopped = len(losses) < steps
+        display.close(words.read(), "stopped" if stopped else "done", loss_t.float().tolist())
+        return LoopResult(loss_t, len(losses), steps, stopped, time.perf_counter() - t0, str(self.device))
+
+
+@contextlib.contextmanager
+def _ctrl_c_stops(request_stop: Callable[[], None]) -> Any:
+    """Within the block (in the main thread), the first Ctrl-C asks the loop to stop at the next step
+    boundary instead of raising mid-step; a second one raises KeyboardInterrupt as usual."""
+    previous = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+    if previous is None:  # not the main thread, or a handler installed outside Python: leave Ctrl-C alone
+        yield
+        return
+
+    def on_interrupt(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGINT, previous)
+        request_stop()
+
+    signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def training_loop(step: Callable[..., Any], inputs: Sequence[Any], batches: Sequence[torch.Tensor], *, steps: int,
@@ -319,7 +401,7 @@ def eager_training_loop(step: Callable[..., Any], inputs: Sequence[Any], batches
     (1-D float tensor of ``steps`` values, on the inputs' device)."""
     args = list(inputs)
     n_state = len(args) - len(batches)
-    rows = _rows(order, int(batches[0].shape[0]), steps, first)
+    rows = _rows(order, batches[0], _count(steps), first)
     leaves = tree_flatten(tuple(args[:n_state]))[0]
     losses = []
     for row in rows:

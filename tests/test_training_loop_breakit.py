@@ -1,0 +1,179 @@
+"""``tkx.training_loop`` on the CPU with steps and arguments as users write them: results equal a
+hand-written eager loop, or one clear tkx error is raised, the user's tensors are kept and the next call
+works."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import torch
+
+import tkx
+
+
+def _linear(w, x, y):
+    loss = ((x @ w - y) ** 2).mean()
+    return loss, w - 0.1 * 2 * x.t() @ (x @ w - y) / y.numel()
+
+
+def _data(rows=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(8, 1, generator=g), torch.randn(rows, 6, 8, generator=g), torch.randn(rows, 6, 1, generator=g)
+
+
+def _eager(step, w, X, Y, rows):
+    losses = []
+    for r in rows:
+        out = step(w, X[r], Y[r])
+        losses.append(out[0])
+        w = out[1]
+    return torch.stack(losses), w
+
+
+def test_outputs_after_the_new_state_are_results_and_the_state_still_trains():
+    def step(w, x, y):
+        loss, new_w = _linear(w, x, y)
+        return loss, new_w, (x @ w - y).abs().max()  # a per-step metric after the new state
+
+    w0, X, Y = _data()
+    w = w0.clone()
+    result = tkx.training_loop(step, (w, X[0], Y[0]), (X, Y), steps=6, progress=False)
+    losses, w_ref = _eager(step, w0, X, Y, [k % 4 for k in range(6)])
+    torch.testing.assert_close(result.losses, losses)
+    torch.testing.assert_close(w, w_ref)
+
+
+@pytest.mark.parametrize("order, match", [
+    (torch.tensor([1.0, 0.0]), "int64"),
+    (torch.tensor([[1, 0]]), "1-D"),
+    ([1, 0], "list"),
+    (torch.tensor([0, 4]), "outside"),
+    (torch.tensor([], dtype=torch.int64), "empty"),
+])
+def test_an_order_that_is_not_rows_is_refused_before_any_step(order, match):
+    w0, X, Y = _data()
+    w = w0.clone()
+    with pytest.raises(tkx.TkxError, match=match):
+        tkx.training_loop(_linear, (w, X[0], Y[0]), (X, Y), steps=3, order=order, progress=False)
+    assert torch.equal(w, w0)
+    with pytest.raises(tkx.TkxError, match=match):
+        tkx.eager_training_loop(_linear, (w, X[0], Y[0]), (X, Y), steps=3, order=order)
+
+
+def test_an_order_with_repeats_follows_it():
+    w0, X, Y = _data()
+    w = w0.clone()
+    order = torch.tensor([1, 1, 3])
+    result = tkx.training_loop(_linear, (w, X[0], Y[0]), (X, Y), steps=5, order=order, progress=False)
+    losses, w_ref = _eager(_linear, w0, X, Y, [1, 1, 3, 1, 1])
+    torch.testing.assert_close(result.losses, losses)
+    torch.testing.assert_close(w, w_ref)
+
+
+@pytest.mark.parametrize("steps", [2.5, -1, "3", True])
+def test_steps_must_be_a_whole_count(steps):
+    w0, X, Y = _data()
+    with pytest.raises(tkx.OptionsError, match="whole number"):
+        tkx.training_loop(_linear, (w0.clone(), X[0], Y[0]), (X, Y), steps=steps, progress=False)
+
+
+def test_zero_steps_keep_the_state_and_give_no_losses_of_the_loss_dtype():
+    w0, X, Y = _data()
+    w = w0.clone()
+    result = tkx.training_loop(_linear, (w, X[0], Y[0]), (X, Y), steps=0, progress=False)
+    assert result.steps == 0 and not result.stopped and result.losses.shape == (0,)
+    assert result.losses.dtype == torch.float32 and torch.equal(w, w0)
+
+
+def test_a_list_of_batches_instead_of_a_dataset_is_refused():
+    w0, X, Y = _data()
+    with pytest.raises(tkx.UnsupportedError, match="torch.stack"):
+        tkx.training_loop(_linear, (w0.clone(), X[0], Y[0]), (list(X), list(Y)), steps=2, progress=False)
+
+
+def test_dropout_is_refused_at_the_users_line():
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 4)
+
+        def forward(self, x):
+            return self.fc(torch.nn.functional.dropout(x, 0.5, self.training))
+
+    net = Net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+
+    def step(x, y):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(net(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    X, Y = torch.randn(3, 6, 8), torch.randint(0, 4, (3, 6))
+    with pytest.raises(tkx.UnsupportedError, match="random") as info:
+        tkx.training_loop(step, (X[0], Y[0]), (X, Y), steps=2, state=(net, opt), progress=False)
+    assert info.value.source is not None and "dropout" in info.value.source.code, info.value
+    assert "eval()" in info.value.hint
+
+
+def test_a_failing_step_says_which_step_and_the_next_call_works():
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 4)
+
+        def forward(self, x):
+            return self.fc(x)
+
+    net = Net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+
+    def step(x, y):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(net(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    X, Y = torch.randn(3, 6, 8), torch.randint(0, 4, (3, 6))
+    bad = Y.clone()
+    bad[2, 1] = 9
+    with pytest.raises(tkx.KernelError) as info:
+        tkx.training_loop(step, (X[0], Y[0]), (X, bad), steps=3, state=(net, opt), progress=False)
+    assert any("step 2" in note for note in getattr(info.value, "__notes__", []))
+    result = tkx.training_loop(step, (X[0], Y[0]), (X, Y), steps=3, state=(net, opt), progress=False)
+    assert result.steps == 3 and torch.isfinite(result.losses).all()
+
+
+def test_ctrl_c_on_the_cpu_stops_at_a_step_boundary(monkeypatch):
+    import tkx.schedule.interpreter as interpreter
+
+    w0, X, Y = _data()
+    w = w0.clone()
+    calls = []
+    real = interpreter.run
+
+    def interrupted_in_step_two(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the second step runs
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(interpreter, "run", interrupted_in_step_two)
+    result = tkx.training_loop(_linear, (w, X[0], Y[0]), (X, Y), steps=5, progress=False)
+    assert result.stopped and result.steps == 2
+    losses, w_ref = _eager(_linear, w0, X, Y, [0, 1])
+    torch.testing.assert_close(result.losses, losses)
+    torch.testing.assert_close(w, w_ref)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_timeout_on_the_cpu_stops_and_keeps_the_steps_done():
+    w0, X, Y = _data()
+    w = w0.clone()
+    result = tkx.training_loop(_linear, (w, X[0], Y[0]), (X, Y), steps=4, timeout=0, progress=False)
+    assert result.stopped and result.steps == 1
+    torch.testing.assert_close(w, _eager(_linear, w0, X, Y, [0])[1])
