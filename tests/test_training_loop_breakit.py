@@ -177,3 +177,14 @@ def test_a_timeout_on_the_cpu_stops_and_keeps_the_steps_done():
     result = tkx.training_loop(_linear, (w, X[0], Y[0]), (X, Y), steps=4, timeout=0, progress=False)
     assert result.stopped and result.steps == 1
     torch.testing.assert_close(w, _eager(_linear, w0, X, Y, [0])[1])
+
+
+def test_a_cpu_loop_run_again_with_first_none_goes_on_through_the_data():
+    w0, X, Y = _data(rows=4)
+    w = w0.clone()
+    loop = tkx.TrainingLoop(_linear, (w, X[0], Y[0]), (X, Y))
+    a = loop.run(3, progress=False)
+    b = loop.run(3, progress=False, first=None)
+    losses, w_ref = _eager(_linear, w0, X, Y, [0, 1, 2, 3, 0, 1])
+    torch.testing.assert_close(torch.cat([a.losses, b.losses]), losses)
+    torch.testing.assert_close(w, w_ref)

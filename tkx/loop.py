@@ -212,6 +212,7 @@ class TrainingLoop:
                             lifted=len(stateful.slots) if stateful else 0, carry=carry, stateful=stateful is not None)
         self.runner: Any = None
         self._source: Any = None
+        self._position = 0  # the dataset position after the last CPU run (first=None goes on from it)
 
     @property
     def program(self) -> Any:
@@ -265,8 +266,8 @@ class TrainingLoop:
     def run(self, steps: int, *, order: torch.Tensor | None = None, progress: Any = "auto", wait: bool = True,
             timeout: float | None = None, first: int | None = 0) -> Any:
         """Run ``steps`` steps; see :func:`training_loop`. ``first``: the dataset position of the first step
-        (step k reads row ``(first + k) % N``; on a GPU ``None`` goes on from where the last launch of this
-        loop stopped). Returns a :class:`~tkx.runtime.loop.LoopResult`, or with ``wait=False`` on a GPU the
+        (step k reads row ``(first + k) % N``; ``None`` goes on from where the last run of this loop
+        stopped). Returns a :class:`~tkx.runtime.loop.LoopResult`, or with ``wait=False`` on a GPU the
         in-flight :class:`~tkx.runtime.loop.LoopRun` (call ``.wait()``; on the CPU the steps run at once)."""
         steps = _count(steps)
         if order is not None:
@@ -279,7 +280,7 @@ class TrainingLoop:
                 raise UnsupportedError("training-loop", f"{reason} since the loop was compiled",
                                        hint="build the training loop again for the modules' current mode")
         if self.device.type != "cuda":
-            return self._run_cpu(steps, order, progress, first or 0, timeout)
+            return self._run_cpu(steps, order, progress, self._position if first is None else int(first), timeout)
         runner = self.loop_runner()
         flat = self._flat()
         try:
@@ -332,6 +333,7 @@ class TrainingLoop:
                     if words.stop_requested:
                         break
         finally:
+            self._position = first + len(losses)
             self._finish()
         loss_t = torch.stack(losses) if losses else torch.empty(
             0, dtype=TORCH_DTYPES[self.program.outputs[b.loss].value.dtype])
@@ -373,7 +375,8 @@ def training_loop(step: Callable[..., Any], inputs: Sequence[Any], batches: Sequ
       ``len(batches)`` arguments; same dtype and device); step ``k`` reads row ``k % N``, or
       ``order[k % len(order)]`` with ``order`` (int64, 1-D, rows in ``[0, N)``, on the step's device);
     * ``carry``: how a functional step's outputs other than the loss are treated (module docstring of
-      :mod:`tkx.loop`): ``None`` carries them as the new state of the leading arguments;
+      :mod:`tkx.loop`): ``None`` carries them as the new state of the leading arguments (outputs after the
+      new state are per-step results: computed, not kept); ``False`` carries none;
     * ``progress``: ``"auto"`` (ipywidgets progress bar, loss curve and stop button in a notebook, a
       ``rich`` bar in a terminal), ``"notebook"``, ``"terminal"`` or ``False``;
     * ``wait=False`` (GPU): return the in-flight :class:`~tkx.runtime.loop.LoopRun` at once, watched from a
