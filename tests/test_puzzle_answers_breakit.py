@@ -1,0 +1,31 @@
+"""Malformed answers to the weight-prefetch puzzle are wrong answers with a hint naming what is wrong
+(missing or unknown units, a value that is not None, 'start' or a group id), never a traceback."""
+
+from __future__ import annotations
+
+import pytest
+
+from tkx import puzzles
+
+
+@pytest.fixture(scope="module")
+def prefetch():
+    return puzzles.get("prefetch-1")
+
+
+@pytest.mark.parametrize("edit, expected", [
+    (lambda a, k: None, "not a NoneType"),
+    (lambda a, k: list(a.values()), "not a list"),
+    (lambda a, k: {u: x for u, x in a.items() if u != k}, "missing ['l0.attn']"),
+    (lambda a, k: {**a, "bogus": None}, "no unit called ['bogus']"),
+    (lambda a, k: {**a, k: "g99"}, "'g99' is neither"),
+    (lambda a, k: {**a, k: ["start"]}, "['start'] is neither"),
+    (lambda a, k: {**a, k: {"g0": 1}}, "is neither"),
+    (lambda a, k: {**a, k: 3}, "3 is neither"),
+])
+def test_a_malformed_prefetch_answer_is_a_wrong_answer_naming_the_fault(prefetch, edit, expected):
+    answer = edit(prefetch.blank(), "l0.attn")
+    verdict = puzzles.check(prefetch, answer)
+    assert not verdict.ok
+    assert any(expected in p for p in verdict.problems), verdict.problems
+    assert "p.blank()" in verdict.hint
