@@ -188,3 +188,30 @@ def test_a_cpu_loop_run_again_with_first_none_goes_on_through_the_data():
     losses, w_ref = _eager(_linear, w0, X, Y, [0, 1, 2, 3, 0, 1])
     torch.testing.assert_close(torch.cat([a.losses, b.losses]), losses)
     torch.testing.assert_close(w, w_ref)
+
+
+def test_the_cpu_loop_refuses_what_the_loop_kernel_refuses():
+    def in_place_and_returned(w, x, y):
+        loss = ((x @ w - y) ** 2).mean()
+        w.sub_(0.1 * 2 * x.t() @ (x @ w - y) / y.numel())
+        return loss, w
+
+    def normalises_its_batch(w, x, y):
+        x.div_(2)
+        loss = ((x @ w - y) ** 2).mean()
+        return loss, w - 0.1 * 2 * x.t() @ (x @ w - y) / y.numel()
+
+    w0, X, Y = _data()
+    with pytest.raises(tkx.UnsupportedError, match="carry=False"):
+        tkx.training_loop(in_place_and_returned, (w0.clone(), X[0], Y[0]), (X, Y), steps=2, progress=False)
+    w = w0.clone()
+    result = tkx.training_loop(in_place_and_returned, (w, X[0], Y[0]), (X, Y), steps=2, carry=False, progress=False)
+    losses, w_ref = _eager(in_place_and_returned, w0.clone(), X, Y, [0, 1])
+    torch.testing.assert_close(result.losses, losses)
+    torch.testing.assert_close(w, w_ref)
+    before = X.clone()
+    with pytest.raises(tkx.UnsupportedError, match="read-only"):
+        tkx.training_loop(normalises_its_batch, (w0.clone(), X[0].clone(), Y[0]), (X, Y), steps=2, progress=False)
+    assert torch.equal(X, before)
+    with pytest.raises(tkx.UnsupportedError, match="timeline"):
+        tkx.training_loop(_linear, (w0.clone(), X[0], Y[0]), (X, Y), steps=2, timeline=True, progress=False)

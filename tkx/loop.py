@@ -210,6 +210,12 @@ class TrainingLoop:
         stateful = captured.stateful
         self.binding = bind(program, captured.loss_index, self.inputs, self.batches,
                             lifted=len(stateful.slots) if stateful else 0, carry=carry, stateful=stateful is not None)
+        if getattr(self.options, "timeline", False):
+            raise UnsupportedError("training-loop", "Options(timeline=True) records one launch of one step",
+                                   hint="record the timeline of the one-step kernel (tkx.runtime.build)")
+        from .codegen.loop import check_spec
+
+        check_spec(program, self.spec())  # what the loop kernel refuses, refused on the CPU as well
         self.runner: Any = None
         self._source: Any = None
         self._position = 0  # the dataset position after the last CPU run (first=None goes on from it)
