@@ -392,8 +392,12 @@ def training_loop(step: Callable[..., Any], inputs: Sequence[Any], batches: Sequ
     The state arguments hold the state after the last step that ran. Returns a
     :class:`~tkx.runtime.loop.LoopResult`: ``losses`` (1-D, one per step run, the loss dtype),
     ``steps``, ``stopped``, ``seconds``. Raises :class:`tkx.UnsupportedError` (capture, or datasets
-    that do not fit the step: it names the argument), :class:`~tkx.runtime.status.KernelError` when the
-    kernel reported an error, :class:`tkx.TkxError` when it does not end after a stop request.
+    that do not fit the step: it names the argument), :class:`tkx.OptionsError` for ``steps`` that is not
+    a whole number >= 0, :class:`tkx.TkxError` for an ``order`` that is not a 1-D int64 tensor of dataset
+    rows or when the kernel does not end after a stop request, :class:`~tkx.runtime.status.KernelError`
+    when the kernel (or, on the CPU, the interpreter) reported an error: its note names the step, and the
+    state holds the steps before it. On the CPU, Ctrl-C and ``timeout`` stop the loop at a step boundary
+    as on the GPU.
     """
     loop = TrainingLoop(step, inputs, batches, state=state, loss=loss, carry=carry, options=options, **changes)
     return loop.run(steps, order=order, progress=progress, wait=wait, timeout=timeout)
