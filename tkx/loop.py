@@ -274,7 +274,8 @@ class TrainingLoop:
         """Run ``steps`` steps; see :func:`training_loop`. ``first``: the dataset position of the first step
         (step k reads row ``(first + k) % N``; ``None`` goes on from where the last run of this loop
         stopped). Returns a :class:`~tkx.runtime.loop.LoopResult`, or with ``wait=False`` on a GPU the
-        in-flight :class:`~tkx.runtime.loop.LoopRun` (call ``.wait()``; on the CPU the steps run at once)."""
+        in-flight :class:`~tkx.runtime.loop.LoopRun` (call ``.wait()``; on the CPU the steps run at once and
+        a :class:`FinishedRun` answers the same calls)."""
         steps = _count(steps)
         if order is not None:
             from .runtime.loop import check_order
@@ -286,7 +287,8 @@ class TrainingLoop:
                 raise UnsupportedError("training-loop", f"{reason} since the loop was compiled",
                                        hint="build the training loop again for the modules' current mode")
         if self.device.type != "cuda":
-            return self._run_cpu(steps, order, progress, self._position if first is None else int(first), timeout)
+            result = self._run_cpu(steps, order, progress, self._position if first is None else int(first), timeout)
+            return result if wait else FinishedRun(result)
         runner = self.loop_runner()
         flat = self._flat()
         try:
@@ -348,6 +350,29 @@ class TrainingLoop:
         return LoopResult(loss_t, len(losses), steps, stopped, time.perf_counter() - t0, str(self.device))
 
 
+class FinishedRun:
+    """What ``wait=False`` returns on the CPU, where the steps have already run: the calls of an in-flight
+    :class:`~tkx.runtime.loop.LoopRun` (``wait()`` gives the :class:`~tkx.runtime.loop.LoopResult`,
+    ``running()`` is False, ``stop()`` does nothing, ``poll()`` the last step's count and loss)."""
+
+    def __init__(self, result: Any) -> None:
+        self.result = result
+
+    def wait(self) -> Any:
+        return self.result
+
+    def running(self) -> bool:
+        return False
+
+    def stop(self) -> None:
+        pass
+
+    def poll(self) -> Any:
+        from .runtime.live import Snapshot
+
+        return Snapshot(self.result.steps, self.result.final_loss, True)
+
+
 @contextlib.contextmanager
 def _ctrl_c_stops(request_stop: Callable[[], None]) -> Any:
     """Within the block (in the main thread), the first Ctrl-C asks the loop to stop at the next step
@@ -385,8 +410,9 @@ def training_loop(step: Callable[..., Any], inputs: Sequence[Any], batches: Sequ
       new state are per-step results: computed, not kept); ``False`` carries none;
     * ``progress``: ``"auto"`` (ipywidgets progress bar, loss curve and stop button in a notebook, a
       ``rich`` bar in a terminal), ``"notebook"``, ``"terminal"`` or ``False``;
-    * ``wait=False`` (GPU): return the in-flight :class:`~tkx.runtime.loop.LoopRun` at once, watched from a
-      thread (a notebook stays responsive, so its stop button works); ``run.wait()`` gives the result;
+    * ``wait=False``: on a GPU return the in-flight :class:`~tkx.runtime.loop.LoopRun` at once, watched from
+      a thread (a notebook stays responsive, so its stop button works); ``run.wait()`` gives the result (on
+      the CPU the steps run first and a :class:`FinishedRun` answers the same calls);
     * ``timeout``: seconds after which the loop is asked to stop (the steps done so far are kept).
 
     The state arguments hold the state after the last step that ran. Returns a
