@@ -191,8 +191,8 @@ class TrainingLoop:
         for b, d in enumerate(batches):
             if not isinstance(d, torch.Tensor):
                 raise UnsupportedError("training-loop", f"batches[{b}] is a {type(d).__name__}, not a tensor",
-                                       hint="stack the batches into one dataset tensor [N, *batch shape] "
-                                            "(torch.stack(list_of_batches))")
+                                       hint="pass one dataset tensor [N, *batch shape] per batch argument, each "
+                                            "batch argument one tensor (a list of batches: torch.stack(them))")
         self.batches = tuple(d.contiguous() for d in batches)
         base = as_options(options)
         self.options = base.replace(**changes) if changes else base
