@@ -226,3 +226,19 @@ def test_wait_false_on_the_cpu_gives_a_run_to_wait_for_as_on_the_gpu():
     losses, w_ref = _eager(_linear, w0, X, Y, [0, 1, 2])
     torch.testing.assert_close(result.losses, losses)
     torch.testing.assert_close(w, w_ref)
+
+
+def test_state_that_is_a_dataset_row_is_refused_before_any_step():
+    def step(w, x):
+        loss = ((x - w) ** 2).mean()
+        w.add_(0.1 * (x - w))
+        return loss
+
+    D = torch.randn(3, 6, 8)
+    before = D.clone()
+    with pytest.raises(tkx.UnsupportedError, match="batches\\[0\\]"):
+        tkx.training_loop(step, (D[1], D[0].clone()), (D,), steps=3, progress=False)
+    assert torch.equal(D, before)
+    w = D[1].clone()  # the fix the hint gives
+    result = tkx.training_loop(step, (w, D[0].clone()), (D,), steps=3, progress=False)
+    assert result.steps == 3 and torch.equal(D, before)

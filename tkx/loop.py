@@ -123,6 +123,32 @@ def bind(program: Any, loss_index: int | None, args: Sequence[Any], batches: Seq
     return Binding(tuple(batch_inputs), tuple(pairs), int(loss_index), lifted)
 
 
+def _refuse_state_in_datasets(program: Any, binding: Binding, leaves: Sequence[Any],
+                              batches: Sequence[torch.Tensor]) -> None:
+    """Refuse state the steps write (in place or carried) that lives in a dataset's memory: a later step
+    would read rows the loop has overwritten. Raises :class:`tkx.UnsupportedError` naming the argument."""
+    written = {i for i, op in enumerate(program.inputs) if op.mutated} | {i for i, _ in binding.carry}
+    for i in sorted(written - set(binding.batch_inputs)):
+        t = leaves[i - binding.lifted] if 0 <= i - binding.lifted < len(leaves) else None
+        if not isinstance(t, torch.Tensor) or t.numel() == 0:
+            continue
+        start, end = _byte_span(t)
+        for b, data in enumerate(batches):
+            lo, hi = _byte_span(data)
+            if t.untyped_storage().data_ptr() == data.untyped_storage().data_ptr() and start < hi and lo < end:
+                raise UnsupportedError("training-loop", f"input {program.inputs[i].name} is state the step writes "
+                                       f"but lives in the memory of batches[{b}]",
+                                       hint="clone the state (or the dataset) so that no step overwrites a batch")
+
+
+def _byte_span(t: torch.Tensor) -> tuple[int, int]:
+    """The bytes of ``t``'s storage that ``t`` can touch, ``[start, end)``."""
+    size = t.element_size()
+    start = t.storage_offset() * size
+    extent = sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride())) + 1
+    return start, start + extent * size
+
+
 def _random_step(*programs: Any) -> UnsupportedError:
     """The error for a step that draws random numbers, naming the first op that reads the random state
     (its kind, FX node and the user's source line) when one is known."""
@@ -216,6 +242,7 @@ class TrainingLoop:
         from .codegen.loop import check_spec
 
         check_spec(program, self.spec())  # what the loop kernel refuses, refused on the CPU as well
+        _refuse_state_in_datasets(program, self.binding, tree_flatten(self.inputs)[0], self.batches)
         self.runner: Any = None
         self._source: Any = None
         self._position = 0  # the dataset position after the last CPU run (first=None goes on from it)
