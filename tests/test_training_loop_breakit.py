@@ -242,3 +242,14 @@ def test_state_that_is_a_dataset_row_is_refused_before_any_step():
     w = D[1].clone()  # the fix the hint gives
     result = tkx.training_loop(step, (w, D[0].clone()), (D,), steps=3, progress=False)
     assert result.steps == 3 and torch.equal(D, before)
+
+
+def test_first_must_be_a_whole_count_and_rows_are_made_one_step_at_a_time():
+    from tkx.loop import _rows
+
+    w0, X, Y = _data()
+    loop = tkx.TrainingLoop(_linear, (w0.clone(), X[0], Y[0]), (X, Y))
+    with pytest.raises(tkx.OptionsError, match="first"):
+        loop.run(2, first=-1, progress=False)
+    rows = _rows(None, X, 10**15)  # a long CPU loop does not list its rows up front
+    assert [next(rows) for _ in range(6)] == [0, 1, 2, 3, 0, 1]

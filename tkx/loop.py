@@ -45,7 +45,7 @@ import operator
 import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -168,29 +168,30 @@ _RANDOM_HINT = ("a training loop in one launch runs steps without random numbers
                 "the module in eval()), or run the step once per launch (tkx.runtime.build(step, inputs)) instead")
 
 
-def _rows(order: torch.Tensor | None, data: torch.Tensor, steps: int, first: int = 0) -> list[int]:
-    """The dataset row of each of ``steps`` steps (``data``: the first dataset); raises :class:`TkxError`
-    for an ``order`` that is not a 1-D int64 tensor of rows of ``data`` on its device."""
+def _rows(order: torch.Tensor | None, data: torch.Tensor, steps: int, first: int = 0) -> Iterator[int]:
+    """The dataset row of each of ``steps`` steps, one at a time (``data``: the first dataset); raises
+    :class:`TkxError` at once for an ``order`` that is not a 1-D int64 tensor of rows of ``data`` on its
+    device."""
     from .runtime.loop import check_order
 
     rows = int(data.shape[0])
     if order is None:
-        return [(first + k) % rows for k in range(steps)]
+        return ((first + k) % rows for k in range(steps))
     check_order(order, rows, data.device)
     cyc = [int(x) for x in order.tolist()]
-    return [cyc[(first + k) % len(cyc)] for k in range(steps)]
+    return (cyc[(first + k) % len(cyc)] for k in range(steps))
 
 
-def _count(steps: Any) -> int:
-    """``steps`` as a count of steps; raises :class:`tkx.OptionsError` (a ValueError) for anything but a
-    whole number >= 0."""
+def _count(steps: Any, what: str = "steps") -> int:
+    """``steps`` (or the argument called ``what``) as a count; raises :class:`tkx.OptionsError` (a
+    ValueError) for anything but a whole number >= 0."""
     try:
         n = operator.index(steps)  # an int, a numpy or 0-d integer tensor; not 2.5, not "3"
     except TypeError:
         n = None
     if n is None or isinstance(steps, bool) or n < 0:
-        raise OptionsError("steps", steps, "a whole number >= 0",
-                           message=f"steps must be a whole number >= 0, not {steps!r}")
+        raise OptionsError(what, steps, "a whole number >= 0",
+                           message=f"{what} must be a whole number >= 0, not {steps!r}")
     return n
 
 
@@ -304,6 +305,7 @@ class TrainingLoop:
         in-flight :class:`~tkx.runtime.loop.LoopRun` (call ``.wait()``; on the CPU the steps run at once and
         a :class:`FinishedRun` answers the same calls)."""
         steps = _count(steps)
+        first = None if first is None else _count(first, "first")
         if order is not None:
             from .runtime.loop import check_order
 
@@ -314,7 +316,7 @@ class TrainingLoop:
                 raise UnsupportedError("training-loop", f"{reason} since the loop was compiled",
                                        hint="build the training loop again for the modules' current mode")
         if self.device.type != "cuda":
-            result = self._run_cpu(steps, order, progress, self._position if first is None else int(first), timeout)
+            result = self._run_cpu(steps, order, progress, self._position if first is None else first, timeout)
             return result if wait else FinishedRun(result)
         runner = self.loop_runner()
         flat = self._flat()
