@@ -3,6 +3,7 @@
 # make test-full - the same plus the option x arch matrix of the largest examples (marker `full`)
 # make lint  - ruff
 # make fuzz  - an hour of the differential fuzzer (scripts/fuzz-campaign), resumed where the last run stopped
+#              (FUZZ_WORKERS=N: N worker processes; FUZZ_COUNT=10000: stop after that many programs)
 #
 # The browser test (tests/test_browser.py) drives Debian's chromium through Playwright for Python:
 # as root with apt-get, `make venv` installs the chromium package when /usr/bin/chromium is missing
@@ -109,8 +110,11 @@ student-notebooks: venv
 
 FUZZ_OUT ?= fuzz-out
 FUZZ_SECONDS ?= 3600
+FUZZ_WORKERS ?= 1
+FUZZ_COUNT ?= 0
 fuzz: venv
-	PYTHONPATH=$(CURDIR) $(PY) scripts/fuzz-campaign --out $(FUZZ_OUT) --seconds $(FUZZ_SECONDS) --resume --quiet
+	PYTHONPATH=$(CURDIR) $(PY) scripts/fuzz-campaign --out $(FUZZ_OUT) --seconds $(FUZZ_SECONDS) --resume --quiet \
+		--workers $(FUZZ_WORKERS) --count $(FUZZ_COUNT)
 
 lint: venv
 	$(VENV)/bin/ruff check .

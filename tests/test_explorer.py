@@ -72,11 +72,11 @@ def make_fake_bench(tkx_us=30.0, seen=None, explorer_ref=None, fail=None):
         log(f"[{name}] FAKE verification passed")
         rows = []
         for cand, us in (("eager", 1300.0), ("eager+cudagraph", 45.0), ("inductor", 24.0),
-                         ("inductor-max-autotune", 20.0), ("tkx", tkx_us)):
+                         ("inductor-max-autotune", 20.0), ("tkx", tkx_us), ("tkx graph of kernels", 40.0)):
             log(f"[{name}] timing {cand}")
             rows.append(Row.measured(cand, [us] * 7, 100, note="FAKE"))
             log(f"[{name}]   {cand}: {us:.1f} µs/step")
-        return BenchmarkReport(f"FAKE {name}", tuple(rows), {"passed": True}, {}, {}, {},
+        return BenchmarkReport(f"FAKE {name}", tuple(rows), {"passed": True}, {}, {}, {"speed_of_light_us": 3.0},
                                {"fake": True, "device": "FAKE (no GPU)", "options": repr(options)})
 
     fake_bench.fake = True
@@ -401,7 +401,9 @@ def test_benchmark_history_with_a_fake_bench(digits):
     assert row["fake"] and row["config"] == "defaults" and row["tkx_us"] == 30.0
     assert row["compile_name"] == "inductor-max-autotune" and row["ratio"] == pytest.approx(1.5)
     assert row["correct"] == "verified"
+    assert row["graph_of_kernels_us"] == 40.0 and row["sol_fraction"] == pytest.approx(0.1)
     assert "FAKE" in e.history_table.value and "1.50x" in e.history_table.value
+    assert "graph of kernels" in e.history_table.value and ">40.0<" in e.history_table.value
     assert "FAKE #1 defaults" in e.chart.value
     e.select_tab("benchmark")
     assert "FAKE" in text_of(e.outputs["benchmark"])

@@ -32,7 +32,8 @@ def test_plural_of_and_override():
 @pytest.fixture(scope="module")
 def linreg():
     ex = tkx.examples.get("linear_regression")
-    return tkx.explore(ex.step_fn, ex.example_inputs, name="linear_regression", loss=ex.loss_output)
+    # one block: the views then name one block and one barrier
+    return tkx.explore(ex.step_fn, ex.example_inputs, name="linear_regression", loss=ex.loss_output, mode="block")
 
 
 def test_views_say_one_of_a_thing(linreg):

@@ -73,13 +73,20 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tens
              lse: torch.Tensor, dout: torch.Tensor, causal: bool, scale: float
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) in float32, the probabilities recomputed from ``q``, ``k`` and ``lse``; a row that sees
-    no key has probabilities 0 and contributes nothing (dq 0 on that row)."""
+    no key has probabilities 0 and contributes nothing (dq 0 on that row).
+
+    The softmax backward ``dS = P * (dP - rowsum(P * dP))`` is eager's form (``_softmax_backward_data``):
+    where one key takes all the weight (``P`` is 1 there and 0 elsewhere - a single key, or scores far
+    apart) ``dS`` is exactly 0. FlashAttention's ``rowsum(dO * out)`` equals ``rowsum(P * dP)`` in exact
+    arithmetic only, and its rounding there is a nonzero gradient that Adam scales to a full step. ``out``
+    is unused (kept for the composite's signature)."""
+    del out
     s = scores(q, k, mask, causal, scale)
     p = torch.exp(s - _shift(_wide(lse), mask).unsqueeze(-1))
     do = _wide(dout)
     dv = p.transpose(-2, -1) @ do
     dp = do @ _wide(v).transpose(-2, -1)
-    d = (do * _wide(out)).sum(dim=-1, keepdim=True)
+    d = (p * dp).sum(dim=-1, keepdim=True)
     ds = p * (dp - d)
     dq = (ds @ _wide(k)) * scale
     dk = (ds.transpose(-2, -1) @ _wide(q)) * scale

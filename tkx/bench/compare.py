@@ -10,7 +10,9 @@ Order of work for one workload:
 4. time each candidate: ``eager`` (plain calls), ``eager+cudagraph``, ``inductor``
    (``torch.compile`` default) and ``inductor-max-autotune``
    (``mode="max-autotune-no-cudagraphs"``), each but plain eager captured in one CUDA graph
-   per input set, then ``tkx`` (:meth:`~tkx.runtime.CompiledRunner.capture_graph` per set).
+   per input set, then ``tkx`` (:meth:`~tkx.runtime.CompiledRunner.capture_graph` per set) and
+   ``tkx graph of kernels`` (:class:`~tkx.runtime.GraphOfKernels`: the same fused groups as one kernel
+   each, every kernel of a step in one CUDA graph; checked against the megakernel's outputs first).
    Replays alternate between the sets. After each candidate every input is restored from the
    snapshot, so steps that update their inputs in place start each candidate from the same
    state. A candidate that fails is recorded with its error and does not stop the run.
@@ -26,8 +28,9 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
+from ..errors import TkxError
 from ..runtime.verify import call_make_inputs, clone_exact
-from .report import BASELINES, MEGAKERNEL, BenchmarkReport, Row
+from .report import BASELINES, GRAPH_OF_KERNELS, MEGAKERNEL, BenchmarkReport, Row
 from .timing import capture, time_steps
 
 
@@ -70,6 +73,27 @@ class _State:
                     t.copy_(s)
 
 
+def same_numbers(runner: Any, other: Any, args: tuple) -> tuple[float, str]:
+    """Run ``runner`` and ``other`` (e.g. its :class:`~tkx.runtime.GraphOfKernels`) once each on clones of
+    ``args``: ``(worst relative error, a sentence)`` over the flat outputs and the inputs they update
+    (:func:`tkx.runtime.relative_error`; 0.0: bit for bit the same). The two run the same group code, so
+    anything above rounding (atomics) is a bug. Raises what either run raises (a kernel error)."""
+    from torch.utils._pytree import tree_map
+
+    from ..runtime.verify import relative_error
+
+    results = []
+    for r in (runner, other):
+        flat = r.flatten(tree_map(lambda t: clone_exact(t) if isinstance(t, torch.Tensor) else t, tuple(args)))
+        results.append(r.run_flat(flat) + [t for t in flat if isinstance(t, torch.Tensor)])
+    errors = [relative_error(b, a) for a, b in zip(*results)]
+    worst = max(errors, default=0.0)
+    if worst == 0.0:
+        return worst, "outputs bit for bit the megakernel's"
+    return worst, f"outputs differ from the megakernel's: relative error {worst:.3g} (flat result " \
+                  f"{errors.index(worst)})"
+
+
 def _graphed(fn: Callable[..., Any], sets: Sequence[tuple], device: torch.device,
              warmup: int) -> tuple[list[Callable[[], Any]], list[Any]]:
     keep: list[Any] = []
@@ -85,13 +109,15 @@ def compare(step_fn: Callable[..., Any], example_inputs: Sequence[Any], options:
             make_inputs: Callable[..., Any] | None = None, repeats: int = 9, warmup: int = 3,
             name: str | None = None, loss: int | None = None, device: Any = None,
             baselines: Sequence[str] = BASELINES, target_us: float = 2000.0,
-            log: Callable[[str], Any] | None = None) -> BenchmarkReport:
+            log: Callable[[str], Any] | None = None, graph_of_kernels: bool = True) -> BenchmarkReport:
     """Benchmark the megakernel of ``step_fn`` against the baselines; see the module docstring.
 
     ``repeats`` (at least 7 are taken) samples per candidate, each a CUDA-event-timed batch
     of about ``target_us`` µs; ``warmup`` calls before capturing and before timing;
     ``baselines``: a subset of :data:`~tkx.bench.report.BASELINES`. ``log`` receives progress
-    lines. Returns a :class:`~tkx.bench.report.BenchmarkReport` (µs per step).
+    lines. ``graph_of_kernels``: also time the same fused groups as one kernel each
+    (:data:`~tkx.bench.report.GRAPH_OF_KERNELS` row; its note says how its outputs compare with the
+    megakernel's). Returns a :class:`~tkx.bench.report.BenchmarkReport` (µs per step).
 
     Raises :class:`tkx.runtime.NoDeviceError` without a GPU; errors of building or verifying
     the megakernel propagate (there would be nothing to compare), baseline errors do not.
@@ -158,6 +184,21 @@ def compare(step_fn: Callable[..., Any], example_inputs: Sequence[Any], options:
         return [g.graph.replay for g in graphs], graphs, True
 
     candidates.append((MEGAKERNEL, megakernel))
+    notes: dict[str, str] = {}
+
+    def many_kernels() -> tuple[list[Callable[[], Any]], Any, bool]:
+        from ..runtime.graph_of_kernels import GraphOfKernels
+
+        many = GraphOfKernels.from_runner(runner)
+        worst, notes[GRAPH_OF_KERNELS] = same_numbers(runner, many, sets[0])
+        if worst > 1e-5:
+            raise TkxError(notes[GRAPH_OF_KERNELS])
+        state.restore()
+        graphs = [many.capture_graph(*args, warmup=warmup) for args in sets]
+        return [g.graph.replay for g in graphs], graphs, True
+
+    if graph_of_kernels:
+        candidates.append((GRAPH_OF_KERNELS, many_kernels))
 
     for cand, make in candidates:
         say(f"[{name}] timing {cand}")
@@ -168,9 +209,9 @@ def compare(step_fn: Callable[..., Any], example_inputs: Sequence[Any], options:
             setup_s = time.perf_counter() - t0
             samples, steps = time_steps(fns, dev, repeats=repeats, warmup=warmup, target_us=target_us,
                                         queue_ahead=graphed)
-            note = f"setup {setup_s:.1f} s"
+            note = f"setup {setup_s:.1f} s" + (f"; {notes[cand]}" if cand in notes else "")
             ok = True
-            if cand == MEGAKERNEL:
+            if cand in (MEGAKERNEL, GRAPH_OF_KERNELS):
                 for g in keep:
                     g.check_status()
                 if not verification.passed:

@@ -17,6 +17,11 @@ from typing import Any
 BASELINES = ("eager", "eager+cudagraph", "inductor", "inductor-max-autotune")
 #: The megakernel's row.
 MEGAKERNEL = "tkx"
+#: The row of the same fused groups launched as one kernel each, in one CUDA graph
+#: (:class:`tkx.runtime.GraphOfKernels`): what the single kernel buys over the same code as many kernels.
+GRAPH_OF_KERNELS = "tkx graph of kernels"
+#: tkx's own rows (never a baseline).
+TKX_ROWS = (MEGAKERNEL, GRAPH_OF_KERNELS)
 
 
 @dataclass(frozen=True)
@@ -59,7 +64,7 @@ class Row:
 class BenchmarkReport:
     """Megakernel against baselines on one workload, all from one run.
 
-    ``rows``: one :class:`Row` per candidate (baselines first, then ``tkx``);
+    ``rows``: one :class:`Row` per candidate (baselines first, then ``tkx`` and ``tkx graph of kernels``);
     ``verification``: the correctness check made before timing (a dict, see
     :meth:`tkx.runtime.Verification.as_dict`); ``resources``: the kernel's registers, shared
     and local bytes, occupancy, grid (:class:`tkx.runtime.Resources` as a dict); ``compile``:
@@ -81,7 +86,7 @@ class BenchmarkReport:
 
     @property
     def baselines(self) -> tuple[Row, ...]:
-        return tuple(r for r in self.rows if r.name != MEGAKERNEL)
+        return tuple(r for r in self.rows if r.name not in TKX_ROWS)
 
     @property
     def best_baseline(self) -> str | None:
@@ -98,6 +103,17 @@ class BenchmarkReport:
     def megakernel_us(self) -> float | None:
         r = self.row(MEGAKERNEL)
         return r.median_us if r is not None else None
+
+    @property
+    def graph_of_kernels_us(self) -> float | None:
+        """µs per step of the same groups as one kernel each in one CUDA graph (``None`` if not timed)."""
+        r = self.row(GRAPH_OF_KERNELS)
+        return r.median_us if r is not None else None
+
+    @property
+    def sol_fraction(self) -> float | None:
+        """The megakernel's fraction of the speed of light: speed-of-light µs / tkx µs (1 = at the limit)."""
+        return self.sol_ratios.get(MEGAKERNEL)
 
     @property
     def ratio_to_best(self) -> float | None:
@@ -133,7 +149,9 @@ class BenchmarkReport:
             "name": self.name, "rows": [r.as_dict() for r in self.rows], "best_baseline": self.best_baseline,
             "best_baseline_us": self.best_baseline_us, "us_per_step": self.megakernel_us,
             "ratio_to_best": self.ratio_to_best, "ratios": self.ratios,
-            "speed_of_light_us": self.speed_of_light_us, "sol_ratios": self.sol_ratios,
+            "graph_of_kernels_us": self.graph_of_kernels_us,
+            "speed_of_light_us": self.speed_of_light_us, "sol_fraction": self.sol_fraction,
+            "sol_ratios": self.sol_ratios,
             "verification": self.verification,
             "resources": self.resources, "compile": self.compile, "schedule": self.schedule,
             "meta": self.meta,
@@ -197,7 +215,8 @@ class BenchmarkReport:
         for i, h in enumerate(header):
             table.add_column(h, justify="right" if 0 < i < 5 else "left")
         for r in body:
-            style = "bold green" if r[0] == MEGAKERNEL else ("red" if r[1] == "-" else None)
+            style = ("bold green" if r[0] == MEGAKERNEL else "green" if r[0] == GRAPH_OF_KERNELS
+                     else "red" if r[1] == "-" else None)
             table.add_row(*r, style=style)
         return table
 

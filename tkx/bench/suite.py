@@ -7,6 +7,7 @@ everyday steps of the zoo (``everyday``), one JSON file each.
 µs), ``best_baseline`` and ``best_baseline_us``, ``ratio_to_best`` (below 1: tkx is faster),
 ``speed_of_light_us`` (max(FLOPs / 790 TFLOP/s, bytes / 4.8 TB/s) of the step), ``sol_ratio``
 (that divided by tkx's time; 1 = at the limit) and ``sol_ratios`` (every candidate's),
+``graph_of_kernels_us`` (the same fused groups as one kernel each in one CUDA graph),
 ``baselines`` (candidate -> median µs, ``None`` if it failed) and ``baseline_notes``,
 ``samples_us``, the kernel's ``registers``/``spill_bytes``/``local_bytes``/``shared_bytes``/
 ``occupancy``/``grid``/``block``/``mode``, the schedule's ``barriers`` and ``stages``,
@@ -48,6 +49,7 @@ def workload_entry(report: BenchmarkReport) -> dict[str, Any]:
         "ratio_to_best": report.ratio_to_best,
         "speed_of_light_us": report.speed_of_light_us,
         "sol_ratio": report.sol_ratios.get("tkx"),
+        "graph_of_kernels_us": report.graph_of_kernels_us,
         "sol_ratios": report.sol_ratios,
         "baselines": {r.name: r.median_us for r in report.baselines},
         "baseline_notes": {r.name: r.note for r in report.baselines if not r.ok},

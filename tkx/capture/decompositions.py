@@ -374,6 +374,26 @@ def _var_mean(x, dim=None, *, correction=None, keepdim=False):
     return var, (mean if keepdim else mean.squeeze(dims))
 
 
+def _native_layer_norm(x, normalized_shape, weight, bias, eps):
+    """``native_layer_norm`` -> (out in ``x``'s dtype, mean, 1/std), the statistics over the trailing
+    ``len(normalized_shape)`` dims computed and kept in float32 for a bfloat16/float16 ``x``.
+
+    Eager keeps mean and 1/std in float32 on CUDA and for a float32 weight on the CPU (autocast's case);
+    torch's reference rounds them to ``x``'s dtype on the CPU, and the backward of a narrow norm then
+    cancels into noise (over two elements ``x_hat`` is +-1 and the input's gradient is nearly 0: with
+    a rounded mean it came out 17 times the float64 value)."""
+    dims = list(range(x.dim() - len(normalized_shape), x.dim()))
+    xc = x.float() if x.dtype in (torch.bfloat16, torch.float16) else x
+    var, mean = _var_mean(xc, dims, correction=0, keepdim=True)
+    rstd = torch.rsqrt(var + eps)
+    out = (xc - mean) * rstd
+    if weight is not None:
+        out = out * weight
+    if bias is not None:
+        out = out + bias
+    return out.to(x.dtype), mean, rstd
+
+
 def _var(x, dim=None, *, correction=None, keepdim=False):
     return _var_mean(x, dim, correction=correction, keepdim=keepdim)[0]
 
@@ -519,6 +539,7 @@ def decomposition_table() -> dict[torch._ops.OpOverload, Callable]:
     table[aten.is_same_size.default] = _same_size
     table[aten._has_same_storage_numel.default] = _same_storage_numel
     table[aten.var_mean.correction] = _var_mean
+    table[aten.native_layer_norm.default] = _native_layer_norm
     table[aten.var.correction] = _var
     table[aten.std.correction] = _std
     for op, fn in ((aten.max.dim, _max_dim), (aten.min.dim, _min_dim), (aten.max.default, _max_all),

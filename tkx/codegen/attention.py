@@ -12,9 +12,10 @@ attention written by hand (``zero_empty_rows=False``, the plain softmax's 0/0, a
 Backward (``flash_bwd``), no atomics: work items ``[0, B*KT)`` each own one key tile and loop over
 the query tiles (``dv += P^T dO``, ``dk += dS^T Q``), items ``[B*KT, B*KT + B*QT)`` each own one
 query tile and loop over the key tiles (``dq += dS K``); ``P = exp(S - lse)`` is recomputed per
-tile from q, k and the saved lse, ``dS = P * (dO V^T - rowsum(dO * out))``. Both kinds of items
-sum in a fixed order, so the kernel gives the same bits on every run. The packed float32 root is
-``[dq | dk | dv]``.
+tile from q, k and the saved lse, ``dS = P * (dO V^T - rowsum(dO * out))`` (the row sum in the
+order of ``dO V^T``, so that a row whose weight is all on one key gets ``dS = 0`` exactly, as eager's
+``rowsum(P * dP)``). Both kinds of items sum in a fixed order, so the kernel gives the same bits on
+every run. The packed float32 root is ``[dq | dk | dv]``.
 
 Every accumulator entry stays in the register of one thread for the whole loop
 (``ceil(tile * dim / threads)`` floats each); the emitter reports the shared bytes it carves from
@@ -177,17 +178,19 @@ def backward(plan: AttentionPlan, *, threads: int, ld_q: Loader, ld_k: Loader, l
     prob = block(*score, "const float p = (s == -TKX_INF || sLse[i] == -TKX_INF) ? 0.0f : expf(s - sLse[i]);")
 
     def rows_of_q(q0: str) -> str:
-        """Stage q, dO, lse and delta = rowsum(dO * out) of the query tile starting at ``q0``."""
+        """Stage q, dO, lse and delta = rowsum(dO * out) of the query tile starting at ``q0``. One thread
+        sums a row in the order of the ``dO V^T`` loop below, so where ``out`` is one value row (one key
+        takes all the weight) delta equals that key's ``dp`` bit for bit and ``dS`` is exactly 0, as in eager."""
         return block(
             _stage("sQ", bq, e, q0, lq, lambda r, c: ld_q("b", r, c), t),
             _stage("sDO", bq, ev, q0, lq, lambda r, c: ld_dout("b", r, c), t),
-            f"for (int i = warp; i < {bq}; i += {t // 32}) {{",
+            "__syncthreads();",
+            f"for (int i = threadIdx.x; i < {bq}; i += {t}) {{",
             f"    const int r = {q0} + i;",
             "    float d = 0.0f;",
-            f"    if (r < {lq}) for (int e = lane; e < {ev}; e += 32) d = fmaf({ld_dout('b', 'r', 'e')}, "
-            f"{ld_out('b', 'r', 'e')}, d);",
-            "    d = tkx_warp_sum(d);",
-            f"    if (lane == 0) {{ sDelta[i] = d; sLse[i] = r < {lq} ? {ld_lse('b', 'r')} : 0.0f; }}",
+            f"    if (r < {lq}) for (int e = 0; e < {ev}; ++e) "
+            f"d = fmaf(sDO[i * {ev} + e], {ld_out('b', 'r', 'e')}, d);",
+            f"    sDelta[i] = d; sLse[i] = r < {lq} ? {ld_lse('b', 'r')} : 0.0f;",
             "}")
 
     nk, nv, nq = ceil_div(bk * e, t), ceil_div(bk * ev, t), ceil_div(bq * e, t)
@@ -199,8 +202,7 @@ def backward(plan: AttentionPlan, *, threads: int, ld_q: Loader, ld_k: Loader, l
         f"float* sP = sDO + {bq * ev};",
         f"float* sDS = sP + {bq * bk};",
         f"float* sLse = sDS + {bq * bk};",
-        f"float* sDelta = sLse + {bq};",
-        "const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;")
+        f"float* sDelta = sLse + {bq};")
     qstart = f"(k0 / {bq}) * {bq}" if plan.causal else "0"
     key_items = block(
         f"const int b = item / {kt}, k0 = (item % {kt}) * {bk};",

@@ -1,10 +1,11 @@
 """Barriers or counters: estimated µs of each for a schedule, from :mod:`tkx.costs`.
 
-* barriers: per stage, the slowest block's share of the stage's items, plus one grid barrier
-  per stage boundary;
-* counters: the longest path through the task DAG (a group costs its items' share of the
-  grid, an edge a counter hand-off), but never less than the total work spread over the grid,
-  plus one satisfied wait per task.
+* barriers: per stage, the slowest block's share of the stage's items (a group costs its fixed
+  ``group_us`` plus its items' share of the grid, each item :func:`tkx.costs.item_us`), plus one
+  grid barrier per stage boundary;
+* counters: the longest path through the task DAG (a group costs as above plus ``publish_us`` per
+  task, the fence and atomic that release its tile; an edge a counter hand-off), but never less than
+  the total work spread over the grid, plus one satisfied wait per task.
 """
 
 from __future__ import annotations
@@ -17,12 +18,18 @@ from .dag import TaskDAG
 
 
 def task_us(dag: TaskDAG, gid: str, c: dict[str, float]) -> float:
-    """Estimated µs of one task (work item) of group ``gid``: a tenth of the fixed item overhead plus
-    the item's share of the group's FLOPs or bytes, whichever takes one SM longer (the roofline of one
-    SM, constants from :func:`tkx.costs.constants`)."""
+    """Estimated µs of one task (work item) of group ``gid``: :func:`tkx.costs.item_us` (the fixed
+    ``task_us`` plus the item's share of the group's FLOPs or bytes at one SM's roofline)."""
     g = dag.schedule.groups[gid]
-    n = max(dag.items[gid], 1)
-    return c["item_overhead_us"] * 0.1 + max(g.flops / c["sm_flops_per_us"], g.bytes / c["sm_bytes_per_us"]) / n
+    return costs.item_us(g.flops, g.bytes, dag.items[gid], c)
+
+
+def span_us(dag: TaskDAG, gid: str, blocks: int, sync: str, c: dict[str, float]) -> float:
+    """Estimated µs of one task of group ``gid`` as a predicted timeline draws it: :func:`task_us` plus the
+    group's fixed ``group_us`` spread over the tasks one of ``blocks`` blocks runs (it is paid once per
+    block), plus ``publish_us`` with ``sync="counters"``."""
+    per_block = math.ceil(max(dag.items[gid], 1) / max(blocks, 1))
+    return task_us(dag, gid, c) + c["group_us"] / per_block + (c["publish_us"] if sync == "counters" else 0.0)
 
 
 def barrier_us(blocks: int, mode: str, c: dict[str, float]) -> float:
@@ -34,21 +41,27 @@ def barrier_us(blocks: int, mode: str, c: dict[str, float]) -> float:
 
 
 def group_us(dag: TaskDAG, gid: str, blocks: int, c: dict[str, float]) -> float:
-    """Estimated µs of group ``gid`` on ``blocks`` blocks."""
-    return math.ceil(max(dag.items[gid], 1) / max(blocks, 1)) * task_us(dag, gid, c)
+    """Estimated µs of group ``gid`` on ``blocks`` blocks: its fixed ``group_us`` plus the slowest block's
+    share of its tasks."""
+    return c["group_us"] + math.ceil(max(dag.items[gid], 1) / max(blocks, 1)) * task_us(dag, gid, c)
 
 
-def estimate(dag: TaskDAG, blocks: int) -> dict[str, float]:
-    """``{"barrier": µs, "counters": µs}`` for ``dag`` on ``blocks`` blocks."""
-    c = costs.constants()
+def estimate(dag: TaskDAG, blocks: int, c: dict[str, float] | None = None) -> dict[str, float]:
+    """``{"barrier": µs, "counters": µs}`` for ``dag`` on ``blocks`` blocks, with constants ``c``
+    (default :func:`tkx.costs.constants`)."""
+    c = c or costs.constants()
     s = dag.schedule
     t_bar = sum(max(group_us(dag, g, blocks, c) for g in st) for st in s.stages) \
         + barrier_us(blocks, "grid", c) * (len(s.stages) - 1)
     finish: dict[str, float] = {}
+
+    def counted(g: str, b: int) -> float:  # with counters every task also publishes (fence and atomic)
+        return group_us(dag, g, b, c) + math.ceil(max(dag.items[g], 1) / max(b, 1)) * c["publish_us"]
+
     for g in dag.order:
         start = max((finish[dag.counters[w.counter].group] + c["handoff_us"] for w in dag.waits[g]), default=0.0)
-        finish[g] = start + group_us(dag, g, blocks, c)
-    work = sum(group_us(dag, g, 1, c) for g in dag.order) / max(blocks, 1)
+        finish[g] = start + counted(g, blocks)
+    work = sum(counted(g, 1) for g in dag.order) / max(blocks, 1)
     waits = sum(len(dag.waits[g]) * math.ceil(dag.items[g] / max(blocks, 1)) for g in dag.order) * c["wait_us"]
     t_cnt = max(max(finish.values(), default=0.0), work) + waits
     return {"barrier": t_bar, "counters": t_cnt}

@@ -265,13 +265,14 @@ def predicted_timeline(source: Any, *, blocks: int | None = None, sync: str | No
 
     ``source``: a :class:`~tkx.codegen.source.CudaSource` (its task DAG, or the DAG of its schedule and
     arena with the emitters' work items; its sync and grid) or a :class:`~tkx.dataflow.dag.TaskDAG`.
-    Each task costs :func:`tkx.dataflow.cost.task_us`, each barrier :func:`tkx.dataflow.cost.barrier_us`,
-    each counter hand-off ``handoff_us`` (:func:`tkx.costs.constants`); the task VM's timed run
-    (:func:`tkx.dataflow.vm.run_timed`) places every task and finds the critical path. ``blocks``
-    (default: the kernel's grid, 1 in block mode) and ``sync`` (default: the kernel's) override.
+    Each task costs :func:`tkx.dataflow.cost.span_us` (the task's own cost, its share of the group's fixed
+    cost, its release with counters), each barrier
+    :func:`tkx.dataflow.cost.barrier_us`, each counter hand-off ``handoff_us`` (:func:`tkx.costs.constants`);
+    the task VM's timed run (:func:`tkx.dataflow.vm.run_timed`) places every task and finds the critical path.
+    ``blocks`` (default: the kernel's grid, 1 in block mode) and ``sync`` (default: the kernel's) override.
     """
     from .. import costs
-    from .cost import barrier_us, task_us
+    from .cost import barrier_us, span_us
     from .dag import build
     from .vm import critical_path, run_timed
 
@@ -285,7 +286,7 @@ def predicted_timeline(source: Any, *, blocks: int | None = None, sync: str | No
         blocks = 1 if s.mode == "block" else int(grid or s.blocks)
     sync = sync or kernel_sync
     c = costs.constants()
-    tasks = run_timed(dag, blocks=blocks, task_us={g: task_us(dag, g, c) for g in dag.order}, sync=sync,
+    tasks = run_timed(dag, blocks=blocks, task_us={g: span_us(dag, g, blocks, sync, c) for g in dag.order}, sync=sync,
                       barrier_us=barrier_us(blocks, s.mode, c), handoff_us=c["handoff_us"], wait_us=c["wait_us"])
     spans = tuple(Span(t.block, t.task, t.group, t.item, t.start * 1e3, t.end * 1e3, (t.start - t.ready) * 1e3)
                   for t in sorted(tasks, key=lambda t: (t.block, t.start)))

@@ -44,7 +44,7 @@ class PhaseTracker:
     or ``failed`` -> timing of it done. ``candidates``: how many are timed (baselines + tkx).
     """
 
-    def __init__(self, candidates: int = 5) -> None:
+    def __init__(self, candidates: int = 6) -> None:
         self.candidates = max(1, candidates)
         self.timed = 0
         self.phase = "compile"
@@ -80,8 +80,10 @@ def best_compile_row(report: Any) -> Any:
 def history_row(report: Any, config: str, *, fake: bool = False) -> dict[str, Any]:
     """One results-table row for a finished benchmark: ``config``, ``tkx_us``, the best
     torch.compile candidate (``compile_name``/``compile_us``), ``ratio`` (tkx / best
-    torch.compile), ``correct`` (verified / WRONG RESULTS / not verified), ``device`` and
-    ``fake`` (a stand-in benchmark, marked in the table)."""
+    torch.compile), ``graph_of_kernels_us`` (the same groups as one kernel each in a CUDA graph,
+    ``None`` when not timed), ``sol_fraction`` (speed-of-light µs / tkx µs, ``None`` when unknown),
+    ``correct`` (verified / WRONG RESULTS / not verified), ``device`` and ``fake`` (a stand-in
+    benchmark, marked in the table)."""
     best = best_compile_row(report)
     mine = getattr(report, "megakernel_us", None)
     ratio = mine / best.median_us if mine is not None and best is not None and best.median_us else None
@@ -93,6 +95,8 @@ def history_row(report: Any, config: str, *, fake: bool = False) -> dict[str, An
         "compile_name": best.name if best is not None else None,
         "compile_us": best.median_us if best is not None else None,
         "ratio": ratio,
+        "graph_of_kernels_us": getattr(report, "graph_of_kernels_us", None),
+        "sol_fraction": getattr(report, "sol_fraction", None),
         "correct": {True: "verified", False: "WRONG RESULTS", None: "not verified"}[verified],
         "device": str(meta.get("device", "")),
         "fake": bool(fake or meta.get("fake")),
@@ -103,7 +107,8 @@ def history_row(report: Any, config: str, *, fake: bool = False) -> dict[str, An
 def failed_row(config: str, message: str, *, fake: bool = False) -> dict[str, Any]:
     """A results-table row for a benchmark that raised."""
     return {"config": config, "tkx_us": None, "compile_name": None, "compile_us": None, "ratio": None,
-            "correct": "failed", "device": "", "fake": fake, "error": message}
+            "graph_of_kernels_us": None, "sol_fraction": None, "correct": "failed", "device": "", "fake": fake,
+            "error": message}
 
 
 def _us(x: float | None) -> str:
@@ -119,7 +124,8 @@ def history_html(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return ('<div style="font-family:system-ui,sans-serif;color:#57606a">No benchmark yet: press '
                 '<b>Compile &amp; benchmark</b> to time this configuration.</div>')
-    head = ["#", "configuration", "tkx µs/step", "best torch.compile", "µs/step", "ratio", "correctness", "device"]
+    head = ["#", "configuration", "tkx µs/step", "best torch.compile", "µs/step", "ratio", "graph of kernels µs/step",
+            "speed of light", "correctness", "device"]
     out = [f'<table class="tkx-explorer-history" style="{_TABLE_STYLE}"><tr>']
     out += [f'<th style="{_CELL.format("left")}">{html.escape(h)}</th>' for h in head]
     out.append("</tr>")
@@ -131,7 +137,9 @@ def history_html(rows: list[dict[str, Any]]) -> str:
         ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}x"
         cells = [(str(i), "right"), (fake + html.escape(r["config"]), "left"), (_us(r["tkx_us"]), "right"),
                  (html.escape(r["compile_name"] or "-"), "left"), (_us(r["compile_us"]), "right"),
-                 (ratio, "right"), (f'<span style="color:{color}">{correct}</span>', "left"),
+                 (ratio, "right"), (_us(r.get("graph_of_kernels_us")), "right"),
+                 ("-" if r.get("sol_fraction") is None else f"{r['sol_fraction']:.2f}", "right"),
+                 (f'<span style="color:{color}">{correct}</span>', "left"),
                  (html.escape(r["device"]), "left")]
         out.append('<tr class="tkx-explorer-row">' + "".join(
             f'<td style="{_CELL.format(a)}">{c}</td>' for c, a in cells) + "</tr>")

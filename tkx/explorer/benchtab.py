@@ -107,9 +107,9 @@ class BenchmarkTab:
         return not self.benchmark_running
 
     def _bench_worker(self, ex: Exploration, config: str) -> None:
-        from ..bench.report import BASELINES
+        from ..bench.report import BASELINES, TKX_ROWS
 
-        tracker = B.PhaseTracker(len(BASELINES) + 1)
+        tracker = B.PhaseTracker(len(BASELINES) + len(TKX_ROWS))
         fake = bool(getattr(self.bench_fn, "fake", False))
 
         def log(line: str) -> None:

@@ -16,6 +16,8 @@ Pieces (every GPU-related import is lazy: ``import tkx.runtime`` works without C
 * :func:`compile` - the device's own arch, loaded with ``cuda.core`` (:class:`CompiledKernel`)
   or built as a torch extension (``Options(backend="torch-extension")``);
 * :class:`CompiledRunner` / :func:`build` - the callable step; :class:`GraphRunner`;
+* :class:`GraphOfKernels` - the same step as one kernel per fused group (no grid barriers), to see
+  what the single kernel buys;
 * :class:`Verification` - what :meth:`CompiledRunner.verify` returns.
 
 Errors: :class:`NoDeviceError` (no GPU), :class:`InputMismatchError` (arguments that do not
@@ -29,6 +31,7 @@ from ..pipeline import build, lower  # the pipeline table makes every stage up t
 from .backends import compile
 from .cache import cache_dir, cache_key, clear_cache
 from .device import CudaCoreMissingError, NoDeviceError
+from .graph_of_kernels import GraphOfKernels, KernelSequence
 from .inputs import InputMismatchError
 from .kernel import Binary, CompiledKernel, KernelLoadError, Resources, compile_cubin
 from .runner import CompiledRunner, GraphRunner, pack_args
@@ -36,8 +39,8 @@ from .status import KernelError
 from .verify import Comparison, Verification, VerificationError, relative_error
 
 __all__ = [
-    "Binary", "CompiledKernel", "CompiledRunner", "Comparison", "CudaCoreMissingError", "GraphRunner",
-    "InputMismatchError", "KernelError", "KernelLoadError", "NoDeviceError", "Resources", "Verification",
-    "VerificationError", "build", "cache_dir", "cache_key", "clear_cache", "compile", "compile_cubin",
-    "lower", "pack_args", "relative_error",
+    "Binary", "CompiledKernel", "CompiledRunner", "Comparison", "CudaCoreMissingError", "GraphOfKernels",
+    "GraphRunner", "InputMismatchError", "KernelError", "KernelLoadError", "KernelSequence", "NoDeviceError",
+    "Resources", "Verification", "VerificationError", "build", "cache_dir", "cache_key", "clear_cache", "compile",
+    "compile_cubin", "lower", "pack_args", "relative_error",
 ]

@@ -77,7 +77,7 @@ class CompiledRunner:
         self.step_fn = step_fn
         self.params = list(launch_contract(source).params)
         self.arena_bytes = arena_bytes_of(source)
-        self.kernel = compile(source, self.device, backend=backend, cache=cache)
+        self.kernel = self._load(source, backend, cache)
         self._words = _status.new_words(self.device, _status.words_of(source))
         specs = getattr(launch_contract(source), "tensor_maps", ())
         #: The TMA tensor maps of the kernel's bulk tensor copies (``None`` when it makes none).
@@ -90,6 +90,10 @@ class CompiledRunner:
         self.timings: dict[str, float] = {}
         #: The :class:`~tkx.runtime.verify.Verification` of the last :meth:`verify` call (``None`` before).
         self.last_verification: Any = None
+
+    def _load(self, source: Any, backend: str | None, cache: bool | str) -> Any:
+        """Compile and load ``source`` on ``self.device`` (:func:`tkx.runtime.compile`)."""
+        return compile(source, self.device, backend=backend, cache=cache)
 
     # -- facts ------------------------------------------------------------------------------
     @property

@@ -209,9 +209,7 @@ def _slice_write_ok(w: Work, group: Group, scatter: Op, inp_buf: str, root: Tens
 def choose_mode(groups: dict[str, Group], stages: tuple[tuple[str, ...], ...],
                 options: Any) -> tuple[str, int, str]:
     """One block or the whole grid: estimated µs of each (:func:`_mode_costs`) -> (mode, blocks, why)."""
-    want = max((sum(groups[g].work_items for g in s) for s in stages), default=1)
-    cap = options.max_blocks or SM_COUNT * options.blocks_per_sm
-    blocks_grid = max(1, min(want, cap))
+    blocks_grid = grid_blocks(groups, stages, options)
     t_block, t_grid = _mode_costs(groups, stages, blocks_grid)
     numbers = f"estimated {t_block:.1f} µs on one block vs {t_grid:.1f} µs on {blocks_grid} blocks"
     if options.mode == "block":
@@ -223,28 +221,40 @@ def choose_mode(groups: dict[str, Group], stages: tuple[tuple[str, ...], ...],
     return "grid", blocks_grid, f"auto: the grid is cheaper: {numbers}"
 
 
+def grid_blocks(groups: dict[str, Group], stages: tuple[tuple[str, ...], ...], options: Any) -> int:
+    """Blocks of the grid mode: the most work items of one stage, capped by ``options.max_blocks`` (else
+    :data:`SM_COUNT` x ``options.blocks_per_sm``); at least 1."""
+    want = max((sum(groups[g].work_items for g in s) for s in stages), default=1)
+    cap = options.max_blocks or SM_COUNT * options.blocks_per_sm
+    return max(1, min(want, cap))
+
+
 def predicted_us(schedule: FusedSchedule) -> float:
-    """The cost model's µs for one step of ``schedule`` in its mode on its blocks: the figure
-    ``mode='auto'`` compares (:func:`tkx.costs.constants`; an estimate, not a measurement)."""
+    """The cost model's µs for one step of ``schedule`` in its mode on its blocks, the launch of its CUDA
+    graph included: the figure ``mode='auto'`` compares plus ``launch_us`` (:func:`tkx.costs.constants`; an
+    estimate, not a measurement)."""
+    from .. import costs
+
     t_block, t_grid = _mode_costs(schedule.groups, schedule.stages, max(schedule.blocks, 1))
-    return t_block if schedule.mode == "block" else t_grid
+    return (t_block if schedule.mode == "block" else t_grid) + costs.constants()["launch_us"]
 
 
 def _mode_costs(groups: dict[str, Group], stages: tuple[tuple[str, ...], ...],
-                blocks_grid: int) -> tuple[float, float]:
-    """(µs on one block, µs on ``blocks_grid`` blocks) of one step, from :func:`tkx.costs.constants`
-    (DESIGN.md's anchors, or the calibrated JSON when one is shipped)."""
+                blocks_grid: int, c: dict[str, float] | None = None) -> tuple[float, float]:
+    """(µs on one block, µs on ``blocks_grid`` blocks) of one step, with constants ``c`` (default
+    :func:`tkx.costs.constants`: DESIGN.md's anchors, or the calibrated JSON when one is shipped). A group
+    costs its fixed ``group_us`` plus, per block, its share of the work items (:func:`tkx.costs.item_us`
+    each): on one block all of them, one after another, on the grid the slowest block's share; a stage
+    costs its slowest group on the grid and the sum of its groups on one block."""
     from .. import costs
 
-    c = costs.constants()
+    c = c or costs.constants()
 
-    def item_us(grp: Group) -> float:
-        items = max(grp.work_items, 1)
-        return c["item_overhead_us"] * 0.1 + max(grp.flops / c["sm_flops_per_us"],
-                                                 grp.bytes / c["sm_bytes_per_us"]) / items
+    def item(grp: Group) -> float:
+        return costs.item_us(grp.flops, grp.bytes, grp.work_items, c)
 
-    t_block = sum(sum(groups[g].work_items * item_us(groups[g]) for g in s) for s in stages) \
+    t_block = sum(sum(c["group_us"] + groups[g].work_items * item(groups[g]) for g in s) for s in stages) \
         + c["block_barrier_us"] * (len(stages) - 1)
-    t_grid = sum(max(math.ceil(groups[g].work_items / blocks_grid) * item_us(groups[g]) for g in s)
+    t_grid = sum(max(c["group_us"] + math.ceil(groups[g].work_items / blocks_grid) * item(groups[g]) for g in s)
                  for s in stages) + c["grid_barrier_us"] * (len(stages) - 1)
     return t_block, t_grid
