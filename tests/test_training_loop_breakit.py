@@ -93,16 +93,21 @@ def test_a_list_of_batches_instead_of_a_dataset_is_refused():
         tkx.training_loop(_linear, (w0.clone(), X[0], Y[0]), (list(X), list(Y)), steps=2, progress=False)
 
 
-def test_dropout_is_refused_at_the_users_line():
-    class Net(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc = torch.nn.Linear(8, 4)
+class _Net(torch.nn.Module):
+    def __init__(self, dropout: float = 0.0):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 4)
+        self.p = dropout
 
-        def forward(self, x):
-            return self.fc(torch.nn.functional.dropout(x, 0.5, self.training))
+    def forward(self, x):
+        if self.p:
+            x = torch.nn.functional.dropout(x, self.p, self.training)
+        return self.fc(x)
 
-    net = Net()
+
+def _module_step(dropout: float = 0.0):
+    """``(step, (net, opt), X, Y)``: a classifier step with torch.optim as users write it."""
+    net = _Net(dropout)
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
 
     def step(x, y):
@@ -112,39 +117,25 @@ def test_dropout_is_refused_at_the_users_line():
         opt.step()
         return loss
 
-    X, Y = torch.randn(3, 6, 8), torch.randint(0, 4, (3, 6))
+    return step, (net, opt), torch.randn(3, 6, 8), torch.randint(0, 4, (3, 6))
+
+
+def test_dropout_is_refused_at_the_users_line():
+    step, state, X, Y = _module_step(dropout=0.5)
     with pytest.raises(tkx.UnsupportedError, match="random") as info:
-        tkx.training_loop(step, (X[0], Y[0]), (X, Y), steps=2, state=(net, opt), progress=False)
+        tkx.training_loop(step, (X[0], Y[0]), (X, Y), steps=2, state=state, progress=False)
     assert info.value.source is not None and "dropout" in info.value.source.code, info.value
     assert "eval()" in info.value.hint
 
 
 def test_a_failing_step_says_which_step_and_the_next_call_works():
-    class Net(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc = torch.nn.Linear(8, 4)
-
-        def forward(self, x):
-            return self.fc(x)
-
-    net = Net()
-    opt = torch.optim.SGD(net.parameters(), lr=0.1)
-
-    def step(x, y):
-        opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(net(x), y)
-        loss.backward()
-        opt.step()
-        return loss
-
-    X, Y = torch.randn(3, 6, 8), torch.randint(0, 4, (3, 6))
+    step, state, X, Y = _module_step()
     bad = Y.clone()
     bad[2, 1] = 9
     with pytest.raises(tkx.KernelError) as info:
-        tkx.training_loop(step, (X[0], Y[0]), (X, bad), steps=3, state=(net, opt), progress=False)
+        tkx.training_loop(step, (X[0], Y[0]), (X, bad), steps=3, state=state, progress=False)
     assert any("step 2" in note for note in getattr(info.value, "__notes__", []))
-    result = tkx.training_loop(step, (X[0], Y[0]), (X, Y), steps=3, state=(net, opt), progress=False)
+    result = tkx.training_loop(step, (X[0], Y[0]), (X, Y), steps=3, state=state, progress=False)
     assert result.steps == 3 and torch.isfinite(result.losses).all()
 
 
