@@ -244,3 +244,23 @@ def test_first_must_be_a_whole_count_and_rows_are_made_one_step_at_a_time():
         loop.run(2, first=-1, progress=False)
     rows = _rows(None, X, 10**15)  # a long CPU loop does not list its rows up front
     assert [next(rows) for _ in range(6)] == [0, 1, 2, 3, 0, 1]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_the_gpu_outputs_after_the_state_and_first_none_match_eager():
+    def step(w, x, y):
+        loss, new_w = _linear(w, x, y)
+        return loss, new_w, (x @ w - y).abs().max()
+
+    w0, X, Y = (t.cuda() for t in _data())
+    w = w0.clone()
+    loop = tkx.TrainingLoop(step, (w, X[0], Y[0]), (X, Y))
+    a = loop.run(3, progress=False)
+    b = loop.run(4, progress=False, first=None)
+    losses, w_ref = _eager(step, w0, X, Y, [0, 1, 2, 3, 0, 1, 2])
+    torch.testing.assert_close(torch.cat([a.losses, b.losses]), losses, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(w, w_ref, rtol=1e-5, atol=1e-6)
+    with pytest.raises(tkx.TkxError, match="int64"):
+        loop.run(2, order=torch.tensor([1.0, 0.0], device="cuda"), progress=False)
+    assert loop.run(1, progress=False).steps == 1  # the next call works
