@@ -264,3 +264,22 @@ def test_on_the_gpu_outputs_after_the_state_and_first_none_match_eager():
     with pytest.raises(tkx.TkxError, match="int64"):
         loop.run(2, order=torch.tensor([1.0, 0.0], device="cuda"), progress=False)
     assert loop.run(1, progress=False).steps == 1  # the next call works
+
+
+def test_the_cpu_loop_publishes_the_latest_loss_to_its_display(monkeypatch):
+    from tkx.runtime import live
+
+    seen = []
+
+    class Recorder(live.NoDisplay):
+        def update(self, snap):
+            seen.append(snap)
+
+        def close(self, snap, note="", losses=None):
+            seen.append(snap)
+
+    monkeypatch.setattr(live, "progress_display", lambda *args, **kwargs: Recorder())
+    w0, X, Y = _data()
+    result = tkx.training_loop(_linear, (w0.clone(), X[0], Y[0]), (X, Y), steps=3, progress="terminal")
+    assert [s.done for s in seen] == [1, 2, 3, 3] and seen[-1].finished
+    assert [s.loss for s in seen[:3]] == pytest.approx(result.losses.tolist())

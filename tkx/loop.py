@@ -363,7 +363,7 @@ class TrainingLoop:
                     with torch.no_grad():
                         for i, j in b.carry:
                             flat[i].copy_(out[j])
-                    words.words[0] = k + 1
+                    words.publish(k + 1, float(losses[-1]))
                     display.update(words.read())
                     if deadline is not None and time.perf_counter() > deadline:
                         words.request_stop()
@@ -375,6 +375,7 @@ class TrainingLoop:
         loss_t = torch.stack(losses) if losses else torch.empty(
             0, dtype=TORCH_DTYPES[self.program.outputs[b.loss].value.dtype])
         stopped = len(losses) < steps
+        words.publish(len(losses), float(loss_t[-1]) if losses else float("nan"), finished=True)
         display.close(words.read(), "stopped" if stopped else "done", loss_t.float().tolist())
         return LoopResult(loss_t, len(losses), steps, stopped, time.perf_counter() - t0, str(self.device))
 
