@@ -283,3 +283,38 @@ def test_the_cpu_loop_publishes_the_latest_loss_to_its_display(monkeypatch):
     result = tkx.training_loop(_linear, (w0.clone(), X[0], Y[0]), (X, Y), steps=3, progress="terminal")
     assert [s.done for s in seen] == [1, 2, 3, 3] and seen[-1].finished
     assert [s.loss for s in seen[:3]] == pytest.approx(result.losses.tolist())
+
+
+def _two_matrices(p, x, y):
+    return ((x @ p["a"] @ p["b"] - y) ** 2).mean()
+
+
+def test_new_state_returned_as_a_dict_in_another_key_order_lands_by_key():
+    def step(p, x, y):  # the new state's keys in another order than the argument's
+        return _two_matrices(p, x, y), {"b": p["b"] * 0.9, "a": p["a"] * 0.5}
+
+    g = torch.Generator().manual_seed(1)
+    P = {"a": torch.randn(8, 8, generator=g), "b": torch.randn(8, 8, generator=g)}
+    X, Y = torch.randn(3, 6, 8, generator=g), torch.randn(3, 6, 8, generator=g)
+    mine, ref, eager_ref = ({k: v.clone() for k, v in P.items()} for _ in range(3))
+    result = tkx.training_loop(step, (mine, X[0], Y[0]), (X, Y), steps=4, progress=False)
+    losses = []
+    for k in range(4):
+        loss, ref = step(ref, X[k % 3], Y[k % 3])
+        losses.append(loss)
+    torch.testing.assert_close(result.losses, torch.stack(losses))
+    for k in P:
+        torch.testing.assert_close(mine[k], ref[k])
+    expected = tkx.eager_training_loop(step, (eager_ref, X[0], Y[0]), (X, Y), steps=4)
+    torch.testing.assert_close(expected, torch.stack(losses))
+    for k in P:
+        torch.testing.assert_close(eager_ref[k], ref[k])
+
+
+def test_new_state_under_other_keys_is_refused():
+    def step(p, x, y):
+        return _two_matrices(p, x, y), {"first": p["a"] * 0.5, "second": p["b"] * 0.9}
+
+    X, Y = torch.randn(3, 6, 8), torch.randn(3, 6, 8)
+    with pytest.raises(tkx.UnsupportedError, match="keys"):
+        tkx.TrainingLoop(step, ({"a": torch.randn(8, 8), "b": torch.randn(8, 8)}, X[0], Y[0]), (X, Y))

@@ -109,6 +109,9 @@ def bind(program: Any, loss_index: int | None, args: Sequence[Any], batches: Seq
     if rest and carry is not False and not stateful:
         state_leaves = list(range(lifted, starts[first] if first < len(args) else lifted + sum(counts)))
         pairs = list(zip(state_leaves, rest))
+        out_keys = _output_keys(program)
+        if out_keys is not None:
+            pairs = _pair_by_keys(pairs, _leaf_keys(tuple(args[:first])), [out_keys[j] for j in rest], program)
         bad = [(i, j) for i, j in pairs if program.inputs[i].value.shape != program.outputs[j].value.shape
                or program.inputs[i].value.dtype != program.outputs[j].value.dtype]
         if bad or not pairs:
@@ -121,6 +124,47 @@ def bind(program: Any, loss_index: int | None, args: Sequence[Any], batches: Seq
                                         "if none of its other outputs is state (the step then updates its state in "
                                         "place, or nothing carries from one step to the next)")
     return Binding(tuple(batch_inputs), tuple(pairs), int(loss_index), lifted)
+
+
+def _leaf_keys(tree: Any) -> list[tuple[Any, ...]]:
+    """The dict keys on the path to every leaf of ``tree``, in flattening order."""
+    from torch.utils._pytree import MappingKey, tree_flatten_with_path
+
+    return [tuple(k.key for k in path if isinstance(k, MappingKey)) for path, _ in tree_flatten_with_path(tree)[0]]
+
+
+def _output_keys(program: Any) -> list[tuple[Any, ...]] | None:
+    if program.out_tree is None:
+        return None
+    from torch.utils._pytree import tree_unflatten
+
+    return _leaf_keys(tree_unflatten(list(range(len(program.outputs))), program.out_tree))
+
+
+def _pair_by_keys(pairs: list[tuple[int, int]], in_keys: Sequence[tuple[Any, ...]],
+                  out_keys: Sequence[tuple[Any, ...]], program: Any = None) -> list[tuple[int, int]]:
+    """``(state leaf, output)`` pairs made by position, re-paired by dict key where the step returns its new
+    state as dicts in another key order (``{"b": ..., "a": ...}`` for ``{"a": ..., "b": ...}``): leaf i takes
+    the first unused output with its keys. ``in_keys``/``out_keys``: the dict keys of each state leaf and of
+    each non-loss output, in pair order. Raises :class:`tkx.UnsupportedError` when both sides have keys that
+    differ (``program`` names them; ``None``: a :class:`tkx.TkxError`)."""
+    n = len(pairs)
+    mine, theirs = list(in_keys[:n]), list(out_keys[:n])
+    if mine == theirs or not any(theirs) or not any(mine):
+        return pairs
+    free = list(range(n))
+    chosen = []
+    for k in mine:
+        hit = next((m for m in free if theirs[m] == k), None)
+        if hit is None:
+            i, j = pairs[len(chosen)]
+            what = (f"output {program.outputs[j].name} cannot become input {program.inputs[i].name}: no returned "
+                    f"state has the keys {list(k)}" if program is not None else f"no returned state has keys {list(k)}")
+            raise UnsupportedError("training-loop", what, hint="return the new state with the keys of the state "
+                                   "arguments, or pass carry=False if the outputs are results")
+        free.remove(hit)
+        chosen.append(hit)
+    return [(pairs[a][0], pairs[b][1]) for a, b in enumerate(chosen)]
 
 
 def _refuse_state_in_datasets(program: Any, binding: Binding, leaves: Sequence[Any],
@@ -472,6 +516,7 @@ def eager_training_loop(step: Callable[..., Any], inputs: Sequence[Any], batches
     n_state = len(args) - len(batches)
     rows = _rows(order, batches[0], _count(steps), first)
     leaves = tree_flatten(tuple(args[:n_state]))[0]
+    in_keys = _leaf_keys(tuple(args[:n_state]))
     losses = []
     for row in rows:
         for b, data in enumerate(batches):
@@ -480,8 +525,10 @@ def eager_training_loop(step: Callable[..., Any], inputs: Sequence[Any], batches
         flat = tree_flatten(out)[0]
         losses.append(flat[loss].detach().reshape(()).clone())
         if carry and not state:
-            rest = [t for j, t in enumerate(flat) if j != loss]
+            rest = [j for j in range(len(flat)) if j != loss]
+            keys = _leaf_keys(out)
+            pairs = _pair_by_keys(list(zip(range(len(leaves)), rest)), in_keys, [keys[j] for j in rest])
             with torch.no_grad():
-                for dst, src in zip(leaves, rest):
-                    dst.copy_(src)
+                for i, j in pairs:
+                    leaves[i].copy_(flat[j])
     return torch.stack(losses) if losses else torch.empty(0)
