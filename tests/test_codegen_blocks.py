@@ -324,7 +324,7 @@ def test_gemm_64x64x32_resources(variant):
 
 def test_gemm_code_reads_well():
     p = G.GemmProblem(64, 64, 64)
-    code = G.simt_gemm(p, lambda b, r, k: f"A[{r} * 64 + {k}]", lambda b, k, c: f"B[{k} * 64 + {c}]",
+    code = G.emit_gemm("simt", p, lambda b, r, k: f"A[{r} * 64 + {k}]", lambda b, k, c: f"B[{k} * 64 + {c}]",
                        lambda b, r, c, acc: f"C[{r} * 64 + {c}] = {acc};")
     assert code.code.startswith("{\n    // SIMT fp32 GEMM")
     assert "A[row * 64 + k]" in code.code and "C[row * 64 + col] = acc;" in code.code
@@ -358,9 +358,9 @@ def test_problem_from_views():
 
 def test_bad_tiles_are_explained():
     with pytest.raises(ValueError, match="threads"):
-        G.simt_gemm(G.GemmProblem(64, 64, 64), *(lambda *a: "0.0f",) * 2, lambda *a: "", threads=100)
+        G.emit_gemm("simt", G.GemmProblem(64, 64, 64), *(lambda *a: "0.0f",) * 2, lambda *a: "", threads=100)
     with pytest.raises(ValueError, match="16x16"):
-        G.wmma_gemm(G.GemmProblem(64, 64, 64), *(lambda *a: "0.0f",) * 2, lambda *a: "", tile_m=40)
+        G.emit_gemm("wmma_bf16", G.GemmProblem(64, 64, 64), *(lambda *a: "0.0f",) * 2, lambda *a: "", tile_m=40)
 
 
 # --------------------------------------------------------------------------------------

@@ -159,6 +159,19 @@ def text(obj: Any) -> str:
     return f(obj)
 
 
+class Views:
+    """Base of the stage objects: shown through their registered views in a rich console
+    (``__rich__``) and in a notebook (``_repr_mimebundle_``)."""
+
+    __slots__ = ()
+
+    def __rich__(self) -> Any:
+        return rich(self)
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        return mimebundle(self, include, exclude)
+
+
 def widget(obj: Any, **kw: Any) -> Any:
     """An interactive widget over ``obj`` (needs ipywidgets; :mod:`tkx.explorer` registers it)."""
     return lookup(obj, "widget")(obj, **kw)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
+from .display import Views
 from .dtypes import DTYPE_BYTES, DTYPE_SHORT, FLOAT_DTYPES, INT_DTYPES  # noqa: F401 (re-exported)
 from .errors import SourceLine, TkxError
 from .ops import OPS, POINTWISE, Kind, OpDef, row  # noqa: F401 (re-exported)
@@ -179,7 +180,7 @@ class StateUpdate:
 
 
 @dataclass(frozen=True)
-class Program:
+class Program(Views):
     """A validated SSA program: inputs, ops in topological order, outputs, state updates.
 
     ``in_tree``/``out_tree`` are the torch pytree specs of the step's inputs (a tuple of
@@ -246,14 +247,6 @@ class Program:
                 f"{plural(len(self.outputs), 'output')}, {plural(len(self.updates), 'in-place update')}>")
 
     # -- views, looked up in tkx.display (the printer and tkx.render register them) --
-    def __rich__(self) -> Any:
-        from . import display
-        return display.rich(self)
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        from . import display
-        return display.mimebundle(self, include, exclude)
-
     def graph(self, **kw: Any) -> Any:
         """The dataflow graph as a ``graphviz.Digraph`` (``collapse="auto"|"region"|"none"``,
         ``expand=(regions...)``); see :func:`tkx.render.program.program_graph`."""

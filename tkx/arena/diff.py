@@ -37,19 +37,10 @@ def arena_diff(a: Any, b: Any) -> StageDiff:
             what.append(f"stages {s.first}..{s.last} -> {t.first}..{t.last}")
         if what:
             moved.append(f"{k}: " + "; ".join(what))
-    state = []
-    for name in a.in_place:
-        if name not in b.in_place:
-            state.append(f"- in place {name}")
-    for name in b.in_place:
-        if name not in a.in_place:
-            state.append(f"+ in place {name}")
-    for name in a.staged:
-        if name not in b.staged:
-            state.append(f"- staged {name}")
-    for name in b.staged:
-        if name not in a.staged:
-            state.append(f"+ staged {name}")
+    state: list[str] = []
+    for label, old, new in (("in place", a.in_place, b.in_place), ("staged", a.staged, b.staged)):
+        state += [f"- {label} {name}" for name in old if name not in new]
+        state += [f"+ {label} {name}" for name in new if name not in old]
     sections = (("slots added", tuple(added)), ("slots removed", tuple(removed)), ("slots moved", tuple(moved)),
                 ("state updates", tuple(state)))
     is_changed = bool(added or removed or moved or state) or any("(same)" not in x for x in summary)

@@ -58,7 +58,7 @@ class FxNodeInfo:
 
 
 @dataclass(frozen=True)
-class CapturedGraph:
+class CapturedGraph(display.Views):
     """The traced step: an FX ``GraphModule`` on fake tensors plus tkx's labels.
 
     Attributes: ``graph_module`` (``torch.fx.GraphModule``), ``nodes`` (one
@@ -98,12 +98,6 @@ class CapturedGraph:
     # -- views, looked up in tkx.display (the printer and tkx.render register them) --
     def __str__(self) -> str:
         return display.text(self)
-
-    def __rich__(self) -> Any:
-        return display.rich(self)
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        return display.mimebundle(self, include, exclude)
 
     def graph(self, **kw: Any) -> Any:
         """The FX graph as a ``graphviz.Digraph`` (``collapse``/``expand`` as for
@@ -490,6 +484,60 @@ def _label_regions(gm: torch.fx.GraphModule, loss_node: torch.fx.Node | None) ->
     return regions
 
 
+def _find_loss(gm: torch.fx.GraphModule, loss: int | None, output_names: list[str], caller: Any
+               ) -> tuple[int | None, torch.fx.Node | None]:
+    """``(flat index, FX node)`` of the loss among the traced outputs: ``loss`` when given (checked: a 0-d
+    floating-point tensor the step computes), else the first 0-d floating-point output (``None`` when there is
+    none). Raises :class:`UnsupportedError` ``bad-input`` naming the user's frame ``caller``."""
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    out_args = out_node.args[0]
+    out_args = list(out_args) if isinstance(out_args, (list, tuple)) else [out_args]
+    loss_index = loss
+    if loss_index is None:
+        for i, a in enumerate(out_args):
+            val = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
+            if isinstance(val, torch.Tensor) and val.dim() == 0 and val.is_floating_point():
+                loss_index = i
+                break
+    elif not 0 <= loss_index < len(out_args):
+        raise UnsupportedError("bad-input", f"loss={loss} but the step has {len(out_args)} outputs",
+                               hint="pass the flat index of the loss among the outputs")
+    loss_node = out_args[loss_index] if loss_index is not None else None
+    if not isinstance(loss_node, torch.fx.Node):
+        loss_node = None
+    if loss is not None:
+        val = loss_node.meta.get("val") if loss_node is not None else None
+        if not (isinstance(val, torch.Tensor) and val.dim() == 0 and val.is_floating_point()):
+            what = (f"shape {tuple(val.shape)}, dtype {val.dtype}" if isinstance(val, torch.Tensor)
+                    else "not a tensor computed by the step")
+            raise UnsupportedError(
+                "bad-input", f"loss={loss} points at output {output_names[loss_index]}, which is "
+                             f"not a 0-d floating-point tensor ({what})",
+                source=user_frame(caller),
+                hint="pass the flat index of the scalar loss among the outputs (or reduce it with .sum()/.mean())")
+    return loss_index, loss_node
+
+
+def _node_infos(gm: torch.fx.GraphModule, regions: dict, modules: dict) -> tuple[FxNodeInfo, ...]:
+    """What the views show of each traced FX node: its op, target, region, source line, module, shape, dtype
+    and arguments."""
+    infos = []
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        is_t = isinstance(val, torch.Tensor)
+        infos.append(FxNodeInfo(
+            name=node.name, op=node.op,
+            target=str(node.target) if node.op == "call_function" else node.op,
+            region=regions.get(node.name), source=node_tag(node).get("source"),
+            module=modules.get(node.name, (None, None))[0], module_type=modules.get(node.name, (None, None))[1],
+            shape=tuple(int(d) for d in val.shape) if is_t else None,
+            dtype=TORCH_DTYPES.get(val.dtype) if is_t else None,
+            args=tuple(a.name for a in node.all_input_nodes),
+            arguments=tuple(_arg_text(a) for a in node.args) + tuple(f"{k}={_arg_text(v)}"
+                                                                       for k, v in node.kwargs.items())))
+    return tuple(infos)
+
+
 def capture(step_fn: Callable[..., Any], example_inputs: Sequence[Any], *, loss: int | None = None,
             name: str | None = None, state: Any = None) -> CapturedGraph:
     """Trace ``step_fn(*example_inputs)`` and lower it to the tkx IR.
@@ -593,32 +641,7 @@ def capture(step_fn: Callable[..., Any], example_inputs: Sequence[Any], *, loss:
     from torch.utils._pytree import keystr
     output_names = ["out" + keystr(p) for p in out_paths]
 
-    out_node = next(n for n in gm.graph.nodes if n.op == "output")
-    out_args = out_node.args[0]
-    out_args = list(out_args) if isinstance(out_args, (list, tuple)) else [out_args]
-    loss_index = loss
-    if loss_index is None:
-        for i, a in enumerate(out_args):
-            val = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
-            if isinstance(val, torch.Tensor) and val.dim() == 0 and val.is_floating_point():
-                loss_index = i
-                break
-    elif not 0 <= loss_index < len(out_args):
-        raise UnsupportedError("bad-input", f"loss={loss} but the step has {len(out_args)} outputs",
-                               hint="pass the flat index of the loss among the outputs")
-    loss_node = out_args[loss_index] if loss_index is not None else None
-    if not isinstance(loss_node, torch.fx.Node):
-        loss_node = None
-    if loss is not None:
-        val = loss_node.meta.get("val") if loss_node is not None else None
-        if not (isinstance(val, torch.Tensor) and val.dim() == 0 and val.is_floating_point()):
-            what = (f"shape {tuple(val.shape)}, dtype {val.dtype}" if isinstance(val, torch.Tensor)
-                    else "not a tensor computed by the step")
-            raise UnsupportedError(
-                "bad-input", f"loss={loss} points at output {output_names[loss_index]}, which is "
-                             f"not a 0-d floating-point tensor ({what})",
-                source=user_frame(sys._getframe(1)),
-                hint="pass the flat index of the scalar loss among the outputs (or reduce it with .sum()/.mean())")
+    loss_index, loss_node = _find_loss(gm, loss, output_names, sys._getframe(1))
     _refuse_imperative_optimizer(gm)
     _refuse_overlapping_writes(gm, flat, flat_names)
     regions = _label_regions(gm, loss_node)
@@ -632,19 +655,6 @@ def capture(step_fn: Callable[..., Any], example_inputs: Sequence[Any], *, loss:
                               rng_input=len(flat) if len(flat_names) > len(flat) else None)
     validate(program)
 
-    infos = []
-    for node in gm.graph.nodes:
-        val = node.meta.get("val")
-        is_t = isinstance(val, torch.Tensor)
-        infos.append(FxNodeInfo(
-            name=node.name, op=node.op,
-            target=str(node.target) if node.op == "call_function" else node.op,
-            region=regions.get(node.name), source=node_tag(node).get("source"),
-            module=modules.get(node.name, (None, None))[0], module_type=modules.get(node.name, (None, None))[1],
-            shape=tuple(int(d) for d in val.shape) if is_t else None,
-            dtype=TORCH_DTYPES.get(val.dtype) if is_t else None,
-            args=tuple(a.name for a in node.all_input_nodes),
-            arguments=tuple(_arg_text(a) for a in node.args) + tuple(f"{k}={_arg_text(v)}"
-                                                                       for k, v in node.kwargs.items())))
-    return CapturedGraph(name, gm, tuple(infos), tuple(flat_names), tuple(output_names),
+    infos = _node_infos(gm, regions, modules)
+    return CapturedGraph(name, gm, infos, tuple(flat_names), tuple(output_names),
                          loss_index, program, in_tree, out_tree)

@@ -45,6 +45,19 @@ class AttentionCode:
 
 
 
+def _zeros(name: str, n: int) -> list[str]:
+    """C lines declaring the fp32 register array ``name[n]`` set to zero."""
+    return [f"float {name}[{n}];", "#pragma unroll", f"for (int u = 0; u < {n}; ++u) {name}[u] = 0.0f;"]
+
+
+def _key_value_tiles(bk: int, e: int, ev: int, lk: int, ld_k: Callable[[str, str, str], str],
+                     ld_v: Callable[[str, str, str], str], t: int) -> list[str]:
+    """The key tile ``sK`` (``bk x e``) and value tile ``sV`` (``bk x ev``) of batch ``b`` from key ``k0``
+    into shared memory (:func:`_stage`)."""
+    return [_stage("sK", bk, e, "k0", lk, lambda r, c: ld_k("b", r, c), t),
+            _stage("sV", bk, ev, "k0", lk, lambda r, c: ld_v("b", r, c), t)]
+
+
 def _stage(dst: str, rows: int, cols: int, row0: str, limit: int, load: Callable[[str, str], str], t: int) -> str:
     """Copy ``rows x cols`` elements (rows ``row0 + i`` below ``limit``, zeros beyond) into ``dst``."""
     return (f"for (int t = threadIdx.x; t < {rows * cols}; t += {t}) {{ const int i = t / {cols}, e = t % {cols}; "
@@ -106,15 +119,12 @@ def forward(plan: AttentionPlan, *, threads: int, ld_q: Loader, ld_k: Loader, ld
         "const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;",
         _stage("sQ", bq, e, "q0", lq, lambda r, c: ld_q("b", r, c), t),
         f"for (int i = threadIdx.x; i < {bq}; i += {t}) {{ sM[i] = -TKX_INF; sL[i] = 0.0f; }}",
-        f"float acc[{nacc}];",
-        "#pragma unroll",
-        f"for (int u = 0; u < {nacc}; ++u) acc[u] = 0.0f;",
+        *_zeros("acc", nacc),
         f"const int kend = {kend};",
         f"for (int k0 = 0; k0 < kend; k0 += {bk}) {{",
         indent(block(
             "__syncthreads();  // the previous tile's readers are done",
-            _stage("sK", bk, e, "k0", lk, lambda r, c: ld_k("b", r, c), t),
-            _stage("sV", bk, ev, "k0", lk, lambda r, c: ld_v("b", r, c), t),
+            *_key_value_tiles(bk, e, ev, lk, ld_k, ld_v, t),
             "__syncthreads();",
             f"for (int t = threadIdx.x; t < {bq * bk}; t += {t}) {{",
             indent(block(f"const int i = t / {bk}, j = t % {bk}, r = q0 + i, c = k0 + j;", *score, "sS[t] = s;")),
@@ -206,8 +216,7 @@ def backward(plan: AttentionPlan, *, threads: int, ld_q: Loader, ld_k: Loader, l
     qstart = f"(k0 / {bq}) * {bq}" if plan.causal else "0"
     key_items = block(
         f"const int b = item / {kt}, k0 = (item % {kt}) * {bk};",
-        _stage("sK", bk, e, "k0", lk, lambda r, c: ld_k("b", r, c), t),
-        _stage("sV", bk, ev, "k0", lk, lambda r, c: ld_v("b", r, c), t),
+        *_key_value_tiles(bk, e, ev, lk, ld_k, ld_v, t),
         f"float dk[{nk}], dv[{nv}];",
         "#pragma unroll",
         f"for (int u = 0; u < {nk}; ++u) dk[u] = 0.0f;",
@@ -255,14 +264,11 @@ def backward(plan: AttentionPlan, *, threads: int, ld_q: Loader, ld_k: Loader, l
     query_items = block(
         f"const int b = (item - {nb * kt}) / {qt}, q0 = ((item - {nb * kt}) % {qt}) * {bq};",
         rows_of_q("q0"),
-        f"float dq[{nq}];",
-        "#pragma unroll",
-        f"for (int u = 0; u < {nq}; ++u) dq[u] = 0.0f;",
+        *_zeros("dq", nq),
         f"for (int k0 = 0; k0 < {kend}; k0 += {bk}) {{  // every key tile, in order",
         indent(block(
             "__syncthreads();",
-            _stage("sK", bk, e, "k0", lk, lambda r, c: ld_k("b", r, c), t),
-            _stage("sV", bk, ev, "k0", lk, lambda r, c: ld_v("b", r, c), t),
+            *_key_value_tiles(bk, e, ev, lk, ld_k, ld_v, t),
             "__syncthreads();",
             f"for (int t = threadIdx.x; t < {bq * bk}; t += {t}) {{",
             indent(block(f"const int i = t / {bk}, j = t % {bk}, r = q0 + i, c = k0 + j;", prob,

@@ -166,6 +166,17 @@ DTYPES = dedent(r"""
 """)
 
 
+def _give_up(pad: int) -> str:
+    """The check inside a grid barrier's poll loop, indented by ``pad`` spaces: every 64 polls, give up after
+    ``spin_limit`` polls or once another block has failed, recording the stage (``ok = 0``, leave the loop)."""
+    return "\n".join(" " * pad + line for line in (
+        "if ((++polls & 63) == 0 && (polls > spin_limit || tkx_ld_volatile(status) != 0)) {",
+        "    tkx_fail(status, TKX_ERR_BARRIER_TIMEOUT, stage);",
+        "    ok = 0;",
+        "    break;",
+        "}"))
+
+
 BARRIERS = dedent(r"""
     // ---------------------------------------------------------------------------------
     // Barriers between stages. Both return false when the kernel must stop (an error
@@ -232,11 +243,7 @@ BARRIERS = dedent(r"""
             } else {
                 unsigned long long polls = 0;
                 while (tkx_ld_acquire(generation) == gen) {
-                    if ((++polls & 63) == 0 && (polls > spin_limit || tkx_ld_volatile(status) != 0)) {
-                        tkx_fail(status, TKX_ERR_BARRIER_TIMEOUT, stage);
-                        ok = 0;
-                        break;
-                    }
+""" + _give_up(20) + r"""
                 }
             }
         }
@@ -277,11 +284,7 @@ BARRIERS = dedent(r"""
             tkx_red_add_release_u64(arrivals, 1ull);           // arrive: publishes this block's writes
             unsigned long long polls = 0;
             while (tkx_ld_acquire_u64(arrivals) < target) {    // ... and sees everyone's once it opens
-                if ((++polls & 63) == 0 && (polls > spin_limit || tkx_ld_volatile(status) != 0)) {
-                    tkx_fail(status, TKX_ERR_BARRIER_TIMEOUT, stage);
-                    ok = 0;
-                    break;
-                }
+""" + _give_up(16) + r"""
             }
         }
         __syncthreads();

@@ -198,6 +198,13 @@ def vectorize(acc: VectorAccesses, comp: list[str], stores: list[str], runs: int
     return out_c, out_s + rest
 
 
+def element_coords(prefix: str, e: str, m: int, n: int) -> str:
+    """C declaration of ``<prefix>bat``, ``<prefix>row``, ``<prefix>col``: the matrix, row and column of the
+    linear output index ``e`` of a ``[batch, m, n]`` result."""
+    return (f"const int {prefix}bat = (int)({e} / {m * n}), {prefix}row = (int)(({e} / {n}) % {m}), "
+            f"{prefix}col = (int)({e} % {n});")
+
+
 def split_final_pass(acc: VectorAccesses, comp: list[str], stores: list[str], *, runs: int, threads: int,
                      split: int, scratch: str, total: int, m: int, n: int) -> list[str]:
     """The vector form of split-K's final phase for one work item (``runs * V`` elements per thread,
@@ -210,9 +217,7 @@ def split_final_pass(acc: VectorAccesses, comp: list[str], stores: list[str], *,
     lines = [f"const long long tkx_e0 = (long long)item * {threads * runs * v} + (long long)threadIdx.x * {v};"]
     for j in range(runs):
         x = f"tkxR{j}_"
-        lines += [f"const long long {x}e0 = tkx_e0 + {j * threads * v};",
-                  f"const int {x}bat = (int)({x}e0 / {m * n}), {x}row = (int)(({x}e0 / {n}) % {m}), "
-                  f"{x}col = (int)({x}e0 % {n});",
+        lines += [f"const long long {x}e0 = tkx_e0 + {j * threads * v};", element_coords(x, f"{x}e0", m, n),
                   run_index(acc, j, True)]
         for h in range(v // 4):
             for sl in range(split):

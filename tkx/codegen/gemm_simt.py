@@ -5,21 +5,8 @@ from __future__ import annotations
 
 import math
 
-from ..target import GemmProblem
-from .gemm_tile import (
-    Epilogue,
-    GemmCode,
-    LoadA,
-    LoadB,
-    _align,
-    _check_staging,
-    _epilogue_block,
-    _fetch_and_stash,
-    _k_loop,
-    _Stage,
-    _tile_header,
-    ceil_div,
-)
+from .gemm_registry import GemmRequest, register_gemm
+from .gemm_tile import GemmCode, _align, _epilogue_block, _operand_stages, _staged_k_loop, _tile_header, _tile_items
 from .text import block, indent
 
 
@@ -37,9 +24,8 @@ def _micro_tile(tm: int, tn: int, threads: int) -> tuple[int, int]:
     return rm, rn
 
 
-def simt_gemm(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue, *, tile_m: int = 64,
-              tile_n: int = 64, tile_k: int = 32, threads: int = 256, item: str = "item",
-              smem: str = "tkx_smem") -> GemmCode:
+@register_gemm("simt")
+def simt_gemm(r: GemmRequest) -> GemmCode:
     """(a) fp32 SIMT GEMM: shared tiles ``A[TM x TK]`` and ``B[TK x TN]``, each thread an
     ``RM x RN`` block of accumulators in registers, one ``fmaf`` per k in a fixed order.
 
@@ -47,13 +33,11 @@ def simt_gemm(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue, 
     so a warp reads consecutive shared-memory words and stores consecutive columns of C).
     A is kept k-major in shared memory (``As[k][m]``) so the inner loop reads one word per row.
     """
-    tm, tn, tk = tile_m, tile_n, tile_k
+    p, epilogue, threads, item, smem = r.problem, r.epilogue, r.threads, r.item, r.smem
+    tm, tn, tk = r.tile_m, r.tile_n, r.tile_k
     rm, rn = _micro_tile(tm, tn, threads)
     tx_count, ty_count = tn // rn, tm // rm
-    sa = _Stage("a", tm, tk, "col" if p.a_k_contiguous else "row", threads)
-    sb = _Stage("b", tk, tn, "col" if p.b_n_contiguous else "row", threads)
-    for s in (sa, sb):
-        _check_staging(s)
+    sa, sb = _operand_stages(p, tm, tn, tk, threads)
     # pad a shared row by one word when consecutive threads write down a column of it
     pad_a = 1 if sa.fast == "col" else 0
     pad_b = 1 if sb.fast == "row" else 0
@@ -100,13 +84,12 @@ def simt_gemm(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue, 
         f"for (int i = 0; i < {rm}; ++i)",
         "    #pragma unroll",
         f"    for (int j = 0; j < {rn}; ++j) sums[i][j] = 0.0f;",
-        _fetch_and_stash(p, sa, sb, load_a, load_b, f"As[c * {lda} + r]", f"Bs[r * {ldb} + c]", lambda v: v,
-                         m_guard, n_guard, k_guard),
-        _k_loop(tk, compute),
+        _staged_k_loop(p, sa, sb, r.load_a, r.load_b, f"As[c * {lda} + r]", f"Bs[r * {ldb} + c]", lambda v: v,
+                         m_guard, n_guard, k_guard, compute),
         "// epilogue: each thread hands its accumulators to the caller's code",
         epi,
     )
-    items = p.batch * ceil_div(p.m, tm) * ceil_div(p.n, tn)
+    items = _tile_items(p, tm, tn)
     params = {"tile": (tm, tn, tk), "micro_tile": (rm, rn), "thread_grid": (ty_count, tx_count),
               "a_fast": sa.fast, "b_fast": sb.fast}
     return GemmCode("simt", "{\n" + indent(body) + "\n}", items, shared, threads, False, params)

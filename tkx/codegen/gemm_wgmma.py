@@ -5,13 +5,11 @@ Specs: ``tkx.target`` ``wgmma_bf16``, ``wgmma_f16``, ``wgmma_tf32``."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from ..options import Options
-from ..target import GemmProblem, ceil_div
+from ..target import GemmProblem
 from .gemm_epilogue import _vector_tile, _wgmma_store_c
 from .gemm_split_k import _split_final_code, _split_final_params
-from .gemm_tile import (
+from .gemm_tile import (  # noqa: F401 - DEFAULT_KNOBS and WgmmaKnobs: the module's names
+    DEFAULT_KNOBS,
     Epilogue,
     GemmCode,
     LoadA,
@@ -19,11 +17,12 @@ from .gemm_tile import (
     PtrA,
     PtrB,
     SplitFinal,
-    _check_staging,
+    WgmmaKnobs,
     _fetch_and_stash,
     _guard,
-    _Stage,
+    _operand_stages,
     _tile_header,
+    _tile_items,
 )
 from .text import block, indent
 
@@ -155,59 +154,6 @@ WGMMA_MAX_STAGES = 8
 WGMMA_CLUSTER_SLACK = 1
 
 
-@dataclass(frozen=True)
-class WgmmaKnobs:
-    """The :class:`tkx.Options` fields that select variants of the wgmma GEMM's code.
-
-    ``in_flight`` (``wgmma_in_flight``): wgmma groups (one k-tile's MMAs each) a warpgroup leaves in flight
-    when it moves to the next k-tile (``wgmma.wait_group`` N): 0 waits for each k-tile's MMAs before the next
-    is issued (the tensor cores idle during the barrier, the wait for the next tile and the copy issue); 1
-    issues k-tile kt's MMAs and then waits only for k-tile kt - 1's, refilling the stage of k-tile kt - 2
-    (one stage fewer holds copies in flight).
-
-    ``epilogue_vector`` (``epilogue_vector``): the batched tile epilogue (and split-K's final phase) in runs
-    of V column-adjacent elements per thread (V = 8 with a 2-byte point access, 4 with 4-byte ones only): the
-    C tile read as float4, every buffer read at the output's own index (an SGD update's weight, a ReLU mask)
-    loaded as one 16-byte vector per run and the outputs stored as 16-byte vectors
-    (:mod:`tkx.codegen.epilogue_vector`), behind a block-uniform 16-byte alignment test of the pointers
-    whose false branch is the scalar code; the same per-element arithmetic. On by default: measured on the
-    H200 (item medians) medium's SGD-update tiles (128x256, 128 elements per thread) 10.69 -> 8.83 µs and
-    12.67 -> 10.62 µs, its 64x128 ReLU-mask tiles 7.04 -> 6.18 µs, the step 67.8 -> 60.6 µs; small 24.7 ->
-    24.5 µs. Registers (sm_90a, NVRTC, no spills): small 112 -> 157, medium 154 -> 183.
-
-    ``epilogue_prefetch`` (``epilogue_prefetch``, off: not measured faster): at the start of a work item
-    without split-K, the block asks L2 to prefetch (``prefetch.global.L2``, one request per 128-byte line)
-    the rows of this tile of every buffer the epilogue reads at the output's own index, so the epilogue
-    waits an L2 hit instead of a DRAM access. Only for tiles inside the matrix.
-
-    ``cluster_scope`` (``cluster_scope``): memory semantics of a 2-CTA cluster's stage handshake (each CTA's
-    release of a stage and the wait for both): ``"cluster"`` (``.release.cluster`` / ``.acquire.cluster``,
-    verified on the H200, +0.3 µs per k-tile) or ``"cta"`` (the instructions' defaults, as CUTLASS's
-    cluster pipelines use: the hazard is write-after-read, the partner's MMA reads being complete at its
-    ``wgmma.wait_group`` before it arrives).
-
-    ``cluster_multicast`` (``cluster_multicast``): ``False`` makes each CTA of a pair copy the whole B tile
-    itself (no multicast), keeping the pairing and the handshake, to separate the multicast's cost from
-    the synchronisation's.
-    """
-
-    in_flight: int = 1
-    epilogue_vector: bool = True
-    epilogue_prefetch: bool = False
-    cluster_scope: str = "cluster"
-    cluster_multicast: bool = True
-
-    @staticmethod
-    def of(options: Options) -> WgmmaKnobs:
-        """The knobs of ``options`` (a :class:`tkx.Options`)."""
-        return WgmmaKnobs(options.wgmma_in_flight, options.epilogue_vector, options.epilogue_prefetch,
-                          options.cluster_scope, options.cluster_multicast)
-
-
-#: The switches' defaults (``Options()``).
-DEFAULT_KNOBS = WgmmaKnobs()
-
-
 def tensormap_prefetch(maps: int, tmaps: str = "tmaps", *, on: bool = False) -> str:
     """C statement for kernel entry: every one of the ``maps`` 128-byte tensor maps at ``tmaps`` prefetched
     into the descriptor cache (warp 0, one map per lane and pass); empty without maps or when not ``on``
@@ -253,10 +199,7 @@ def wgmma_staged(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogu
     tk = SWIZZLE_ROW // ebytes
     wgm = tm // 64
     wgn = threads // 128 // wgm
-    sa = _Stage("a", tm, tk, "col" if p.a_k_contiguous else "row", threads)
-    sb = _Stage("b", tk, tn, "col" if p.b_n_contiguous else "row", threads)
-    for s in (sa, sb):
-        _check_staging(s)
+    sa, sb = _operand_stages(p, tm, tn, tk, threads)
     row_elems = SWIZZLE_ROW // ebytes  # elements of one swizzled row (= tk)
     chunk_elems = 16 // ebytes
     a_bytes = tm * SWIZZLE_ROW
@@ -360,7 +303,7 @@ def wgmma_staged(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogu
         "// epilogue: accumulators -> shared C tile -> per element",
         epi,
     )
-    items = p.batch * ceil_div(p.m, tm) * ceil_div(p.n, tn) * split
+    items = _tile_items(p, tm, tn, split)
     params = {"tile": (tm, tn, tk), "warpgroups": (wgm, wgn), "instruction": f"m64n{wn}k{fk}",
               "swizzle": "128B", "stages": 2, "vector_loads": vec is not None, "split_k": split,
               **(vtile.params() if vtile is not None else {}),

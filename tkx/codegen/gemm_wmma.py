@@ -3,21 +3,8 @@ Specs: ``tkx.target`` ``wmma_bf16``, ``wmma_f16``, ``wmma_tf32``."""
 
 from __future__ import annotations
 
-from ..target import GemmProblem
-from .gemm_tile import (
-    Epilogue,
-    GemmCode,
-    LoadA,
-    LoadB,
-    _align,
-    _check_staging,
-    _epilogue_block,
-    _fetch_and_stash,
-    _k_loop,
-    _Stage,
-    _tile_header,
-    ceil_div,
-)
+from .gemm_registry import GemmRequest, register_gemm
+from .gemm_tile import GemmCode, _align, _epilogue_block, _operand_stages, _staged_k_loop, _tile_header, _tile_items
 from .text import block, indent
 
 # --------------------------------------------------------------------------------------
@@ -49,9 +36,8 @@ def _warp_grid(fm: int, fn: int, warps: int) -> tuple[int, int]:
     return best[1], best[2]
 
 
-def wmma_gemm(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue, *, variant: str = "wmma_bf16",
-              tile_m: int = 64, tile_n: int = 64, tile_k: int = 32, threads: int = 256, item: str = "item",
-              smem: str = "tkx_smem") -> GemmCode:
+@register_gemm(*_WMMA)
+def wmma_gemm(r: GemmRequest) -> GemmCode:
     """(b) bf16/fp16 and (c) tf32 tensor-core GEMM through ``nvcuda::wmma``, fp32 accumulators.
 
     Operand tiles are converted to the fragment type while staged into shared memory (exact
@@ -62,20 +48,18 @@ def wmma_gemm(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue, 
     (which reuses the operand tiles' bytes) so that the epilogue runs per element (16 lanes on
     consecutive columns, two rows of C per step), without a whole-tile C buffer.
     """
+    variant, p, epilogue, threads, item, smem = r.variant, r.problem, r.epilogue, r.threads, r.item, r.smem
     if variant not in _WMMA:
         raise ValueError(f"unknown tensor-core variant {variant!r}; one of {sorted(_WMMA)}")
     elem, fk, frag_t, conv, ebytes = _WMMA[variant]
-    tm, tn, tk = tile_m, tile_n, tile_k
+    tm, tn, tk = r.tile_m, r.tile_n, r.tile_k
     if tm % 16 or tn % 16 or tk % fk or threads % 32:
         raise ValueError(f"{variant} needs tiles in multiples of 16x16x{fk} and whole warps")
     warps = threads // 32
     fm, fn = tm // 16, tn // 16
     wm, wn = _warp_grid(fm, fn, warps)
     pm, pn = fm // wm, fn // wn  # fragments per warp
-    sa = _Stage("a", tm, tk, "col" if p.a_k_contiguous else "row", threads)
-    sb = _Stage("b", tk, tn, "col" if p.b_n_contiguous else "row", threads)
-    for s in (sa, sb):
-        _check_staging(s)
+    sa, sb = _operand_stages(p, tm, tn, tk, threads)
     pad = 16 // ebytes  # keeps rows 16-byte aligned while shifting banks
     # A: row_major As[m][k] when k is contiguous in memory, else col_major As[k][m]; B alike.
     a_row = p.a_k_contiguous
@@ -148,13 +132,13 @@ def wmma_gemm(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue, 
         f"for (int i = 0; i < {pm}; ++i)",
         "    #pragma unroll",
         f"    for (int j = 0; j < {pn}; ++j) wmma::fill_fragment(c_frag[i][j], 0.0f);",
-        _fetch_and_stash(p, sa, sb, load_a, load_b, a_slot, b_slot, conv.format, m_guard, n_guard, k_guard),
-        _k_loop(tk, compute),
+        _staged_k_loop(p, sa, sb, r.load_a, r.load_b, a_slot, b_slot, conv.format, m_guard, n_guard, k_guard,
+                       compute),
         "// epilogue: each fragment goes through the warp's staging area, then element by element",
         epi,
         "__syncthreads();  // every warp is done with its staging area before the next item reuses it",
     )
-    items = p.batch * ceil_div(p.m, tm) * ceil_div(p.n, tn)
+    items = _tile_items(p, tm, tn)
     params = {"tile": (tm, tn, tk), "warp_grid": (wm, wn), "fragments_per_warp": (pm, pn),
               "a_layout": a_layout.split("::")[1], "b_layout": b_layout.split("::")[1]}
     return GemmCode(variant, "{\n" + indent(body) + "\n}", items, shared, threads, True, params)

@@ -28,14 +28,15 @@ and the K cache read as ``K^T``); :func:`tkx.target.choose_gemm` sends the rest 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..target import SKINNY_MAX, GemmProblem
-from .gemm_tile import Epilogue, GemmCode, LoadA, LoadB, _align, ceil_div
+from .gemm_registry import GemmRequest, register_gemm
+from .gemm_tile import GemmCode, GemvLoads, Long8, Prefetch, PtrLong, _align, ceil_div
 from .text import block, indent
 
-__all__ = ["gemv", "gemv_stream", "columns_per_warp", "stream_split", "Prefetch", "UNROLL", "VEC_UNROLL"]
+__all__ = ["gemv", "gemv_stream", "columns_per_warp", "stream_split", "GemvLoads", "Long8", "Prefetch", "PtrLong",
+           "UNROLL", "VEC_UNROLL"]
 
 #: Most K steps (of 32 elements per warp) unrolled on the element-load path: loads in flight per lane =
 #: UNROLL x columns per warp.
@@ -49,24 +50,6 @@ CHAIN_UNROLL = 16
 MAX_CPW = 8
 #: Bytes one prefetch covers (a cache line of sm_80 and sm_90).
 LINE = 128
-
-#: ``(batch, k, l) -> C pointer`` (``const unsigned short*``) to the long operand's element (k, l).
-PtrLong = Callable[[str, str, str], str]
-#: ``(batch, k0, l, t) -> C float``: the long operand's element (k0 + t, l), k0 a multiple of 8, 0 <= t < 8.
-Long8 = Callable[[str, str, str, str], str]
-
-
-@dataclass(frozen=True)
-class Prefetch:
-    """A raw buffer the long operand's load reads: the bytes of column ``l`` lie in
-    ``[pointer + (row_stride * l + start), + span)`` (bytes)."""
-
-    pointer: str
-    row_stride: int
-    start: int
-    span: int
-
-
 
 def _pack8(src: str) -> str:
     """C expression: the 8 two-byte elements at ``src`` (any alignment) as one ``uint4``, the same bits."""
@@ -102,8 +85,28 @@ def stream_split(long_n: int, batch: int, steps: int, warps: int, blocks: int) -
     return best[3], best[2]
 
 
-def gemv(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue, *, threads: int = 256,
-         item: str = "item", smem: str = "tkx_smem") -> GemmCode:
+def _skinny(p: GemmProblem, name: str, threads: int) -> tuple[bool, int, int]:
+    """``(small_m, short size, long size)`` of a skinny GEMM; :class:`ValueError` when ``threads`` is not whole
+    warps or neither side is at most :data:`~tkx.target.SKINNY_MAX`."""
+    if threads % 32:
+        raise ValueError("threads must be a multiple of 32")
+    small_m = p.m <= p.n
+    s_count = p.m if small_m else p.n
+    if s_count > SKINNY_MAX:
+        raise ValueError(f"{name} needs M <= {SKINNY_MAX} or N <= {SKINNY_MAX}, got {p.m}x{p.n}")
+    return small_m, s_count, p.n if small_m else p.m
+
+
+def _long_index(p: GemmProblem, item: str, per_batch: int, step: str) -> list[str]:
+    """The matrix ``bat`` of the batch, ``warp``, ``lane`` and this thread's long index ``l`` (item ``item`` of
+    ``per_batch`` per matrix; ``step``: the rest of ``l = item * step``)."""
+    return [f"const int bat = {item} / {per_batch};" if p.batch > 1 else "const int bat = 0;",
+            "const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;",
+            f"const int l = ({item} % {per_batch}) * {step};" if p.batch > 1 else f"const int l = {item} * {step};"]
+
+
+@register_gemm("gemv")
+def gemv(r: GemmRequest) -> GemmCode:
     """(d) skinny GEMM for ``M <= 4`` or ``N <= 4``: every output of the short side at once.
 
     With S the short and L the long output dimension, each output column (row) needs one
@@ -117,13 +120,9 @@ def gemv(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue, *, th
       reads 32 adjacent elements; the block's warps split K and add their partial sums in
       shared memory; a work item is 32 long indices.
     """
-    if threads % 32:
-        raise ValueError("threads must be a multiple of 32")
-    small_m = p.m <= p.n
-    s_count = p.m if small_m else p.n
-    if s_count > SKINNY_MAX:
-        raise ValueError(f"gemv needs M <= {SKINNY_MAX} or N <= {SKINNY_MAX}, got {p.m}x{p.n}")
-    long_n = p.n if small_m else p.m
+    p, load_a, load_b, epilogue, threads, item, smem = (r.problem, r.load_a, r.load_b, r.epilogue, r.threads,
+                                                        r.item, r.smem)
+    small_m, s_count, long_n = _skinny(p, "gemv", threads)
     long_k_contiguous = (not p.b_n_contiguous) if small_m else p.a_k_contiguous
     warps = threads // 32
     # the long index is `l`, the short one `s`; A/B elements and the output in those terms
@@ -139,7 +138,7 @@ def gemv(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue, *, th
                 epilogue("bat", "row", "col", "acc"))
     out_total = block(f"const int row = {row}, col = {col};", "const float acc = total;",
                       epilogue("bat", "row", "col", "acc"))
-    header = [f"constexpr int M = {p.m}, N = {p.n}, K = {p.k};  // {dims}, S = {s_count} short index(es)"]
+    header = f"constexpr int M = {p.m}, N = {p.n}, K = {p.k};  // {dims}, S = {s_count} short index(es)"
     if long_k_contiguous:
         per_item = warps
         mode = "split_k"
@@ -147,10 +146,7 @@ def gemv(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue, *, th
         body = block(
             "// skinny GEMM (split_k): one warp per long index l, lanes split K, shuffle reduction",
             header,
-            f"const int bat = {item} / {per_batch};" if p.batch > 1 else "const int bat = 0;",
-            "const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;",
-            f"const int l = ({item} % {per_batch}) * {warps} + warp;" if p.batch > 1
-            else f"const int l = {item} * {warps} + warp;",
+            *_long_index(p, item, per_batch, f"{warps} + warp"),
             f"if (l < {long_n}) {{  // the whole warp takes the same branch",
             f"    float sum[{s_count}];",
             "    #pragma unroll",
@@ -180,10 +176,7 @@ def gemv(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue, *, th
         body = block(
             f"// skinny GEMM (split_l): one thread per long index l, the {warps} warps split K",
             header,
-            f"const int bat = {item} / {per_batch};" if p.batch > 1 else "const int bat = 0;",
-            "const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;",
-            f"const int l = ({item} % {per_batch}) * 32 + lane;" if p.batch > 1
-            else f"const int l = {item} * 32 + lane;",
+            *_long_index(p, item, per_batch, "32 + lane"),
             f"const int k_begin = warp * {kc}, k_end = min(K, k_begin + {kc});  // this warp's share of K",
             f"float sum[{s_count}];",
             "#pragma unroll",
@@ -217,171 +210,240 @@ def gemv(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue, *, th
     return GemmCode("gemv", "{\n" + indent(body) + "\n}", items, shared, threads, False, params)
 
 
-def gemv_stream(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue, *, threads: int = 256,
-                blocks: int = 132, item: str = "item", ptr_long: PtrLong | None = None, aligned: str = "false",
-                ptr_short: PtrLong | None = None, aligned_short: str = "false",
-                prefetch: tuple[Prefetch, ...] = (), long8: Long8 | None = None, cheap: bool = True) -> GemmCode:
-    """C block for one work item of the streaming GEMV of ``p`` (see the module text).
+@dataclass(frozen=True)
+class _Stream:
+    """The work split of one streaming GEMV (:func:`_stream_of`)."""
 
-    ``blocks``: the grid size the columns are spread over. ``ptr_long``: a pointer to the long operand's
-    2-byte element ``(batch, k, l)`` for 16-byte loads (used when K is a multiple of 8; ``aligned`` is the
-    run-time C test that the buffer's base is 16-byte aligned, else the same bits are read two bytes at a
-    time); ``ptr_short`` / ``aligned_short``: the same for the short operand's element ``(batch, k, s)`` (its
-    8 K elements per step in one load on the vector path); ``long8``: ``(batch, k0, l, t) -> C float`` the long
-    operand's element ``(k0 + t, l)`` for ``k0`` a multiple of 8 and ``0 <= t < 8`` (used on the chain path with
-    8 elements per lane, else ``load_a``/``load_b`` at ``k0 + t``); ``prefetch``: raw buffers of the
-    element-load path to prefetch per column. Raises
-    :class:`ValueError` if neither side is skinny (``min(M, N) > SKINNY_MAX``), if the long operand is not
-    contiguous along K, or if ``threads`` is not a multiple of 32.
-    """
-    if threads % 32:
-        raise ValueError("threads must be a multiple of 32")
-    small_m = p.m <= p.n
-    s_count = p.m if small_m else p.n
-    if s_count > SKINNY_MAX:
-        raise ValueError(f"gemv_stream needs M <= {SKINNY_MAX} or N <= {SKINNY_MAX}, got {p.m}x{p.n}")
-    long_n = p.n if small_m else p.m
+    small_m: bool
+    s_count: int  # short side
+    long_n: int  # long side (output columns)
+    vec: bool  # 16-byte loads of the long operand
+    lane8: bool  # a dequantising chain, 8 K elements per lane and step
+    cpw: int  # columns per warp
+    ksplit: int  # warps sharing one column group over slices of K
+    groups: int  # column groups of one work item
+    per_item: int
+    per_batch: int
+    slice_steps: int
+    per_step: int
+
+    @property
+    def k_lo(self) -> str:
+        return f"kslice * {self.slice_steps * self.per_step}"
+
+    @property
+    def k_hi(self) -> str:
+        return f"min(K, (kslice + 1) * {self.slice_steps * self.per_step})"
+
+
+def _stream_of(r: GemmRequest) -> _Stream:
+    p = r.problem
+    small_m, s_count, long_n = _skinny(p, "gemv_stream", r.threads)
     if (p.b_n_contiguous if small_m else not p.a_k_contiguous):
         raise ValueError("gemv_stream needs the long operand contiguous along K (use gemv)")
-    warps = threads // 32
-    vec = ptr_long is not None and p.k % 8 == 0
+    warps = r.threads // 32
+    vec = r.gemv_loads.ptr_long is not None and p.k % 8 == 0
     # a dequantising chain with K a multiple of 8 (``cheap``: Options.cheap_int_math): each lane computes 8 consecutive
     # K elements per step, so the compiler sees one byte serve both nibbles and one scale serve all 8
     # (the indices' low 3 bits are the constant t) and the activations come in 16-byte loads
-    lane8 = not vec and cheap and p.k % 8 == 0
+    lane8 = not vec and r.cheap and p.k % 8 == 0
     per_step = 256 if vec or lane8 else 32
     steps = ceil_div(p.k, per_step)
-    cpw, ksplit = stream_split(long_n, p.batch, steps, warps, blocks)
-    groups = warps // ksplit  # column groups of one work item
+    cpw, ksplit = stream_split(long_n, p.batch, steps, warps, r.blocks)
+    groups = warps // ksplit
     per_item = groups * cpw
-    per_batch = ceil_div(long_n, per_item)
-    slice_steps = ceil_div(steps, ksplit)
-    if small_m:
-        short_of = lambda k: load_a("bat", "s", k)  # noqa: E731
-        long_of = lambda k: load_b("bat", k, "l")  # noqa: E731
-        row, col, dims = "s", "l", "C[s, l] = sum_k A[s, k] * B[k, l]"
-    else:
-        short_of = lambda k: load_b("bat", k, "s")  # noqa: E731
-        long_of = lambda k: load_a("bat", "l", k)  # noqa: E731
-        row, col, dims = "l", "s", "C[l, s] = sum_k A[l, k] * B[k, s]"
-    zero = block(
-        f"float sum[{cpw}][{s_count}];",
+    return _Stream(small_m, s_count, long_n, vec, lane8, cpw, ksplit, groups, per_item, ceil_div(long_n, per_item),
+                   ceil_div(steps, ksplit), per_step)
+
+
+def _short_of(r: GemmRequest, g: _Stream, k: str) -> str:
+    return r.load_a("bat", "s", k) if g.small_m else r.load_b("bat", k, "s")
+
+
+def _long_of(r: GemmRequest, g: _Stream, k: str) -> str:
+    return r.load_b("bat", k, "l") if g.small_m else r.load_a("bat", "l", k)
+
+
+def _short8(r: GemmRequest, g: _Stream) -> list[str]:
+    """Lines filling ``a[8]`` with the short operand's elements ``k0 .. k0 + 7`` (one 16-byte load with
+    ``ptr_short``)."""
+    ld = r.gemv_loads
+    if ld.ptr_short is None:
+        return ["#pragma unroll", f"for (int t = 0; t < 8; ++t) a[t] = {_short_of(r, g, '(k0 + t)')};"]
+    return ["uint4 av = make_uint4(0u, 0u, 0u, 0u);",
+            f"const unsigned short* asrc = {ld.ptr_short('bat', 'k0', 's')};",
+            f"if ({ld.aligned_short}) av = *reinterpret_cast<const uint4*>(asrc);",
+            f"else av = {_pack8('asrc')};",
+            *(f"a[{2 * i}] = __uint_as_float(av.{w} << 16); "
+              f"a[{2 * i + 1}] = __uint_as_float(av.{w} & 0xffff0000u);" for i, w in enumerate("xyzw"))]
+
+
+def _fma_per_short(r: GemmRequest, g: _Stream, fma: str) -> str:
+    """For each short index ``s``: its 8 elements into ``a[8]`` (:func:`_short8`), then ``fma`` (indented C
+    statements adding them into ``sum[c][s]``) for each column ``c`` of the warp."""
+    return block(
         "#pragma unroll",
-        f"for (int c = 0; c < {cpw}; ++c) {{",
-        "    #pragma unroll",
-        f"    for (int s = 0; s < {s_count}; ++s) sum[c][s] = 0.0f;",
+        f"for (int s = 0; s < {g.s_count}; ++s) {{",
+        indent(block("float a[8];", *_short8(r, g), "#pragma unroll", f"for (int c = 0; c < {g.cpw}; ++c) {{", fma,
+                     "}")),
         "}")
-    k_lo, k_hi = f"kslice * {slice_steps * per_step}", f"min(K, (kslice + 1) * {slice_steps * per_step})"
-    if vec:
-        assert ptr_long is not None
-        unroll = max(1, min(slice_steps, VEC_UNROLL // cpw))
-        words = [f"raw[c].{w}" for w in "xyzw"]
-        loop = block(
-            f"#pragma unroll {unroll}",
-            f"for (int k0 = {k_lo} + lane * 8; k0 < {k_hi}; k0 += 256) {{",
-            indent(block(
-                f"uint4 raw[{cpw}];  // 8 weight elements per column: 16-byte loads, all in flight, then the FMAs",
-                "#pragma unroll",
-                f"for (int c = 0; c < {cpw}; ++c) {{",
-                "    const int l = l0 + c;",
-                "    raw[c] = make_uint4(0u, 0u, 0u, 0u);",
-                f"    if (l < {long_n}) {{",
-                f"        const unsigned short* src = {ptr_long('bat', 'k0', 'l')};",
-                f"        if ({aligned}) raw[c] = *reinterpret_cast<const uint4*>(src);",
-                f"        else raw[c] = {_pack8('src')};",
-                "    }",
-                "}",
-                "#pragma unroll",
-                f"for (int s = 0; s < {s_count}; ++s) {{",
-                indent(block(
-                    "float a[8];",
-                    *(["uint4 av = make_uint4(0u, 0u, 0u, 0u);",
-                       f"const unsigned short* asrc = {ptr_short('bat', 'k0', 's')};",
-                       f"if ({aligned_short}) av = *reinterpret_cast<const uint4*>(asrc);",
-                       f"else av = {_pack8('asrc')};",
-                       *(f"a[{2 * i}] = __uint_as_float(av.{w} << 16); "
-                         f"a[{2 * i + 1}] = __uint_as_float(av.{w} & 0xffff0000u);"
-                         for i, w in enumerate("xyzw"))] if ptr_short is not None else
-                      ["#pragma unroll", f"for (int t = 0; t < 8; ++t) a[t] = {short_of('(k0 + t)')};"]),
-                    "#pragma unroll",
-                    f"for (int c = 0; c < {cpw}; ++c) {{",
-                    indent(block(*(f"sum[c][s] = fmaf(a[{2 * i}], __uint_as_float({w} << 16), sum[c][s]);\n"
-                                   f"sum[c][s] = fmaf(a[{2 * i + 1}], __uint_as_float({w} & 0xffff0000u), sum[c][s]);"
-                                   for i, w in enumerate(words)))),
-                    "}")),
-                "}")),
-            "}")
-    elif lane8:
-        unroll = max(1, min(slice_steps, CHAIN_UNROLL // (8 * cpw)))
-        if ptr_short is not None:
-            short8 = ["uint4 av = make_uint4(0u, 0u, 0u, 0u);",
-                      f"const unsigned short* asrc = {ptr_short('bat', 'k0', 's')};",
-                      f"if ({aligned_short}) av = *reinterpret_cast<const uint4*>(asrc);",
-                      f"else av = {_pack8('asrc')};",
-                      *(f"a[{2 * i}] = __uint_as_float(av.{w} << 16); "
-                        f"a[{2 * i + 1}] = __uint_as_float(av.{w} & 0xffff0000u);" for i, w in enumerate("xyzw"))]
-        else:
-            short8 = ["#pragma unroll", f"for (int t = 0; t < 8; ++t) a[t] = {short_of('(k0 + t)')};"]
-        loop = block(
-            f"#pragma unroll {unroll}",
-            f"for (int k8 = kslice * {slice_steps * 32} + lane; "
-            f"k8 < min({p.k // 8}, (kslice + 1) * {slice_steps * 32}); k8 += 32) {{",
-            indent(block(
-                "const int k0 = k8 * 8;  // 8 consecutive K elements; the low 3 bits of k0 + t are t",
-                f"float elem[{cpw}][8];  // the chain's loads first (all in flight), then the FMAs",
-                "#pragma unroll",
-                f"for (int c = 0; c < {cpw}; ++c) {{",
-                "    const int l = l0 + c;",
-                "    #pragma unroll",
-                f"    for (int t = 0; t < 8; ++t) elem[c][t] = l < {long_n} ? "
-                f"{long8('bat', 'k0', 'l', 't') if long8 is not None else long_of('(k0 + t)')} : 0.0f;",
-                "}",
-                "#pragma unroll",
-                f"for (int s = 0; s < {s_count}; ++s) {{",
-                indent(block(
-                    "float a[8];",
-                    *short8,
-                    "#pragma unroll",
-                    f"for (int c = 0; c < {cpw}; ++c) {{",
-                    "    #pragma unroll",
-                    "    for (int t = 0; t < 8; ++t) sum[c][s] = fmaf(a[t], elem[c][t], sum[c][s]);",
-                    "}")),
-                "}")),
-            "}")
-    else:
-        unroll = min(UNROLL, slice_steps)
-        loop = block(
-            f"#pragma unroll {unroll}",
-            f"for (int k = {k_lo} + lane; k < {k_hi}; k += 32) {{",
-            indent(block(
-                f"float elem[{cpw}];  // the long operand's loads first (all in flight), then the FMAs",
-                "#pragma unroll",
-                f"for (int c = 0; c < {cpw}; ++c) {{",
-                "    const int l = l0 + c;",
-                f"    elem[c] = l < {long_n} ? {long_of('k')} : 0.0f;",
-                "}",
-                "#pragma unroll",
-                f"for (int s = 0; s < {s_count}; ++s) {{",
-                f"    const float a_s = {short_of('k')};",
-                "    #pragma unroll",
-                f"    for (int c = 0; c < {cpw}; ++c) sum[c][s] = fmaf(a_s, elem[c], sum[c][s]);",
-                "}")),
-            "}")
-    fetch = []
-    if prefetch and not vec:
-        fetch = ["#pragma unroll",
-                 f"for (int c = 0; c < {cpw}; ++c) {{  // the raw bytes of this K slice of the columns' rows, at once",
-                 "    const int l = l0 + c;",
-                 f"    if (l < {long_n}) {{"]
-        for pf in prefetch:  # the slice's bytes [lo, lo + n): a line each lane, the last byte at most
-            n = ceil_div(pf.span, ksplit)
-            lo = f"({pf.row_stride}LL * l + {pf.start} + {k_lo} * {pf.span}LL / K)"
-            fetch += [f"        for (int x = lane; x <= {(n - 1) // LINE + 1}; x += 32) "
-                      'asm volatile("prefetch.global.L1 [%0];" :: '
-                      f'"l"(reinterpret_cast<const unsigned char*>({pf.pointer}) + {lo} + min(x * {LINE}, {n - 1})));']
-        fetch += ["    }", "}"]
+
+
+def _vector_loop(r: GemmRequest, g: _Stream) -> tuple[str, int]:
+    """The K loop with 16-byte weight loads: ``(loop, unroll)``."""
+    ld, cpw = r.gemv_loads, g.cpw
+    assert ld.ptr_long is not None
+    unroll = max(1, min(g.slice_steps, VEC_UNROLL // cpw))
+    words = [f"raw[c].{w}" for w in "xyzw"]
+    loop = block(
+        f"#pragma unroll {unroll}",
+        f"for (int k0 = {g.k_lo} + lane * 8; k0 < {g.k_hi}; k0 += 256) {{",
+        indent(block(
+            f"uint4 raw[{cpw}];  // 8 weight elements per column: 16-byte loads, all in flight, then the FMAs",
+            "#pragma unroll",
+            f"for (int c = 0; c < {cpw}; ++c) {{",
+            "    const int l = l0 + c;",
+            "    raw[c] = make_uint4(0u, 0u, 0u, 0u);",
+            f"    if (l < {g.long_n}) {{",
+            f"        const unsigned short* src = {ld.ptr_long('bat', 'k0', 'l')};",
+            f"        if ({ld.aligned}) raw[c] = *reinterpret_cast<const uint4*>(src);",
+            f"        else raw[c] = {_pack8('src')};",
+            "    }",
+            "}",
+            _fma_per_short(r, g, indent(block(*(
+                f"sum[c][s] = fmaf(a[{2 * i}], __uint_as_float({w} << 16), sum[c][s]);\n"
+                f"sum[c][s] = fmaf(a[{2 * i + 1}], __uint_as_float({w} & 0xffff0000u), sum[c][s]);"
+                for i, w in enumerate(words))))))),
+        "}")
+    return loop, unroll
+
+
+def _chain_loop(r: GemmRequest, g: _Stream) -> tuple[str, int]:
+    """The K loop of a dequantising chain, 8 consecutive K elements per lane: ``(loop, unroll)``."""
+    cpw, long8 = g.cpw, r.gemv_loads.long8
+    unroll = max(1, min(g.slice_steps, CHAIN_UNROLL // (8 * cpw)))
+    loop = block(
+        f"#pragma unroll {unroll}",
+        f"for (int k8 = kslice * {g.slice_steps * 32} + lane; "
+        f"k8 < min({r.problem.k // 8}, (kslice + 1) * {g.slice_steps * 32}); k8 += 32) {{",
+        indent(block(
+            "const int k0 = k8 * 8;  // 8 consecutive K elements; the low 3 bits of k0 + t are t",
+            f"float elem[{cpw}][8];  // the chain's loads first (all in flight), then the FMAs",
+            "#pragma unroll",
+            f"for (int c = 0; c < {cpw}; ++c) {{",
+            "    const int l = l0 + c;",
+            "    #pragma unroll",
+            f"    for (int t = 0; t < 8; ++t) elem[c][t] = l < {g.long_n} ? "
+            f"{long8('bat', 'k0', 'l', 't') if long8 is not None else _long_of(r, g, '(k0 + t)')} : 0.0f;",
+            "}",
+            _fma_per_short(r, g, block("    #pragma unroll",
+                                       "    for (int t = 0; t < 8; ++t) sum[c][s] = fmaf(a[t], elem[c][t], "
+                                       "sum[c][s]);")))),
+        "}")
+    return loop, unroll
+
+
+def _element_loop(r: GemmRequest, g: _Stream) -> tuple[str, int]:
+    """The K loop of element loads, one K element per lane and step: ``(loop, unroll)``."""
+    cpw = g.cpw
+    unroll = min(UNROLL, g.slice_steps)
+    loop = block(
+        f"#pragma unroll {unroll}",
+        f"for (int k = {g.k_lo} + lane; k < {g.k_hi}; k += 32) {{",
+        indent(block(
+            f"float elem[{cpw}];  // the long operand's loads first (all in flight), then the FMAs",
+            "#pragma unroll",
+            f"for (int c = 0; c < {cpw}; ++c) {{",
+            "    const int l = l0 + c;",
+            f"    elem[c] = l < {g.long_n} ? {_long_of(r, g, 'k')} : 0.0f;",
+            "}",
+            "#pragma unroll",
+            f"for (int s = 0; s < {g.s_count}; ++s) {{",
+            f"    const float a_s = {_short_of(r, g, 'k')};",
+            "    #pragma unroll",
+            f"    for (int c = 0; c < {cpw}; ++c) sum[c][s] = fmaf(a_s, elem[c], sum[c][s]);",
+            "}")),
+        "}")
+    return loop, unroll
+
+
+def _prefetch_rows(g: _Stream, prefetch: tuple[Prefetch, ...]) -> list[str]:
+    """``prefetch.global.L1`` of the raw bytes of this K slice of the columns' rows (element-load paths)."""
+    if not prefetch or g.vec:
+        return []
+    fetch = ["#pragma unroll",
+             f"for (int c = 0; c < {g.cpw}; ++c) {{  // the raw bytes of this K slice of the columns' rows, at once",
+             "    const int l = l0 + c;",
+             f"    if (l < {g.long_n}) {{"]
+    for pf in prefetch:  # the slice's bytes [lo, lo + n): a line each lane, the last byte at most
+        n = ceil_div(pf.span, g.ksplit)
+        lo = f"({pf.row_stride}LL * l + {pf.start} + {g.k_lo} * {pf.span}LL / K)"
+        fetch += [f"        for (int x = lane; x <= {(n - 1) // LINE + 1}; x += 32) "
+                  'asm volatile("prefetch.global.L1 [%0];" :: '
+                  f'"l"(reinterpret_cast<const unsigned char*>({pf.pointer}) + {lo} + min(x * {LINE}, {n - 1})));']
+    return fetch + ["    }", "}"]
+
+
+def _sum_loops(g: _Stream, statement: str) -> str:
+    """``statement`` for every column ``c`` and short index ``s`` of this warp (both loops unrolled)."""
+    return block(
+        "#pragma unroll",
+        f"for (int c = 0; c < {g.cpw}; ++c) {{",
+        "    #pragma unroll",
+        f"    for (int s = 0; s < {g.s_count}; ++s) {statement}",
+        "}")
+
+
+def _slice_reduction(g: _Stream, store: str) -> list[str]:
+    """With K split over ``ksplit`` warps: each warp's sums to shared memory, then the first slice's lanes 0
+    add them in slice order and store."""
+    slots, cpw, s_count = g.groups * g.cpw * g.s_count, g.cpw, g.s_count
+    return [
+        "if (lane == 0) {",
+        "    #pragma unroll",
+        f"    for (int c = 0; c < {cpw}; ++c) {{",
+        "        #pragma unroll",
+        f"        for (int s = 0; s < {s_count}; ++s) red[kslice * {slots} + (group * {cpw} + c) * {s_count} + s] "
+        "= sum[c][s];",
+        "    }",
+        "}",
+        "__syncthreads();",
+        f"if (kslice == 0 && lane == 0 && l0 < {g.long_n}) {{  // the slices added in order",
+        "    #pragma unroll",
+        f"    for (int c = 0; c < {cpw}; ++c) {{",
+        "        #pragma unroll",
+        f"        for (int s = 0; s < {s_count}; ++s) {{",
+        "            float v = 0.0f;",
+        f"            for (int j = 0; j < {g.ksplit}; ++j) "
+        f"v += red[j * {slots} + (group * {cpw} + c) * {s_count} + s];",
+        "            sum[c][s] = v;",
+        "        }",
+        "    }",
+        indent(store),
+        "}",
+        "__syncthreads();  // the next work item reuses the workspace"]
+
+
+@register_gemm("gemv_stream")
+def gemv_stream(r: GemmRequest) -> GemmCode:
+    """C block for one work item of the streaming GEMV of ``r.problem`` (see the module text).
+
+    ``r.blocks``: the grid size the columns are spread over; ``r.gemv_loads`` (:class:`GemvLoads`): the
+    16-byte loads of the long and short operands (used when K is a multiple of 8), the long operand's
+    8-element reads of a dequantising chain, the raw buffers to prefetch; ``r.cheap``: 8 chain elements per
+    lane. Raises :class:`ValueError` if neither side is skinny (``min(M, N) > SKINNY_MAX``), if the long
+    operand is not contiguous along K, or if ``threads`` is not a multiple of 32.
+    """
+    p, item, ld = r.problem, r.item, r.gemv_loads
+    g = _stream_of(r)
+    cpw, s_count, long_n, per_batch = g.cpw, g.s_count, g.long_n, g.per_batch
+    row, col, dims = ("s", "l", "C[s, l] = sum_k A[s, k] * B[k, l]") if g.small_m else \
+        ("l", "s", "C[l, s] = sum_k A[l, k] * B[k, s]")
+    zero = block(f"float sum[{cpw}][{s_count}];", _sum_loops(g, "sum[c][s] = 0.0f;"))
+    loop, unroll = (_vector_loop if g.vec else _chain_loop if g.lane8 else _element_loop)(r, g)
+    fetch = _prefetch_rows(g, ld.prefetch)
     out = block(f"const int l = l0 + c, row = {row}, col = {col};", "const float acc = sum[c][s];",
-                epilogue("bat", "row", "col", "acc"))
+                r.epilogue("bat", "row", "col", "acc"))
     store = block(
         "#pragma unroll",
         f"for (int c = 0; c < {cpw}; ++c) {{  // unrolled: the sums stay in registers",
@@ -392,29 +454,23 @@ def gemv_stream(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue
         "        }",
         "    }",
         "}")
-    reduce = block(
-        "#pragma unroll",
-        f"for (int c = 0; c < {cpw}; ++c) {{",
-        "    #pragma unroll",
-        f"    for (int s = 0; s < {s_count}; ++s) sum[c][s] = tkx_warp_sum(sum[c][s]);",
-        "}")
-    head = [f"// streaming GEMV: {dims}; {cpw} column(s) per warp, {per_item} per work item, K in {ksplit} "
-            f"slice(s) of {slice_steps} step(s), "
-            + ("16-byte weight loads" if vec else
-               (f"8 chain elements per lane, unrolled by {unroll}" if lane8 else f"element loads unrolled by {unroll}")
-               + (", raw rows prefetched" if prefetch else "")),
+    reduce = _sum_loops(g, "sum[c][s] = tkx_warp_sum(sum[c][s]);")
+    head = [f"// streaming GEMV: {dims}; {cpw} column(s) per warp, {g.per_item} per work item, K in {g.ksplit} "
+            f"slice(s) of {g.slice_steps} step(s), "
+            + ("16-byte weight loads" if g.vec else
+               (f"8 chain elements per lane, unrolled by {unroll}" if g.lane8 else
+                f"element loads unrolled by {unroll}") + (", raw rows prefetched" if ld.prefetch else "")),
             f"constexpr int M = {p.m}, N = {p.n}, K = {p.k};",
             f"const int bat = {item} / {per_batch};" if p.batch > 1 else "const int bat = 0;",
             "const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;",
-            f"const int group = warp % {groups}, kslice = warp / {groups};",
-            (f"const int l0 = ({item} % {per_batch}) * {per_item} + group * {cpw};" if p.batch > 1
-             else f"const int l0 = {item} * {per_item} + group * {cpw};")]
-    if ksplit == 1:
+            f"const int group = warp % {g.groups}, kslice = warp / {g.groups};",
+            (f"const int l0 = ({item} % {per_batch}) * {g.per_item} + group * {cpw};" if p.batch > 1
+             else f"const int l0 = {item} * {g.per_item} + group * {cpw};")]
+    if g.ksplit == 1:
         body = block(*head, f"if (l0 < {long_n}) {{  // the whole warp takes the same branch",
                      indent(block(zero, *fetch, loop, reduce, "if (lane == 0) {", indent(store), "}")), "}")
         shared = 0
     else:
-        slots = groups * cpw * s_count
         body = block(
             *head,
             "float* red = reinterpret_cast<float*>(tkx_smem);  // [kslice][group][c][s]: each warp's sums",
@@ -423,31 +479,10 @@ def gemv_stream(p: GemmProblem, load_a: LoadA, load_b: LoadB, epilogue: Epilogue
             indent(block(*fetch, loop)),
             "}",
             reduce,
-            "if (lane == 0) {",
-            "    #pragma unroll",
-            f"    for (int c = 0; c < {cpw}; ++c) {{",
-            "        #pragma unroll",
-            f"        for (int s = 0; s < {s_count}; ++s) red[kslice * {slots} + (group * {cpw} + c) * {s_count} + s] "
-            "= sum[c][s];",
-            "    }",
-            "}",
-            "__syncthreads();",
-            f"if (kslice == 0 && lane == 0 && l0 < {long_n}) {{  // the slices added in order",
-            "    #pragma unroll",
-            f"    for (int c = 0; c < {cpw}; ++c) {{",
-            "        #pragma unroll",
-            f"        for (int s = 0; s < {s_count}; ++s) {{",
-            "            float v = 0.0f;",
-            f"            for (int j = 0; j < {ksplit}; ++j) "
-            f"v += red[j * {slots} + (group * {cpw} + c) * {s_count} + s];",
-            "            sum[c][s] = v;",
-            "        }",
-            "    }",
-            indent(store),
-            "}",
-            "__syncthreads();  // the next work item reuses the workspace")
-        shared = 4 * warps * cpw * s_count
-    params = {"mode": "stream", "short": "m" if small_m else "n", "short_size": s_count, "per_item": per_item,
-              "columns_per_warp": cpw, "k_slices": ksplit, "unroll": unroll, "vector_loads": vec,
-              "prefetched": len(prefetch) if not vec else 0, "lane_elements": 8 if vec or lane8 else 1}
-    return GemmCode("gemv_stream", "{\n" + indent(body) + "\n}", p.batch * per_batch, shared, threads, False, params)
+            *_slice_reduction(g, store))
+        shared = 4 * (r.threads // 32) * cpw * s_count
+    params = {"mode": "stream", "short": "m" if g.small_m else "n", "short_size": s_count, "per_item": g.per_item,
+              "columns_per_warp": cpw, "k_slices": g.ksplit, "unroll": unroll, "vector_loads": g.vec,
+              "prefetched": len(ld.prefetch) if not g.vec else 0, "lane_elements": 8 if g.vec or g.lane8 else 1}
+    return GemmCode("gemv_stream", "{\n" + indent(body) + "\n}", p.batch * per_batch, shared, r.threads, False,
+                    params)

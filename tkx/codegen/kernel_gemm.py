@@ -9,7 +9,7 @@ from typing import Any
 from ..dtypes import DTYPE_BYTES
 from ..ir import Op, TensorSpec
 from ..schedule.model import Group
-from ..target import EPILOGUE_BATCH, GPU, GemmPlan
+from ..target import EPILOGUE_BATCH, GPU, GemmPlan, GemmProblem
 from . import abi
 from . import epilogue_vector as ev
 from . import ops as cops
@@ -17,8 +17,9 @@ from .cuda_prelude import (
     load,
     round_to,
 )
-from .gemm import GemmProblem, SplitFinal, WgmmaKnobs, _batched_epilogue, emit_gemm
-from .gemv import gemv_stream
+from .gemm_epilogue import _batched_epilogue
+from .gemm_registry import GemmRequest, emit
+from .gemm_tile import GemvLoads, Prefetch, SplitFinal, WgmmaKnobs
 from .kernel_values import ValueEmitter, _coords_index
 from .text import block, indent
 
@@ -159,35 +160,22 @@ class GemmGroups(ValueEmitter):
             final = _slice_store(scratch, total, m, n, op.id)
         else:
             final = epilogue
-        if variant == "gemv_stream":
-            small_m = prob.m <= prob.n
-            long_view = b if small_m else a
-            k_dim = long_view.ndim - (2 if small_m else 1)
-            others = [st for d, st in enumerate(long_view.strides) if d != k_dim]
-            long8 = None
-            if (self.cheap and long_view.buffer in self.s.inlined and long_view.strides[k_dim] == 1
-                    and all(st % 8 == 0 for st in others) and long_view.offset % 8 == 0):
-                fn = self.function(long_view.buffer)
-
-                def long8(bat: str, k0: str, col: str, t: str) -> str:
-                    # k0 a multiple of 8, every other stride and the offset too: index(k0) + t == index(k0) | t,
-                    # which shows the compiler the low 3 bits (one byte, one scale serve the 8 elements)
-                    idx = coords(bat, k0, col, long_view) if small_m else coords(bat, col, k0, long_view)
-                    return f"{fn}(TKX_ARGS, ({idx} | {t}))"
-            code = gemv_stream(prob, operand(a), operand(b), final, threads=self.threads, blocks=self.s.blocks,
-                               long8=long8, cheap=self.cheap, **self.gemv_stream_loads(a, b, prob, pointer_to))
+        if variant == "gemv_stream":  # the streaming GEMV's vector, chain and prefetch loads
+            decisions = {"blocks": self.s.blocks, "cheap": self.cheap,
+                         "gemv_loads": self.gemv_stream_loads(a, b, prob, pointer_to, coords)}
         else:
-            code = emit_gemm(variant, prob, operand(a), operand(b), final, tile_m=plan.tile_m,
-                             tile_n=plan.tile_n, tile_k=plan.tile_k, threads=self.threads,
-                             ptr_a=pointer_to(a, 1 if prob.a_k_contiguous else 0),
-                             ptr_b=pointer_to(b, 1 if prob.b_n_contiguous else 0), split=split,
-                             shared_budget=GPU.shared_per_block // max(1, int(self.s.options.blocks_per_sm)),
-                             tma_a=tma_map(a, 1 if prob.a_k_contiguous else 0),
-                             tma_b=tma_map(b, 1 if prob.b_n_contiguous else 0), split_final=split_final,
-                             epilogue_reads=_point_reads(epilogue("bat", "row", "col", "acc"))
-                             if self.s.options.epilogue_prefetch and split == 1 and not batched else (),
-                             knobs=WgmmaKnobs.of(self.s.options),
-                             **({"cluster": 2} if plan.cluster == 2 and self.s.mode != "block" else {}))
+            decisions = dict(
+                tile_m=plan.tile_m, tile_n=plan.tile_n, tile_k=plan.tile_k,
+                ptr_a=pointer_to(a, 1 if prob.a_k_contiguous else 0),
+                ptr_b=pointer_to(b, 1 if prob.b_n_contiguous else 0), split=split,
+                shared_budget=GPU.shared_per_block // max(1, int(self.s.options.blocks_per_sm)),
+                tma_a=tma_map(a, 1 if prob.a_k_contiguous else 0),
+                tma_b=tma_map(b, 1 if prob.b_n_contiguous else 0), split_final=split_final,
+                epilogue_reads=_point_reads(epilogue("bat", "row", "col", "acc"))
+                if self.s.options.epilogue_prefetch and split == 1 and not batched else (),
+                knobs=WgmmaKnobs.of(self.s.options), cluster=2 if plan.cluster == 2 and self.s.mode != "block" else 1)
+        code = emit(GemmRequest(variant, prob, operand(a), operand(b), final, threads=self.threads,
+                                **decisions))  # type: ignore[arg-type]
         self.plan.tensor_cores |= code.tensor_cores
         if code.cluster > 1:
             self.plan.cluster = max(self.plan.cluster, code.cluster)
@@ -216,9 +204,7 @@ class GemmGroups(ValueEmitter):
             lines = [f"const long long e = (long long)item * {t * ub} + threadIdx.x;"]
             for u in range(ub):
                 x = f"tkxE{u}_"
-                lines += [f"const long long {x}e = e + {u * t};",
-                          f"const int {x}bat = (int)({x}e / {m * n}), {x}row = (int)(({x}e / {n}) % {m}), "
-                          f"{x}col = (int)({x}e % {n});",
+                lines += [f"const long long {x}e = e + {u * t};", ev.element_coords(x, f"{x}e", m, n),
                           f"float {x}acc = 0.0f;",
                           "#pragma unroll",
                           f"for (int s = 0; s < {split}; ++s) {x}acc += {scratch}[s * {total}LL + {x}e];"
@@ -250,49 +236,69 @@ class GemmGroups(ValueEmitter):
         return (f"{{  // {g.id}: add the {split} split-K slices of {op.id}, then its epilogue\n"
                 + indent(body) + "\n}"), max(1, -(-total // t)), 0
 
-    def gemv_stream_loads(self, a: TensorSpec, b: TensorSpec, prob: GemmProblem, pointer_to: Any) -> dict:
+    def gemv_stream_loads(self, a: TensorSpec, b: TensorSpec, prob: GemmProblem, pointer_to: Any,
+                          coords: Callable[[str, str, str, TensorSpec], str]) -> GemvLoads:
         """The streaming GEMV's long-operand loads (:mod:`tkx.codegen.gemv`): a pointer for 16-byte loads of a
-        stored bf16 weight, or the raw rows an inlined (dequantising) chain reads, to prefetch."""
-        from .gemv import Prefetch
+        stored bf16 weight, or the raw rows an inlined (dequantising) chain reads, to prefetch, and that chain's
+        8-element reads."""
         from .leaves import column_spans
 
         small_m = prob.m <= prob.n
         view = b if small_m else a
         fast = 0 if small_m else 1  # the long operand is contiguous along K
+        long8 = self.chain8(view, small_m, coords)
         at = pointer_to(view, fast) if view.dtype == "bfloat16" else None
+        short = a if small_m else b
         if at is not None:
             ptr, _ = self.pointer(view.buffer)
 
             def ptr_long(bat: str, k: str, col: str) -> str:
                 return f"reinterpret_cast<const unsigned short*>({at(bat, k, col) if small_m else at(bat, col, k)})"
-            out = {"ptr_long": ptr_long, "aligned": f"((((unsigned long long){ptr}) & 15ULL) == 0)"}
-            short = a if small_m else b
             at_s = pointer_to(short, 1 - fast) if short.dtype == "bfloat16" else None
-            if at_s is not None:
-                sptr, _ = self.pointer(short.buffer)
-
-                def ptr_short(bat: str, k: str, row: str) -> str:
-                    elem = at_s(bat, row, k) if small_m else at_s(bat, k, row)
-                    return f"reinterpret_cast<const unsigned short*>({elem})"
-                out.update(ptr_short=ptr_short, aligned_short=f"((((unsigned long long){sptr}) & 15ULL) == 0)")
-            return out
+            return GemvLoads(ptr_long, _aligned(ptr), *self.short_loads(short, small_m, at_s), long8=long8)
         if prob.batch != 1:
-            return {}
-        out = {}
-        short = a if small_m else b
+            return GemvLoads(long8=long8)
         at_s = pointer_to(short, 1 - fast) if self.cheap and short.dtype == "bfloat16" else None
-        if at_s is not None:  # the activations in 16-byte loads on the 8-elements-per-lane chain path
-            sptr, _ = self.pointer(short.buffer)
-
-            def ptr_short_chain(bat: str, k: str, row: str) -> str:
-                elem = at_s(bat, row, k) if small_m else at_s(bat, k, row)
-                return f"reinterpret_cast<const unsigned short*>({elem})"
-            out.update(ptr_short=ptr_short_chain, aligned_short=f"((((unsigned long long){sptr}) & 15ULL) == 0)")
         spans = column_spans(view, self.ops, set(self.s.inlined), 0 if small_m else 1)
         fetch = []
         for sp in spans:
             ptr, dtype = self.pointer(sp.buffer)
             size = DTYPE_BYTES[dtype]
             fetch.append(Prefetch(ptr, sp.row_stride * size, sp.start * size, sp.span * size))
-        out["prefetch"] = tuple(fetch)
-        return out
+        return GemvLoads(None, "false", *self.short_loads(short, small_m, at_s), tuple(fetch), long8)
+
+    def short_loads(self, short: TensorSpec, small_m: bool, at_s: Any) -> tuple[Any, str]:
+        """``(ptr_short, aligned_short)``: 16-byte loads of the streaming GEMV's short operand (the
+        activations) through ``at_s`` (a pointer callback, or ``None``: element loads)."""
+        if at_s is None:
+            return None, "false"
+        sptr, _ = self.pointer(short.buffer)
+
+        def ptr_short(bat: str, k: str, row: str) -> str:
+            elem = at_s(bat, row, k) if small_m else at_s(bat, k, row)
+            return f"reinterpret_cast<const unsigned short*>({elem})"
+        return ptr_short, _aligned(sptr)
+
+    def chain8(self, long_view: TensorSpec, small_m: bool, coords: Callable[[str, str, str, TensorSpec], str]
+               ) -> Any:
+        """``(batch, k0, l, t) -> C float`` of an inlined long operand read 8 consecutive K elements at a time
+        (``Options.cheap_int_math``, unit stride along K, every other stride and the offset multiples of 8),
+        else ``None``."""
+        k_dim = long_view.ndim - (2 if small_m else 1)
+        others = [st for d, st in enumerate(long_view.strides) if d != k_dim]
+        if not (self.cheap and long_view.buffer in self.s.inlined and long_view.strides[k_dim] == 1
+                and all(st % 8 == 0 for st in others) and long_view.offset % 8 == 0):
+            return None
+        fn = self.function(long_view.buffer)
+
+        def long8(bat: str, k0: str, col: str, t: str) -> str:
+            # k0 a multiple of 8, every other stride and the offset too: index(k0) + t == index(k0) | t,
+            # which shows the compiler the low 3 bits (one byte, one scale serve the 8 elements)
+            idx = coords(bat, k0, col, long_view) if small_m else coords(bat, col, k0, long_view)
+            return f"{fn}(TKX_ARGS, ({idx} | {t}))"
+        return long8
+
+
+def _aligned(ptr: str) -> str:
+    """C test that ``ptr`` is 16-byte aligned."""
+    return f"((((unsigned long long){ptr}) & 15ULL) == 0)"

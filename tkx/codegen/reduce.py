@@ -130,6 +130,17 @@ def thread_per_row(kind: str, rows: int, size: int, element: Element, finish: Fi
     return ReduceCode("thread", kind, code, ceil_div(rows, threads), 0, threads, {"rows_per_item": threads})
 
 
+def _strided_fold(kind: str, size: int, first: str, step: int, element: Element, ctype: str) -> str:
+    """``acc`` = the fold of ``element(row, r)`` over ``r = first, first + step, ... < size`` (this thread's
+    share of the row)."""
+    return block(
+        f"{ctype} acc = {_identity(kind, ctype)};",
+        f"for ({_index(size + step)} r = {first}; r < {size}; r += {step}) {{",
+        f"    const {ctype} elem = {element('row', 'r')};",
+        f"    {_fold(kind, 'acc', 'elem')}",
+        "}")
+
+
 def warp_per_row(kind: str, rows: int, size: int, element: Element, finish: Finish, *, threads: int = 256,
                  item: str = "item", ctype: str = "float") -> ReduceCode:
     """One warp per row, lanes stride over r, a shuffle reduction; a work item is one row per warp."""
@@ -139,11 +150,7 @@ def warp_per_row(kind: str, rows: int, size: int, element: Element, finish: Fini
         "const int lane = threadIdx.x % 32;",
         f"const int row = {item} * {warps} + threadIdx.x / 32;",
         f"if (row < {rows}) {{  // the whole warp takes the same branch",
-        f"    {ctype} acc = {_identity(kind, ctype)};",
-        f"    for ({_index(size + 32)} r = lane; r < {size}; r += 32) {{",
-        f"        const {ctype} elem = {element('row', 'r')};",
-        f"        {_fold(kind, 'acc', 'elem')}",
-        "    }",
+        indent(_strided_fold(kind, size, "lane", 32, element, ctype)),
         f"    acc = {_row(kind).warp}(acc);",
         "    if (lane == 0) {",
         indent(_finish_block(kind, "acc", size, finish, ctype), 2),
@@ -160,11 +167,7 @@ def block_per_row(kind: str, rows: int, size: int, element: Element, finish: Fin
     _check(kind, rows, size, threads)
     body = block(
         f"const int row = {item};",
-        f"{ctype} acc = {_identity(kind, ctype)};",
-        f"for ({_index(size + threads)} r = threadIdx.x; r < {size}; r += {threads}) {{",
-        f"    const {ctype} elem = {element('row', 'r')};",
-        f"    {_fold(kind, 'acc', 'elem')}",
-        "}",
+        _strided_fold(kind, size, "threadIdx.x", threads, element, ctype),
         f"acc = {_row(kind).block}(acc);  // every thread gets the row's result",
         "if (threadIdx.x == 0) {",
         indent(_finish_block(kind, "acc", size, finish, ctype)),

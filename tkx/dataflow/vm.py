@@ -148,6 +148,47 @@ def _poison(m: _Machine, r: Region) -> None:
     t.fill_(float("nan") if t.is_floating_point() else -1)
 
 
+def _pick_event(policy: str, rng: random.Random, seed: int, blocks: int, starts: list[int], fins: list[int],
+                next_index: Any, began: Any, rr: list[int]) -> tuple[str, int]:
+    """The next event of the VM under ``policy``: ``("s", b)`` starts block ``b``'s next task (one of
+    ``starts``), ``("f", b)`` finishes its running one (one of ``fins``). ``next_index(b)``: the global number
+    of ``b``'s next task; ``began(b)``: the clock its running task started at; ``rr``: the round-robin
+    position (updated)."""
+    if policy == "random":
+        return rng.choice([("s", b) for b in starts] + [("f", b) for b in fins])
+    if policy == "eager":
+        return ("s", rng.choice(starts)) if starts else ("f", rng.choice(fins))
+    if policy == "stall":
+        victim = seed % blocks
+        others = [("s", b) for b in starts] + [("f", b) for b in fins if b != victim]
+        return rng.choice(others) if others else ("f", victim)
+    if policy == "lifo":
+        return ("s", min(starts, key=next_index)) if starts else ("f", max(fins, key=began))
+    if policy == "serial":
+        b = min(starts + fins)
+    elif policy == "reverse":
+        return ("s", max(starts)) if starts else ("f", max(fins))
+    else:  # round_robin
+        cands = sorted(set(starts + fins))
+        b = next((x for x in cands if x >= rr[0]), cands[0])
+        rr[0] = b + 1
+    return ("s", b) if b in starts else ("f", b)
+
+
+def _deadlock_fault(dag: TaskDAG, t: Task, b: int, counters: list[int], base_epoch: int, fault: Any) -> None:
+    """Report block ``b`` stuck at task ``t``: the first counter it waits on that stands below its threshold
+    (or a wait on a counter that does not exist)."""
+    for w in dag.waits[t.group]:
+        if 0 <= w.counter < len(dag.counters):
+            c = dag.counters[w.counter]
+            value = _rel(counters[w.counter], base_epoch * c.threshold)
+            if value < w.threshold:
+                fault("deadlock", f"block {b} is stuck at task {t.index} ({t.group} item {t.item}): "
+                      f"counter c{w.counter} of {c.group} stands at {value}, threshold {w.threshold}")
+                return
+    fault("deadlock", f"block {b} is stuck at task {t.index} ({t.group}) waiting on a counter that does not exist")
+
+
 def run(dag: TaskDAG, inputs: Sequence[Any], *, blocks: int = 4, policy: str = "random", seed: int = 0,
         launches: int = 2, epoch: int = 0, reference: Any = None, rtol: float = 1e-5,
         values: bool = True, rotate: bool = False) -> VMRun:
@@ -256,49 +297,19 @@ def run(dag: TaskDAG, inputs: Sequence[Any], *, blocks: int = 4, policy: str = "
             pc[b] += 1
             ready_at[b] = clock
 
-        rr = 0
+        rr = [0]
         while True:
             starts = [b for b in range(blocks) if can_start(b)]
             fins = [b for b in range(blocks) if running[b] is not None]
             if not starts and not fins:
                 break
-            if policy == "random":
-                ev = rng.choice([("s", b) for b in starts] + [("f", b) for b in fins])
-            elif policy == "eager":
-                ev = ("s", rng.choice(starts)) if starts else ("f", rng.choice(fins))
-            elif policy == "stall":
-                victim = seed % blocks
-                others = [("s", b) for b in starts] + [("f", b) for b in fins if b != victim]
-                ev = rng.choice(others) if others else ("f", victim)
-            elif policy == "lifo":
-                ev = (("s", min(starts, key=lambda b: lists[b][pc[b]].index)) if starts
-                      else ("f", max(fins, key=lambda b: running[b][2])))
-            elif policy == "serial":
-                b = min(starts + fins)
-                ev = ("s", b) if b in starts else ("f", b)
-            elif policy == "reverse":
-                ev = ("s", max(starts)) if starts else ("f", max(fins))
-            else:  # round_robin
-                cands = sorted(set(starts + fins))
-                b = next((x for x in cands if x >= rr), cands[0])
-                rr = b + 1
-                ev = ("s", b) if b in starts else ("f", b)
+            ev = _pick_event(policy, rng, seed, blocks, starts, fins, lambda b: lists[b][pc[b]].index,
+                             lambda b: running[b][2], rr)  # type: ignore[index]
             (start if ev[0] == "s" else finish)(ev[1])
         stuck = [b for b in range(blocks) if pc[b] < len(lists[b])]
         if stuck:
             for b in stuck[:8]:
-                t = lists[b][pc[b]]
-                for w in dag.waits[t.group]:
-                    if 0 <= w.counter < len(dag.counters):
-                        c = dag.counters[w.counter]
-                        value = _rel(counters[w.counter], base_epoch * c.threshold)
-                        if value < w.threshold:
-                            fault("deadlock", f"block {b} is stuck at task {t.index} ({t.group} item {t.item}): "
-                                  f"counter c{w.counter} of {c.group} stands at {value}, threshold {w.threshold}")
-                            break
-                else:
-                    fault("deadlock", f"block {b} is stuck at task {t.index} ({t.group}) waiting on a counter "
-                          "that does not exist")
+                _deadlock_fault(dag, lists[b][pc[b]], b, counters, base_epoch, fault)
             out.faults.extend(faults)
             return False
         ups = {u.input_index: m.inputs[u.input_index] for u in s.program.updates}

@@ -202,6 +202,46 @@ def _gradient_name(program: Program, g: Op, b_ops: Sequence[Op], read_by_a: set[
     return None
 
 
+def _batch_arguments(program: Program, args: list, leaf_buffers: list[list[str]], read_by_a: set[str],
+                     read_by_b: set[str], batch: Sequence[int] | None) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``(batch_args, checked)``: the positional arguments that hold each rank's local batch (``batch``, checked,
+    or derived: see :func:`split_at_gradients`), and the flat input indices only A reads whose leading dimension
+    is not the batch's (the first call checks they are equal on every rank). Raises :class:`DistributedError`
+    ``bad-batch`` for a ``batch`` index that is not an argument or whose leaves the update reads."""
+    if batch is None:
+        # the arguments only A reads whose leaves share one leading (batch) dimension, the most common one
+        # among them: a frozen or target network that only the forward reads is replicated state
+        only_a = [a for a, bufs in enumerate(leaf_buffers)
+                  if bufs and any(b in read_by_a for b in bufs) and not any(b in read_by_b for b in bufs)]
+        leading = {}
+        for a in only_a:
+            dims = {program.inputs[i].value.shape[0] if program.inputs[i].value.shape else None for i in args[a]}
+            if len(dims) == 1 and None not in dims:
+                leading[a] = dims.pop()
+        counts = [list(leading.values()).count(d) for d in leading.values()]
+        common = max(zip(counts, leading.values()))[1] if leading else None
+        batch_args = tuple(a for a in only_a if leading.get(a, -1) == common)
+        # only A reads them but their leading dim is not the batch's: state (a frozen network) or a batch the
+        # guess missed; the first call checks they are equal on every rank instead of broadcasting over them
+        checked = tuple(i for a in only_a if a in leading and a not in batch_args for i in args[a])
+    else:
+        checked = ()
+        batch_args = tuple(int(a) for a in batch)
+        for a in batch_args:
+            if not 0 <= a < len(args):
+                raise DistributedError("bad-batch", f"batch={tuple(batch)} names argument {a}, but the step takes "
+                                                    f"{len(args)} positional arguments",
+                                       hint="pass the positional indices of the arguments that hold the local batch")
+            hit = next((b for b in leaf_buffers[a] if b in read_by_b), None)
+            if hit is not None:
+                name = next(i.name for i in program.inputs if i.value.buffer == hit)
+                raise DistributedError(
+                    "bad-batch", f"batch names argument {a}, but the update reads (or writes) its leaf {name}: "
+                                 "it is state every rank must hold equal, not a per-rank batch",
+                    hint="list only the arguments with the data (x, y, tokens) in batch=, or leave batch=None")
+    return batch_args, checked
+
+
 def split_at_gradients(program: Program, *, loss_index: int | None = None, batch: Sequence[int] | None = None,
                        local_values: str = "error", average_loss: bool = True) -> GradientSplit:
     """Cut ``program`` (a captured step) into forward + backward (A) and the update (B).
@@ -277,37 +317,7 @@ def split_at_gradients(program: Program, *, loss_index: int | None = None, batch
                 {program.inputs[u.input_index].value.buffer for u in program.updates} | \
                 {o.value.buffer for o in program.outputs}
     leaf_buffers = [[program.inputs[i].value.buffer for i in r] for r in args]
-    if batch is None:
-        # the arguments only A reads whose leaves share one leading (batch) dimension, the most common one
-        # among them: a frozen or target network that only the forward reads is replicated state
-        only_a = [a for a, bufs in enumerate(leaf_buffers)
-                  if bufs and any(b in read_by_a for b in bufs) and not any(b in read_by_b for b in bufs)]
-        leading = {}
-        for a in only_a:
-            dims = {program.inputs[i].value.shape[0] if program.inputs[i].value.shape else None for i in args[a]}
-            if len(dims) == 1 and None not in dims:
-                leading[a] = dims.pop()
-        counts = [list(leading.values()).count(d) for d in leading.values()]
-        common = max(zip(counts, leading.values()))[1] if leading else None
-        batch_args = tuple(a for a in only_a if leading.get(a, -1) == common)
-        # only A reads them but their leading dim is not the batch's: state (a frozen network) or a batch the
-        # guess missed; the first call checks they are equal on every rank instead of broadcasting over them
-        checked = tuple(i for a in only_a if a in leading and a not in batch_args for i in args[a])
-    else:
-        checked = ()
-        batch_args = tuple(int(a) for a in batch)
-        for a in batch_args:
-            if not 0 <= a < len(args):
-                raise DistributedError("bad-batch", f"batch={tuple(batch)} names argument {a}, but the step takes "
-                                                    f"{len(args)} positional arguments",
-                                       hint="pass the positional indices of the arguments that hold the local batch")
-            hit = next((b for b in leaf_buffers[a] if b in read_by_b), None)
-            if hit is not None:
-                name = next(i.name for i in program.inputs if i.value.buffer == hit)
-                raise DistributedError(
-                    "bad-batch", f"batch names argument {a}, but the update reads (or writes) its leaf {name}: "
-                                 "it is state every rank must hold equal, not a per-rank batch",
-                    hint="list only the arguments with the data (x, y, tokens) in batch=, or leave batch=None")
+    batch_args, checked = _batch_arguments(program, args, leaf_buffers, read_by_a, read_by_b, batch)
     batch_inputs = tuple(i for a in batch_args for i in args[a])
     replicated = tuple(i for a, r in enumerate(args) if a not in batch_args for i in r)
     of_batch = _depends_on(program, a_ops, {program.inputs[i].value.buffer for i in batch_inputs})

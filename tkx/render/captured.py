@@ -35,6 +35,16 @@ def _captured_ids(cg: CapturedGraph) -> tuple[dict[str, list[str]], dict[str, st
     return ops_of, buf_of
 
 
+def _node_ids(n: Any, ops_of: dict[str, list[str]], buf_of: dict[str, str]) -> list[str]:
+    """The cross-link ids of FX node ``n``: its IR ops, its source line and the buffer of an input."""
+    ids = [f"op:{i}" for i in ops_of.get(n.name, [])]
+    if n.source is not None:
+        ids.append(f"src:{n.source.short()}")
+    if n.name in buf_of:
+        ids.append(f"buf:{buf_of[n.name]}")
+    return ids
+
+
 def _node_type(n: Any) -> str:
     if n.shape is None:
         return ""
@@ -54,11 +64,7 @@ def captured_html(cg: CapturedGraph, *, graph: bool = True) -> str:
             "<th>IR ops</th><th>source</th></tr>")
     rows, prev = [head], None
     for n in cg.nodes:
-        ids = [f"op:{i}" for i in ops_of.get(n.name, [])]
-        if n.source is not None:
-            ids.append(f"src:{n.source.short()}")
-        if n.name in buf_of:
-            ids.append(f"buf:{buf_of[n.name]}")
+        ids = _node_ids(n, ops_of, buf_of)
         if n.module is not None:
             ids.append(f"mod:{n.module}")
         args = ", ".join(_ref(f"fx:{a}", a) if a in names else esc(a) for a in (n.arguments or n.args))

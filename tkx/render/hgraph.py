@@ -263,7 +263,7 @@ def program_hgraph(program: Any, schedule: Any = None) -> dict[str, Any]:
 def captured_hgraph(cg: Any, schedule: Any = None) -> dict[str, Any]:
     """The hierarchical graph of a :class:`~tkx.capture.CapturedGraph` (one leaf per FX node,
     keyed ``fx:<name>``); with ``schedule`` an FX node sits in the fusion group of its first IR op."""
-    from .captured import _captured_ids, _node_type
+    from .captured import _captured_ids, _node_ids, _node_type
     from .ir_common import _short_target
 
     group_of, group_kind = _groups(schedule)
@@ -272,11 +272,7 @@ def captured_hgraph(cg: Any, schedule: Any = None) -> dict[str, Any]:
     leaves: list[_Leaf] = []
     names = {n.name for n in cg.nodes}
     for n in cg.nodes:
-        ids = [f"op:{i}" for i in ops_of.get(n.name, [])]
-        if n.source is not None:
-            ids.append(f"src:{n.source.short()}")
-        if n.name in buf_of:
-            ids.append(f"buf:{buf_of[n.name]}")
+        ids = _node_ids(n, ops_of, buf_of)
         if n.op == "placeholder":
             what = cg.input_names[placeholders[n.name]]
             leaves.append(_Leaf(f"n:{n.name}", f"{what}\n{_node_type(n)}", "in", key=f"fx:{n.name}", ids=" ".join(ids),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from ..arena import ArenaPlan
 from ..arena import check as check_arena
+from ..dtypes import DTYPE_BYTES
 from .model import FusedSchedule
 
 
@@ -62,9 +63,6 @@ def check_hazards(s: FusedSchedule, arena: ArenaPlan | None = None) -> list[str]
     return problems
 
 
-_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "bool": 1, "int8": 1, "uint8": 1}
-
-
 def _check_views(s: FusedSchedule, arena: ArenaPlan | None) -> list[str]:
     """Every operand read through memory (a view: offset + strides into its root buffer) must
     address elements ``0 .. numel-1`` of that root; an arena slot must hold the whole root."""
@@ -87,7 +85,7 @@ def _check_views(s: FusedSchedule, arena: ArenaPlan | None) -> list[str]:
     if arena is not None:
         for b, slot in arena.slots.items():
             if b in ops and slot.kind == "value":
-                need = _extent(ops[b].out) * _ITEMSIZE.get(ops[b].out.dtype, 4)
+                need = _extent(ops[b].out) * DTYPE_BYTES.get(ops[b].out.dtype, 4)
                 if slot.nbytes < need:
                     problems.append(f"arena slot of {b} holds {slot.nbytes} B but the value needs {need} B")
     return problems

@@ -24,6 +24,7 @@ from ..errors import TkxError
 from ..indexing import scatter_writes
 from ..ir import Op, TensorSpec
 from ..reference import Execution, evaluate, flatten_inputs, in_captured_layout
+from ..target import GemmPlan
 from .model import FusedSchedule, Group, Home
 
 
@@ -150,7 +151,7 @@ class _Machine:
             return
         if grp.kind == "gemm_partial":  # split-K phase 1: fp32 products over slices of K
             name = grp.stores[0]
-            parts = self.gemm_slices(ops[0], regs, grp, memo, grp.params)
+            parts = self.gemm_slices(ops[0], regs, grp, memo, grp.plan)
             self.arena_view(name, "float32", parts.numel()).copy_(parts.reshape(-1))
             self.written.add(name)
             return
@@ -159,12 +160,13 @@ class _Machine:
             return
         start = 0
         if grp.kind == "gemm" and grp.params.get("partials"):  # split-K: add the slices in order
-            mm, gp = ops[0], grp.params
-            if gp.get("split_final") == "last-slice":
+            mm, gp = ops[0], grp.plan
+            assert isinstance(gp, GemmPlan)
+            if gp.split_final == "last-slice":
                 acc = self.last_slice_sums(grp, mm, regs, memo).reshape(mm.out.shape)
             else:  # the final phase of its own: every slice was written a stage before
-                total = gp["split_k"] * gp["batch"] * gp["m"] * gp["n"]
-                slices = self.arena_view(gp["partials"], "float32", total).reshape(gp["split_k"], -1)
+                total = gp.split_k * gp.batch * gp.m * gp.n
+                slices = self.arena_view(gp.partials, "float32", total).reshape(gp.split_k, -1)
                 acc = slices[0].clone()
                 for piece in slices[1:]:
                     acc = acc + piece
@@ -202,15 +204,15 @@ class _Machine:
         tile arrives last; ``"forward"``; an int: a seeded shuffle). A tile no last item finished stays
         NaN; a counter above ``split_k - 1`` (not reset by the previous launch) or left nonzero raises
         :class:`ScheduleError`."""
-        gp = grp.params
-        split, batch, m, n = gp["split_k"], gp["batch"], gp["m"], gp["n"]
-        tm, tn = gp["tile_m"], gp["tile_n"]
+        gp = grp.plan
+        assert isinstance(gp, GemmPlan)
+        split, batch, m, n, tm, tn = gp.split_k, gp.batch, gp.m, gp.n, gp.tile_m, gp.tile_n
         tiles_n = -(-n // tn)
         per_batch = -(-m // tm) * tiles_n
         tiles = batch * per_batch
         slices = self.gemm_slices(mm, regs, grp, memo, gp).reshape(split, batch, m, n)
-        scratch = self.arena_view(gp["partials"], "float32", split * batch * m * n).reshape(split, batch, m, n)
-        self.written.add(gp["partials"])
+        scratch = self.arena_view(gp.partials, "float32", split * batch * m * n).reshape(split, batch, m, n)
+        self.written.add(gp.partials)
         counters = self.splitk.setdefault(grp.id, [0] * tiles)
         if len(counters) != tiles:
             raise ScheduleError(f"group {grp.id}: {len(counters)} arrival counters for {tiles} tiles")
@@ -260,12 +262,12 @@ class _Machine:
         self.written.add(op.id)
 
     def gemm_slices(self, mm: Op, regs: dict[str, torch.Tensor], grp: Group, memo: dict[str, torch.Tensor],
-                    plan: Any) -> torch.Tensor:
+                    plan: GemmPlan) -> torch.Tensor:
         """[split_k, batch * m * n] float32: the product over each slice of K (whole tile_k steps)."""
         a_spec, b_spec = (mm.inputs[1], mm.inputs[2]) if mm.kind == "addmm" else (mm.inputs[0], mm.inputs[1])
         a = self.operand(a_spec, regs, grp, memo).float()
         b = self.operand(b_spec, regs, grp, memo).float()
-        k, tk, split = plan["k"], plan["tile_k"], plan["split_k"]
+        k, tk, split = plan.k, plan.tile_k, plan.split_k
         steps = -(-k // tk)
         per = -(-steps // split) * tk
         out = []

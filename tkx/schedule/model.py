@@ -177,7 +177,7 @@ class CopyTask:
 
 
 @dataclass(frozen=True)
-class FusedSchedule:
+class FusedSchedule(display.Views):
     """The fused schedule of a program.
 
     * ``program``: the (optimised) Program scheduled;
@@ -273,9 +273,6 @@ class FusedSchedule:
         return tuple(s for g in self.groups.values() for s in g.stores)
 
     # -- views, looked up in tkx.display (tkx.render registers them) ----------------------
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        return display.mimebundle(self, include, exclude)
-
     def graph(self, **kw: Any) -> Any:
         """A ``graphviz.Digraph``: one cluster per group, ordered by stage, barriers between;
         ``collapse="auto"|"none"|"group"|"stage"`` and ``expand=(stage index or group id, ...)``
@@ -286,9 +283,6 @@ class FusedSchedule:
         """A :class:`~tkx.diff.StageDiff` (computed in :mod:`tkx.schedule.diff`): groups
         added/removed/changed (matched by anchor op), decisions flipped, counts."""
         return display.diff(self, other)
-
-    def __rich__(self) -> Any:
-        return display.rich(self)
 
 
 def _few(names: Iterable[str], n: int = 8) -> str:

@@ -84,7 +84,6 @@ from .gemm import (  # noqa: F401 - the package's names
     _last_index_fast,
     _plan_cluster,
     _plan_split_k,
-    _reason_chosen,
     _Simt,
     _Wgmma,
     _Wmma,

@@ -126,11 +126,16 @@ SKINNY_MAX = 4
 
 
 class GemmEmitter:
-    """The spec of one GEMM variant. Subclasses override :meth:`supports` and :meth:`_tiles`."""
+    """The spec of one GEMM variant. Subclasses override :meth:`supports` and :meth:`_tiles`.
+
+    ``codegen``: the module below :mod:`tkx.codegen` whose ``@register_gemm(name)`` function writes the
+    variant's code (:mod:`tkx.codegen.gemm_registry`); ``clusters``: the code runs items in 2-CTA clusters."""
 
     name = ""
     capabilities = Capabilities(ARCHES, "registers", (1, 1, 1))
     summary = ""
+    codegen = ""
+    clusters = False
 
     def supports(self, p: GemmProblem, options: Any, arch: str) -> str | None:
         """``None`` when this emitter can compute ``p`` under ``options`` for ``arch``, else why not."""
@@ -140,6 +145,10 @@ class GemmEmitter:
 
     def _supports(self, p: GemmProblem, options: Any) -> str | None:
         return None
+
+    def reason(self, p: GemmProblem, options: Any) -> str:
+        """Why this emitter was chosen for ``p`` (the start of ``GemmPlan.why``)."""
+        return f"{self.name}: {self.summary}"
 
     def plan(self, p: GemmProblem, options: Any, why: str) -> GemmPlan:
         """Tiles for ``p`` that fit this emitter, the thread count and the register budget;
@@ -244,8 +253,14 @@ def _fit_tiles(p: GemmProblem, options: Any, threads: int, *, multiple: tuple[in
 
 class _Simt(GemmEmitter):
     name = "simt"
+    codegen = "gemm_simt"
     capabilities = Capabilities(ARCHES, "registers -> shared (fp32)", (1, 1, 1))
     summary = "fp32 tiles in shared memory, each thread an RM x RN register micro-tile"
+
+    def reason(self, p, options):
+        if p.dtype in ("bfloat16", "float16"):
+            return f"{p.dtype} operands: fp32 SIMT on widened values"
+        return f"{p.dtype} operands with fp32_math='{options.fp32_math}': exact fp32 SIMT tiles"
 
     def _tiles(self, p, options, threads):
         def regs(tm, tn, tk):
@@ -254,6 +269,7 @@ class _Simt(GemmEmitter):
 
 
 class _Wmma(GemmEmitter):
+    codegen = "gemm_wmma"
     capabilities = Capabilities(ARCHES, "registers -> shared (converted)", (16, 16, 16), "wmma")
 
     def __init__(self, name: str, dtype: str, fk: int, summary: str) -> None:
@@ -269,6 +285,11 @@ class _Wmma(GemmEmitter):
             return f"{self.name} needs whole warps"
         return None
 
+    def reason(self, p, options):
+        if p.dtype == "float32":
+            return "fp32 operands with fp32_math='tf32': tensor cores on tf32-rounded inputs"
+        return f"{p.dtype} operands: tensor cores with fp32 accumulation"
+
     def _tiles(self, p, options, threads):
         def regs(tm, tn, tk):
             # accumulator fragments, operand fragments, the staged operands (and their conversions)
@@ -279,6 +300,9 @@ class _Wmma(GemmEmitter):
 class _Wgmma(GemmEmitter):
     """Hopper warpgroup MMA: each warpgroup (128 threads) owns 64 rows of the tile; B and A are
     read by the tensor cores from 128-byte-swizzled shared memory through matrix descriptors."""
+
+    codegen = "gemm_tma"
+    clusters = True
 
     def __init__(self, name: str, dtype: str, fk: int, summary: str) -> None:
         self.name, self.dtype, self.fk, self.summary = name, dtype, fk, summary
@@ -304,6 +328,9 @@ class _Wgmma(GemmEmitter):
                     f"{register_budget(options.threads_per_block, options.blocks_per_sm)} registers per thread "
                     f"(threads_per_block={options.threads_per_block}, blocks_per_sm={options.blocks_per_sm})")
         return None
+
+    def reason(self, p, options):
+        return f"{p.dtype} operands on sm_90a: warpgroup MMA (wgmma) with fp32 accumulation"
 
     def _tiles(self, p, options, threads):
         best = self._best(p, options, threads)
@@ -369,6 +396,7 @@ class _Wgmma(GemmEmitter):
 
 class _Gemv(GemmEmitter):
     name = "gemv"
+    codegen = "gemv"
     capabilities = Capabilities(ARCHES, "registers (no tiles)", (1, 1, 1))
     summary = "M <= 4 or N <= 4: no tiles, K split across lanes or warps"
 
@@ -376,6 +404,10 @@ class _Gemv(GemmEmitter):
         if min(p.m, p.n) > SKINNY_MAX:
             return f"gemv is for M or N <= {SKINNY_MAX}"
         return None
+
+    def reason(self, p, options):
+        side = "M" if p.m <= p.n else "N"
+        return f"{side} = {min(p.m, p.n)} <= {SKINNY_MAX}: skinny, tiles would be mostly empty"
 
     def plan(self, p, options, why):
         threads = options.threads_per_block
@@ -416,6 +448,11 @@ class _GemvStream(_Gemv):
             return f"gemv_stream is for a long side >= {STREAM_MIN_LONG} and K >= {STREAM_MIN_K}"
         return None
 
+    def reason(self, p, options):
+        side = "M" if p.m <= p.n else "N"
+        return (f"{side} = {min(p.m, p.n)} <= {SKINNY_MAX} and the long operand is contiguous along K: a streaming "
+                "GEMV (columns over the grid, loads unrolled)")
+
 
 #: Every GEMM emitter, in the order :func:`choose_gemm` asks them.
 GEMM_EMITTERS: tuple[GemmEmitter, ...] = (
@@ -439,25 +476,6 @@ def gemm_emitter(name: str) -> GemmEmitter:
     raise KeyError(f"no GEMM emitter {name!r}; registered: {', '.join(e.name for e in GEMM_EMITTERS)}")
 
 
-def _reason_chosen(e: GemmEmitter, p: GemmProblem, options: Any) -> str:
-    if e.name == "gemv_stream":
-        side = "M" if p.m <= p.n else "N"
-        return (f"{side} = {min(p.m, p.n)} <= {SKINNY_MAX} and the long operand is contiguous along K: a streaming "
-                "GEMV (columns over the grid, loads unrolled)")
-    if e.name == "gemv":
-        side = "M" if p.m <= p.n else "N"
-        return f"{side} = {min(p.m, p.n)} <= {SKINNY_MAX}: skinny, tiles would be mostly empty"
-    if e.name.startswith("wgmma"):
-        return f"{p.dtype} operands on sm_90a: warpgroup MMA (wgmma) with fp32 accumulation"
-    if e.name.startswith("wmma"):
-        if p.dtype == "float32":
-            return "fp32 operands with fp32_math='tf32': tensor cores on tf32-rounded inputs"
-        return f"{p.dtype} operands: tensor cores with fp32 accumulation"
-    if p.dtype in ("bfloat16", "float16"):
-        return f"{p.dtype} operands: fp32 SIMT on widened values"
-    return f"{p.dtype} operands with fp32_math='{options.fp32_math}': exact fp32 SIMT tiles"
-
-
 def choose_gemm(p: GemmProblem, options: Any, arch: str = "sm_80") -> GemmPlan:
     """The plan of the first registered emitter that supports ``p`` under ``options`` for ``arch``.
 
@@ -468,7 +486,7 @@ def choose_gemm(p: GemmProblem, options: Any, arch: str = "sm_80") -> GemmPlan:
     for e in GEMM_EMITTERS:
         reason = e.supports(p, options, arch)
         if reason is None:
-            why = _reason_chosen(e, p, options)
+            why = e.reason(p, options)
             if declined and not e.name.startswith("gemv"):
                 why += " (" + "; ".join(dict.fromkeys(declined)) + ")"
             return e.plan(p, options, why)
