@@ -318,3 +318,14 @@ def test_new_state_under_other_keys_is_refused():
     X, Y = torch.randn(3, 6, 8), torch.randn(3, 6, 8)
     with pytest.raises(tkx.UnsupportedError, match="keys"):
         tkx.TrainingLoop(step, ({"a": torch.randn(8, 8), "b": torch.randn(8, 8)}, X[0], Y[0]), (X, Y))
+
+
+@pytest.mark.parametrize("loss", ["1", 1.0, -1])
+def test_a_loss_index_that_is_not_an_output_index_is_refused(loss):
+    def step(w, x, y):
+        new_w, value = _linear(w, x, y)[::-1]
+        return new_w, value
+
+    w0, X, Y = _data()
+    with pytest.raises(tkx.UnsupportedError, match="flat index"):
+        tkx.training_loop(step, (w0.clone(), X[0], Y[0]), (X, Y), steps=2, loss=loss, progress=False)
