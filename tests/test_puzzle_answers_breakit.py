@@ -29,3 +29,21 @@ def test_a_malformed_prefetch_answer_is_a_wrong_answer_naming_the_fault(prefetch
     assert not verdict.ok
     assert any(expected in p for p in verdict.problems), verdict.problems
     assert "p.blank()" in verdict.hint
+
+
+def test_a_unit_larger_than_the_budget_is_never_prefetched(prefetch):
+    from tkx.dataflow.prefetch import plan, static_problems
+
+    small = min(u.nbytes for u in prefetch.units())
+    assert static_problems(prefetch.dag, prefetch.solution(), prefetch.budget) == []
+    assert plan(prefetch.dag, small - 1, blocks=prefetch.blocks) == prefetch.blank()
+    one = {**prefetch.blank(), prefetch.units()[0].name: "start"}
+    assert any("alone holds" in p for p in static_problems(prefetch.dag, one, small - 1))
+
+
+def test_fewer_than_one_stream_is_refused(prefetch):
+    import tkx
+    from tkx.dataflow.prefetch import simulate
+
+    with pytest.raises(tkx.TkxError, match="streams"):
+        simulate(prefetch.dag, prefetch.blank(), blocks=2, streams=0)
