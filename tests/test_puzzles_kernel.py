@@ -160,6 +160,17 @@ def test_audit_names_a_stalled_wait_and_refuses_an_unaudited_kernel():
         audit(src, [0] * src.sync_words, 1)
 
 
+def test_audit_refuses_words_too_short_or_naming_a_counter_the_kernel_lacks():
+    clean, _ = sources("threshold-off-by-one")
+    words = model_words(clean, 1)
+    with pytest.raises(TkxError, match="sync words"):
+        audit(clean, words[: clean.audit_base], 1)
+    assert layout(clean.dag)  # the first wait site's log entry, (counter << 16) | threshold, names no counter
+    words[clean.audit_base + len(clean.dag.counters) + 1] = (len(clean.dag.counters) + 5) << 16
+    with pytest.raises(TkxError, match="overwritten"):
+        audit(clean, words, 1)
+
+
 def test_a_planted_fault_needs_the_counters_protocol():
     from tkx.codegen import generate
     from tkx.examples import get

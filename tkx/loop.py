@@ -18,7 +18,9 @@ before them are the state:
 * a functional step returns ``(loss, *new_state)``: the outputs other than the loss, flattened, are
   the new values of the leading state arguments, flattened, in order (same shapes and dtypes), and
   become the next step's arguments. The loop writes the final state back into the argument tensors.
-  ``carry=False`` treats the other outputs as results of each step instead.
+  Outputs after the new state (``(loss, new_params, accuracy)``) are results of each step: computed,
+  not carried and not kept (only the losses are). ``carry=False`` treats every output other than the
+  loss that way: nothing carries from one step to the next but what the step updates in place.
 
 **Where it runs.** CUDA tensors: one cooperative launch of the loop kernel
 (:mod:`tkx.codegen.loop`, :class:`tkx.runtime.loop.LoopRunner`): a grid barrier between steps,
@@ -38,8 +40,12 @@ at a step boundary, after the step running when the kernel sees it or the one af
 
 from __future__ import annotations
 
+import contextlib
+import operator
+import signal
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,7 +53,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from .errors import TkxError, UnsupportedError
-from .options import as_options
+from .options import OptionsError, as_options
 
 
 @dataclass(frozen=True)
@@ -103,26 +109,134 @@ def bind(program: Any, loss_index: int | None, args: Sequence[Any], batches: Seq
     if rest and carry is not False and not stateful:
         state_leaves = list(range(lifted, starts[first] if first < len(args) else lifted + sum(counts)))
         pairs = list(zip(state_leaves, rest))
+        out_keys = _output_keys(program)
+        if out_keys is not None:
+            pairs = _pair_by_keys(pairs, _leaf_keys(tuple(args[:first])), [out_keys[j] for j in rest], program)
         bad = [(i, j) for i, j in pairs if program.inputs[i].value.shape != program.outputs[j].value.shape
                or program.inputs[i].value.dtype != program.outputs[j].value.dtype]
-        if len(rest) > len(state_leaves) or bad:
-            i, j = bad[0] if bad else (None, rest[len(state_leaves)])
+        if bad or not pairs:
+            i, j = bad[0] if bad else (None, rest[0])
             what = (f"output {program.outputs[j].name} cannot become input {program.inputs[i].name}" if i is not None
                     else f"output {program.outputs[j].name} has no state argument to become")
             raise UnsupportedError("training-loop", what,
-                                   hint="a functional step returns (loss, *new_state) in the order, shapes and dtypes "
-                                        "of its leading arguments; pass carry=False if its other outputs are "
-                                        "results, not state")
+                                   hint="a functional step returns (loss, *new_state, *results) with the new state "
+                                        "in the order, shapes and dtypes of its leading arguments; pass carry=False "
+                                        "if none of its other outputs is state (the step then updates its state in "
+                                        "place, or nothing carries from one step to the next)")
     return Binding(tuple(batch_inputs), tuple(pairs), int(loss_index), lifted)
 
 
-def _rows(order: torch.Tensor | None, rows: int, steps: int, first: int = 0) -> list[int]:
+def _leaf_keys(tree: Any) -> list[tuple[Any, ...]]:
+    """The dict keys on the path to every leaf of ``tree``, in flattening order."""
+    from torch.utils._pytree import MappingKey, tree_flatten_with_path
+
+    return [tuple(k.key for k in path if isinstance(k, MappingKey)) for path, _ in tree_flatten_with_path(tree)[0]]
+
+
+def _output_keys(program: Any) -> list[tuple[Any, ...]] | None:
+    if program.out_tree is None:
+        return None
+    from torch.utils._pytree import tree_unflatten
+
+    return _leaf_keys(tree_unflatten(list(range(len(program.outputs))), program.out_tree))
+
+
+def _pair_by_keys(pairs: list[tuple[int, int]], in_keys: Sequence[tuple[Any, ...]],
+                  out_keys: Sequence[tuple[Any, ...]], program: Any = None) -> list[tuple[int, int]]:
+    """``(state leaf, output)`` pairs made by position, re-paired by dict key where the step returns its new
+    state as dicts in another key order (``{"b": ..., "a": ...}`` for ``{"a": ..., "b": ...}``): leaf i takes
+    the first unused output with its keys. ``in_keys``/``out_keys``: the dict keys of each state leaf and of
+    each non-loss output, in pair order. Raises :class:`tkx.UnsupportedError` when both sides have keys that
+    differ (``program`` names them; ``None``: a :class:`tkx.TkxError`)."""
+    n = len(pairs)
+    mine, theirs = list(in_keys[:n]), list(out_keys[:n])
+    if mine == theirs or not any(theirs) or not any(mine):
+        return pairs
+    free = list(range(n))
+    chosen = []
+    for k in mine:
+        hit = next((m for m in free if theirs[m] == k), None)
+        if hit is None:
+            i, j = pairs[len(chosen)]
+            what = (f"output {program.outputs[j].name} cannot become input {program.inputs[i].name}: no returned "
+                    f"state has the keys {list(k)}" if program is not None else f"no returned state has keys {list(k)}")
+            raise UnsupportedError("training-loop", what, hint="return the new state with the keys of the state "
+                                   "arguments, or pass carry=False if the outputs are results")
+        free.remove(hit)
+        chosen.append(hit)
+    return [(pairs[a][0], pairs[b][1]) for a, b in enumerate(chosen)]
+
+
+def _refuse_state_in_datasets(program: Any, binding: Binding, leaves: Sequence[Any],
+                              batches: Sequence[torch.Tensor]) -> None:
+    """Refuse state the steps write (in place or carried) that lives in a dataset's memory: a later step
+    would read rows the loop has overwritten. Raises :class:`tkx.UnsupportedError` naming the argument."""
+    written = {i for i, op in enumerate(program.inputs) if op.mutated} | {i for i, _ in binding.carry}
+    for i in sorted(written - set(binding.batch_inputs)):
+        t = leaves[i - binding.lifted] if 0 <= i - binding.lifted < len(leaves) else None
+        if not isinstance(t, torch.Tensor) or t.numel() == 0:
+            continue
+        start, end = _byte_span(t)
+        for b, data in enumerate(batches):
+            lo, hi = _byte_span(data)
+            if t.untyped_storage().data_ptr() == data.untyped_storage().data_ptr() and start < hi and lo < end:
+                raise UnsupportedError("training-loop", f"input {program.inputs[i].name} is state the step writes "
+                                       f"but lives in the memory of batches[{b}]",
+                                       hint="clone the state (or the dataset) so that no step overwrites a batch")
+
+
+def _byte_span(t: torch.Tensor) -> tuple[int, int]:
+    """The bytes of ``t``'s storage that ``t`` can touch, ``[start, end)``."""
+    size = t.element_size()
+    start = t.storage_offset() * size
+    extent = sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride())) + 1
+    return start, start + extent * size
+
+
+def _random_step(*programs: Any) -> UnsupportedError:
+    """The error for a step that draws random numbers, naming the first op that reads the random state
+    (its kind, FX node and the user's source line) when one is known."""
+    for program in programs:
+        if program.rng_input is None:
+            continue
+        state = program.inputs[program.rng_input].value.buffer
+        for op in program.ops:
+            if op.source is not None and any(x.buffer == state for x in op.tensor_inputs):
+                return UnsupportedError("training-loop", f"{program.name} draws random numbers ({op.kind})",
+                                        op=op.kind, node=op.fx_node, source=op.source, hint=_RANDOM_HINT)
+    return UnsupportedError("training-loop", f"{programs[-1].name} draws random numbers (dropout, torch.rand)",
+                            hint=_RANDOM_HINT)
+
+
+_RANDOM_HINT = ("a training loop in one launch runs steps without random numbers: remove the dropout (or put "
+                "the module in eval()), or run the step once per launch (tkx.runtime.build(step, inputs)) instead")
+
+
+def _rows(order: torch.Tensor | None, data: torch.Tensor, steps: int, first: int = 0) -> Iterator[int]:
+    """The dataset row of each of ``steps`` steps, one at a time (``data``: the first dataset); raises
+    :class:`TkxError` at once for an ``order`` that is not a 1-D int64 tensor of rows of ``data`` on its
+    device."""
+    from .runtime.loop import check_order
+
+    rows = int(data.shape[0])
     if order is None:
-        return [(first + k) % rows for k in range(steps)]
+        return ((first + k) % rows for k in range(steps))
+    check_order(order, rows, data.device)
     cyc = [int(x) for x in order.tolist()]
-    if not cyc or min(cyc) < 0 or max(cyc) >= rows:
-        raise TkxError(f"order must hold rows in [0, {rows}), got {cyc[:8]}")
-    return [cyc[(first + k) % len(cyc)] for k in range(steps)]
+    return (cyc[(first + k) % len(cyc)] for k in range(steps))
+
+
+def _count(steps: Any, what: str = "steps") -> int:
+    """``steps`` (or the argument called ``what``) as a count; raises :class:`tkx.OptionsError` (a
+    ValueError) for anything but a whole number >= 0."""
+    try:
+        n = operator.index(steps)  # an int, a numpy or 0-d integer tensor; not 2.5, not "3"
+    except TypeError:
+        n = None
+    if n is None or isinstance(steps, bool) or n < 0:
+        raise OptionsError(what, steps, "a whole number >= 0",
+                           message=f"{what} must be a whole number >= 0, not {steps!r}")
+    return n
 
 
 class TrainingLoop:
@@ -144,6 +258,12 @@ class TrainingLoop:
         if isinstance(batches, torch.Tensor):
             batches = (batches,)
         self.inputs = tuple(inputs)
+        batches = tuple(batches)
+        for b, d in enumerate(batches):
+            if not isinstance(d, torch.Tensor):
+                raise UnsupportedError("training-loop", f"batches[{b}] is a {type(d).__name__}, not a tensor",
+                                       hint="pass one dataset tensor [N, *batch shape] per batch argument, each "
+                                            "batch argument one tensor (a list of batches: torch.stack(them))")
         self.batches = tuple(d.contiguous() for d in batches)
         base = as_options(options)
         self.options = base.replace(**changes) if changes else base
@@ -157,14 +277,20 @@ class TrainingLoop:
         captured = self.exploration.captured
         program = self.exploration.optimized
         if program.rng_input is not None:
-            raise UnsupportedError("training-loop", f"{program.name} draws random numbers (dropout, torch.rand)",
-                                   hint="a training loop in one launch runs steps without random numbers; call "
-                                        "the compiled step once per step instead")
+            raise _random_step(captured.program, program)
         stateful = captured.stateful
         self.binding = bind(program, captured.loss_index, self.inputs, self.batches,
                             lifted=len(stateful.slots) if stateful else 0, carry=carry, stateful=stateful is not None)
+        if getattr(self.options, "timeline", False):
+            raise UnsupportedError("training-loop", "Options(timeline=True) records one launch of one step",
+                                   hint="record the timeline of the one-step kernel (tkx.runtime.build)")
+        from .codegen.loop import check_spec
+
+        check_spec(program, self.spec())  # what the loop kernel refuses, refused on the CPU as well
+        _refuse_state_in_datasets(program, self.binding, tree_flatten(self.inputs)[0], self.batches)
         self.runner: Any = None
         self._source: Any = None
+        self._position = 0  # the dataset position after the last CPU run (first=None goes on from it)
 
     @property
     def program(self) -> Any:
@@ -218,19 +344,24 @@ class TrainingLoop:
     def run(self, steps: int, *, order: torch.Tensor | None = None, progress: Any = "auto", wait: bool = True,
             timeout: float | None = None, first: int | None = 0) -> Any:
         """Run ``steps`` steps; see :func:`training_loop`. ``first``: the dataset position of the first step
-        (step k reads row ``(first + k) % N``; on a GPU ``None`` goes on from where the last launch of this
-        loop stopped). Returns a :class:`~tkx.runtime.loop.LoopResult`, or with ``wait=False`` on a GPU the
-        in-flight :class:`~tkx.runtime.loop.LoopRun` (call ``.wait()``; on the CPU the steps run at once)."""
-        steps = int(steps)
-        if steps < 0:
-            raise ValueError(f"steps must be >= 0, not {steps}")
+        (step k reads row ``(first + k) % N``; ``None`` goes on from where the last run of this loop
+        stopped). Returns a :class:`~tkx.runtime.loop.LoopResult`, or with ``wait=False`` on a GPU the
+        in-flight :class:`~tkx.runtime.loop.LoopRun` (call ``.wait()``; on the CPU the steps run at once and
+        a :class:`FinishedRun` answers the same calls)."""
+        steps = _count(steps)
+        first = None if first is None else _count(first, "first")
+        if order is not None:
+            from .runtime.loop import check_order
+
+            check_order(order, int(self.batches[0].shape[0]), self.batches[0].device)
         if self.state is not None:
             reason = self.exploration.captured.stateful.stale()
             if reason is not None:
                 raise UnsupportedError("training-loop", f"{reason} since the loop was compiled",
                                        hint="build the training loop again for the modules' current mode")
         if self.device.type != "cuda":
-            return self._run_cpu(steps, order, progress, first or 0)
+            result = self._run_cpu(steps, order, progress, self._position if first is None else first, timeout)
+            return result if wait else FinishedRun(result)
         runner = self.loop_runner()
         flat = self._flat()
         try:
@@ -244,38 +375,96 @@ class TrainingLoop:
             return run.in_background()
         return run.wait()
 
-    def _run_cpu(self, steps: int, order: torch.Tensor | None, progress: Any, first: int) -> Any:
+    def _run_cpu(self, steps: int, order: torch.Tensor | None, progress: Any, first: int,
+                 timeout: float | None = None) -> Any:
+        from .runtime.inputs import TORCH_DTYPES
         from .runtime.live import HostWords, progress_display
         from .runtime.loop import LoopResult
         from .schedule.interpreter import run as run_schedule
 
         ex, b = self.exploration, self.binding
-        rows = _rows(order, int(self.batches[0].shape[0]), steps, first)
+        rows = _rows(order, self.batches[0], steps, first)
         words = HostWords()
         words.clear()
         display = progress_display(progress, steps, self.program.name, words.request_stop)
         t0 = time.perf_counter()
+        deadline = None if timeout is None else t0 + float(timeout)
         flat = self._flat()
         losses: list[torch.Tensor] = []
         try:
-            for k, row in enumerate(rows):
-                step_in = list(flat)
-                for i, data in zip(b.batch_inputs, self.batches):
-                    step_in[i] = data[row]
-                out = run_schedule(ex.schedule, ex.arena, step_in, update_inputs=True).outputs
-                losses.append(out[b.loss].reshape(()).clone())
-                with torch.no_grad():
-                    for i, j in b.carry:
-                        flat[i].copy_(out[j])
-                words.words[0] = k + 1
-                display.update(words.read())
-                if words.stop_requested:
-                    break
+            with _ctrl_c_stops(words.request_stop):
+                for k, row in enumerate(rows):
+                    step_in = list(flat)
+                    for i, data in zip(b.batch_inputs, self.batches):
+                        step_in[i] = data[row]
+                    try:
+                        out = run_schedule(ex.schedule, ex.arena, step_in, update_inputs=True).outputs
+                    except TkxError as exc:
+                        exc.add_note(f"in training-loop step {k} (dataset row {row}); the state holds the "
+                                     f"{k} steps before it")
+                        raise
+                    losses.append(out[b.loss].reshape(()).clone())
+                    with torch.no_grad():
+                        for i, j in b.carry:
+                            flat[i].copy_(out[j])
+                    words.publish(k + 1, float(losses[-1]))
+                    display.update(words.read())
+                    if deadline is not None and time.perf_counter() > deadline:
+                        words.request_stop()
+                    if words.stop_requested:
+                        break
         finally:
+            self._position = first + len(losses)
             self._finish()
-        loss_t = torch.stack(losses) if losses else torch.empty(0)
-        display.close(words.read(), "done", loss_t.float().tolist())
-        return LoopResult(loss_t, len(losses), steps, len(losses) < steps, time.perf_counter() - t0, str(self.device))
+        loss_t = torch.stack(losses) if losses else torch.empty(
+            0, dtype=TORCH_DTYPES[self.program.outputs[b.loss].value.dtype])
+        stopped = len(losses) < steps
+        words.publish(len(losses), float(loss_t[-1]) if losses else float("nan"), finished=True)
+        display.close(words.read(), "stopped" if stopped else "done", loss_t.float().tolist())
+        return LoopResult(loss_t, len(losses), steps, stopped, time.perf_counter() - t0, str(self.device))
+
+
+class FinishedRun:
+    """What ``wait=False`` returns on the CPU, where the steps have already run: the calls of an in-flight
+    :class:`~tkx.runtime.loop.LoopRun` (``wait()`` gives the :class:`~tkx.runtime.loop.LoopResult`,
+    ``running()`` is False, ``stop()`` does nothing, ``poll()`` the last step's count and loss)."""
+
+    def __init__(self, result: Any) -> None:
+        self.result = result
+
+    def wait(self) -> Any:
+        return self.result
+
+    def running(self) -> bool:
+        return False
+
+    def stop(self) -> None:
+        pass
+
+    def poll(self) -> Any:
+        from .runtime.live import Snapshot
+
+        return Snapshot(self.result.steps, self.result.final_loss, True)
+
+
+@contextlib.contextmanager
+def _ctrl_c_stops(request_stop: Callable[[], None]) -> Any:
+    """Within the block (in the main thread), the first Ctrl-C asks the loop to stop at the next step
+    boundary instead of raising mid-step; a second one raises KeyboardInterrupt as usual."""
+    previous = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+    if previous is None:  # not the main thread, or a handler installed outside Python: leave Ctrl-C alone
+        yield
+        return
+
+    def on_interrupt(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGINT, previous)
+        request_stop()
+
+    signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def training_loop(step: Callable[..., Any], inputs: Sequence[Any], batches: Sequence[torch.Tensor], *, steps: int,
@@ -291,18 +480,24 @@ def training_loop(step: Callable[..., Any], inputs: Sequence[Any], batches: Sequ
       ``len(batches)`` arguments; same dtype and device); step ``k`` reads row ``k % N``, or
       ``order[k % len(order)]`` with ``order`` (int64, 1-D, rows in ``[0, N)``, on the step's device);
     * ``carry``: how a functional step's outputs other than the loss are treated (module docstring of
-      :mod:`tkx.loop`): ``None`` carries them as the new state of the leading arguments;
+      :mod:`tkx.loop`): ``None`` carries them as the new state of the leading arguments (outputs after the
+      new state are per-step results: computed, not kept); ``False`` carries none;
     * ``progress``: ``"auto"`` (ipywidgets progress bar, loss curve and stop button in a notebook, a
       ``rich`` bar in a terminal), ``"notebook"``, ``"terminal"`` or ``False``;
-    * ``wait=False`` (GPU): return the in-flight :class:`~tkx.runtime.loop.LoopRun` at once, watched from a
-      thread (a notebook stays responsive, so its stop button works); ``run.wait()`` gives the result;
+    * ``wait=False``: on a GPU return the in-flight :class:`~tkx.runtime.loop.LoopRun` at once, watched from
+      a thread (a notebook stays responsive, so its stop button works); ``run.wait()`` gives the result (on
+      the CPU the steps run first and a :class:`FinishedRun` answers the same calls);
     * ``timeout``: seconds after which the loop is asked to stop (the steps done so far are kept).
 
     The state arguments hold the state after the last step that ran. Returns a
     :class:`~tkx.runtime.loop.LoopResult`: ``losses`` (1-D, one per step run, the loss dtype),
     ``steps``, ``stopped``, ``seconds``. Raises :class:`tkx.UnsupportedError` (capture, or datasets
-    that do not fit the step: it names the argument), :class:`~tkx.runtime.status.KernelError` when the
-    kernel reported an error, :class:`tkx.TkxError` when it does not end after a stop request.
+    that do not fit the step: it names the argument), :class:`tkx.OptionsError` for ``steps`` that is not
+    a whole number >= 0, :class:`tkx.TkxError` for an ``order`` that is not a 1-D int64 tensor of dataset
+    rows or when the kernel does not end after a stop request, :class:`~tkx.runtime.status.KernelError`
+    when the kernel (or, on the CPU, the interpreter) reported an error: its note names the step, and the
+    state holds the steps before it. On the CPU, Ctrl-C and ``timeout`` stop the loop at a step boundary
+    as on the GPU.
     """
     loop = TrainingLoop(step, inputs, batches, state=state, loss=loss, carry=carry, options=options, **changes)
     return loop.run(steps, order=order, progress=progress, wait=wait, timeout=timeout)
@@ -319,8 +514,9 @@ def eager_training_loop(step: Callable[..., Any], inputs: Sequence[Any], batches
     (1-D float tensor of ``steps`` values, on the inputs' device)."""
     args = list(inputs)
     n_state = len(args) - len(batches)
-    rows = _rows(order, int(batches[0].shape[0]), steps, first)
+    rows = _rows(order, batches[0], _count(steps), first)
     leaves = tree_flatten(tuple(args[:n_state]))[0]
+    in_keys = _leaf_keys(tuple(args[:n_state]))
     losses = []
     for row in rows:
         for b, data in enumerate(batches):
@@ -329,8 +525,10 @@ def eager_training_loop(step: Callable[..., Any], inputs: Sequence[Any], batches
         flat = tree_flatten(out)[0]
         losses.append(flat[loss].detach().reshape(()).clone())
         if carry and not state:
-            rest = [t for j, t in enumerate(flat) if j != loss]
+            rest = [j for j in range(len(flat)) if j != loss]
+            keys = _leaf_keys(out)
+            pairs = _pair_by_keys(list(zip(range(len(leaves)), rest)), in_keys, [keys[j] for j in rest])
             with torch.no_grad():
-                for dst, src in zip(leaves, rest):
-                    dst.copy_(src)
+                for i, j in pairs:
+                    leaves[i].copy_(flat[j])
     return torch.stack(losses) if losses else torch.empty(0)

@@ -499,7 +499,7 @@ def _find_loss(gm: torch.fx.GraphModule, loss: int | None, output_names: list[st
             if isinstance(val, torch.Tensor) and val.dim() == 0 and val.is_floating_point():
                 loss_index = i
                 break
-    elif not 0 <= loss_index < len(out_args):
+    elif isinstance(loss_index, bool) or not isinstance(loss_index, int) or not 0 <= loss_index < len(out_args):
         raise UnsupportedError("bad-input", f"loss={loss} but the step has {len(out_args)} outputs",
                                hint="pass the flat index of the loss among the outputs")
     loss_node = out_args[loss_index] if loss_index is not None else None

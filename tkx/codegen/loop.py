@@ -127,7 +127,7 @@ def check_spec(program, spec: LoopSpec, tensor_maps: Sequence[abi.TensorMapSpec]
         if i in batch or j == spec.loss_output or inp.mutated:
             raise UnsupportedError("training-loop", f"input {inp.name} cannot carry output {out.name} from one "
                                    "step to the next", hint="carry only state the step returns and does not "
-                                   "write in place")
+                                   "write in place (carry=False for a step that updates its state in place)")
         if inp.value.strides != contiguous_strides(inp.value.shape) or inp.value.offset:
             raise UnsupportedError("training-loop", f"input {inp.name} carries state but is not a dense tensor "
                                    f"(strides {list(inp.value.strides)})", hint="pass contiguous state tensors")

@@ -60,11 +60,23 @@ def _u32(x: Any) -> int:
     return int(x) & MASK
 
 
+def _counter(dag: TaskDAG, counter: int, where: str) -> int:
+    """``counter`` as logged for ``where``; :class:`TkxError` when the DAG has no such counter (the words
+    were overwritten, or are not this kernel's)."""
+    if counter >= len(dag.counters):
+        from ..errors import TkxError
+
+        raise TkxError(f"the audit log of {where} names counter c{counter}, but the kernel has "
+                       f"{len(dag.counters)} counters: its sync words were overwritten or belong to another kernel")
+    return counter
+
+
 def audit(source: Any, words: Sequence[int], launches: int) -> list[Finding]:
     """What the audited kernel of ``source`` (a :class:`~tkx.codegen.CudaSource` generated with ``audit=True``)
     did wrong, from its ``sync`` words (``words``: the whole words tensor as ints, read after ``launches``
     launches from zeroed words); empty when it ran the protocol of a sound task DAG. Raises
-    :class:`~tkx.errors.TkxError` for a source without the audit."""
+    :class:`~tkx.errors.TkxError` for a source without the audit, fewer words than the audit reads, or a
+    logged counter the kernel does not have."""
     from .. import arena as arena_mod
     from ..errors import TkxError
     from .check import check
@@ -76,10 +88,14 @@ def audit(source: Any, words: Sequence[int], launches: int) -> list[Finding]:
         raise TkxError("this kernel has no protocol audit: generate it with tkx.codegen.generate(..., audit=True) "
                        "and Options(sync='counters')")
     w = [_u32(x) for x in words]
+    need = max(base + audit_words(dag), 12 + len(dag.counters), STATUS_WORD + 6)
+    if len(w) < need:
+        raise TkxError(f"the audit reads {need} sync words of this kernel, got {len(w)}: pass the whole sync "
+                       "words tensor the kernel ran with")
     out: list[Finding] = []
     status = w[STATUS_WORD]
     if status == WAIT_TIMEOUT:
-        counter, threshold = w[STATUS_WORD + 3] & 0xFFFF, w[9]
+        counter, threshold = _counter(dag, w[STATUS_WORD + 3] & 0xFFFF, "the timed-out wait"), w[9]
         tiles = dag.counters[counter].threshold
         if threshold > tiles:
             out.append(Finding("threshold-one-too-high", f"a wait on counter c{counter} "
@@ -102,7 +118,7 @@ def audit(source: Any, words: Sequence[int], launches: int) -> list[Finding]:
             out.append(Finding("barrier-skipped-by-one-block", f"wait {k} of {g} passed {passes} times, "
                                f"{want} tasks ran it"))
         if passes:
-            counter, threshold = entry >> 16, entry & 0xFFFF
+            counter, threshold = _counter(dag, entry >> 16, f"wait {k} of {g}"), entry & 0xFFFF
             tiles = dag.counters[counter].threshold
             if threshold < tiles:
                 out.append(Finding("threshold-off-by-one", f"wait {k} of {g} on counter c{counter} "

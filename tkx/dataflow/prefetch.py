@@ -125,10 +125,12 @@ def simulate(dag: TaskDAG, issue: Mapping[str, Any], *, blocks: int, streams: in
     or a group id): task times from the cost model, each multiplied by a factor drawn from
     ``[1/(1+jitter), 1+jitter]`` (seeded; ``jitter=0``: the prediction). ``rotate``: each stage's first
     task goes to another block (another deal of tasks to blocks). Raises :class:`TkxError` for an unknown
-    unit or group."""
+    unit or group, or fewer than one stream."""
     from .. import costs
     from .cost import task_us
 
+    if isinstance(streams, bool) or not isinstance(streams, int) or streams < 1:
+        raise TkxError(f"a load is streamed by at least one SM: streams must be an int >= 1, got {streams!r}")
     us = units(dag)
     _check_plan(dag, us, issue)
     c = costs.constants()
@@ -245,12 +247,13 @@ def static_problems(dag: TaskDAG, issue: Mapping[str, Any], budget: int) -> list
         x = issue[b.name]
         return x != START and set(a.consumers) <= anc[x] | {x}
 
-    for k in range(len(fetched), 1, -1):
+    for k in range(len(fetched), 0, -1):  # k = 1: one unit alone over the budget
         for group in combinations(fetched, k):
             total = sum(u.nbytes for u in group)
             if total > budget and all(not apart(a, b) and not apart(b, a) for a, b in combinations(group, 2)):
-                out.append(f"over budget: {', '.join(u.name for u in group)} may be held at once, "
-                           f"{total} bytes > {budget}")
+                held = f"{group[0].name} alone holds" if k == 1 else \
+                    f"{', '.join(u.name for u in group)} may be held at once,"
+                out.append(f"over budget: {held} {total} bytes > {budget}")
                 return out
     return out
 

@@ -83,12 +83,18 @@ class WeightPrefetch(Puzzle):
         return dict(self._memo["plan"])
 
     def issue_of(self, answer: Any) -> dict[str, Any]:
-        d = self.dag
-        if not isinstance(answer, dict) or set(answer) != set(self.blank()):
-            raise PuzzleError(f"an answer maps every unit {sorted(self.blank())} to None, 'start' or a group id")
+        d, names = self.dag, list(self.blank())
+        form = f"an answer is a dict mapping every unit {names} to None, 'start' or a group id"
+        if not isinstance(answer, dict):
+            raise PuzzleError(f"{form}, not a {type(answer).__name__}")
+        missing = [u for u in names if u not in answer]
+        unknown = [u for u in answer if u not in names]
+        if missing or unknown:
+            parts = ([f"missing {missing}"] if missing else []) + ([f"no unit called {unknown}"] if unknown else [])
+            raise PuzzleError(f"{form}: {'; '.join(parts)}")
         for u, x in answer.items():
-            if x is not None and x != "start" and x not in d.items:
-                raise PuzzleError(f"{u}: {x!r} is neither None, 'start' nor a group ({', '.join(d.order)})")
+            if x is not None and x != "start" and not (isinstance(x, str) and x in d.items):
+                raise PuzzleError(f"{u}: {x!r} is neither None, 'start' nor a group id (a str: {', '.join(d.order)})")
         return dict(answer)
 
     def adversarial_problems(self, issue: dict[str, Any]) -> list[str]:

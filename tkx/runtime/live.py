@@ -57,6 +57,12 @@ class HostWords:
         loss = struct.unpack("<f", struct.pack("<I", int(self.words[LIVE_LOSS])))[0]
         return Snapshot(done, float(loss), bool(self.words[LIVE_FINISHED]))
 
+    def publish(self, done: int, loss: float, finished: bool = False) -> None:
+        """Publish from the host as the kernel does (the CPU loop): the loss (float32 bits), then the count."""
+        self.words[LIVE_LOSS] = struct.unpack("<I", struct.pack("<f", float(loss)))[0]
+        self.words[LIVE_DONE] = int(done) & 0xFFFFFFFF
+        self.words[LIVE_FINISHED] = int(finished)
+
     def request_stop(self) -> None:
         """Ask the running loop to stop at a step boundary (the kernel polls this word)."""
         self.words[LIVE_STOP] = 1

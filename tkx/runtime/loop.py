@@ -136,9 +136,9 @@ class LoopRunner:
         if not self._lock.acquire(blocking=False):
             raise TkxError("this training loop is already running: wait for it (run.wait()) first")
         try:
-            cycle = self.check(flat, batches, order)
             if order is not None:
-                _check_order(order, next(iter(batches.values())).shape[0], self.device)
+                check_order(order, next(iter(batches.values())).shape[0], self.device)
+            cycle = self.check(flat, batches, order)
             outs = self.runner.allocate_outputs()
             arena = self.runner.new_arena()
             dtype = outs[self.loss_index].dtype
@@ -161,15 +161,22 @@ class LoopRunner:
         return LoopRun(self, flat, batches, steps, losses, (outs, arena), done, display, t0, timeout)
 
 
-def _check_order(order: torch.Tensor, rows: int, device: torch.device) -> None:
+def check_order(order: Any, rows: int, device: torch.device) -> None:
+    """Refuse an ``order`` the loop cannot follow: it must be a contiguous 1-D int64 tensor on ``device``
+    holding at least one row index in ``[0, rows)`` (repeats allowed). Raises :class:`TkxError` saying
+    which of these it is not."""
+    if not isinstance(order, torch.Tensor):
+        raise TkxError(f"order must be a 1-D int64 tensor of dataset rows, got {type(order).__name__}: pass "
+                       f"torch.tensor(rows, dtype=torch.int64, device='{device}')")
     if order.dtype != torch.int64 or order.dim() != 1 or order.device != device or not order.is_contiguous():
         raise TkxError(f"order must be a contiguous 1-D int64 tensor on {device}, got {order.dtype} "
-                       f"{list(order.shape)} on {order.device}")
+                       f"{list(order.shape)} on {order.device}: pass order.to({str(device)!r}, torch.int64)"
+                       ".flatten().contiguous() if it holds row indices")
     if order.numel() == 0:
         raise TkxError("order is empty: give at least one dataset row")
     lo, hi = int(order.min()), int(order.max())
     if lo < 0 or hi >= rows:
-        raise TkxError(f"order holds row {lo if lo < 0 else hi}, outside the dataset's {rows} rows")
+        raise TkxError(f"order holds row {lo if lo < 0 else hi}, outside the dataset's {rows} rows [0, {rows})")
 
 
 class LoopRun:
@@ -288,9 +295,9 @@ class LoopGraph:
                  steps: int, order: torch.Tensor | None = None) -> None:
         self.loop, self.steps = loop, int(steps)
         self.flat, self.batches = list(flat), dict(batches)
-        cycle = loop.check(self.flat, self.batches, order)
         if order is not None:
-            _check_order(order, next(iter(self.batches.values())).shape[0], loop.device)
+            check_order(order, next(iter(self.batches.values())).shape[0], loop.device)
+        cycle = loop.check(self.flat, self.batches, order)
         self.order = order
         runner = loop.runner
         self.outputs = runner.allocate_outputs()
