@@ -25,4 +25,7 @@ def test_dry_run_writes_the_results_json_and_its_page(tmp_path):
         assert row["tkx_us_per_step"] > 0 and row["torch_compile_us_per_step"] > 0
     pages = load_script("results-pages", "tkx_results_pages_for_multistep")
     page = pages.render(run)
-    assert "| linear_regression | 3 |" in page and "| auto |" in page and "abc1234" in page and "| yes |" in page
+    # the faster variant equal to eager is shown: on a CPU either may win
+    assert "| linear_regression | 3 |" in page and ("| auto |" in page or "| block |" in page)
+    assert "abc1234" in page and "| yes |" in page
+    assert row["judged_by"] in ("float32 tolerance", "float64") and row["state_diff_to_float64"] >= 0
