@@ -151,6 +151,13 @@ def test_audit_names_a_stalled_wait_and_refuses_an_unaudited_kernel():
     words[4], words[7], words[8], words[9] = 4, (broken.dag.order.index(g) << 16) | w.counter, w.threshold - 1, \
         w.threshold
     assert [f.poison for f in audit(broken, words, 1)] == ["threshold-one-too-high"]
+    # the first block to give up may wait on a sound counter the unreachable wait holds up (as on the H200)
+    sound = next((g2, w2) for g2, _, w2 in layout(broken.dag)
+                 if w2.threshold <= broken.dag.counters[w2.counter].threshold)
+    words[7], words[8], words[9] = (broken.dag.order.index(sound[0]) << 16) | sound[1].counter, 0, sound[1].threshold
+    held = audit(broken, words, 1)
+    assert [f.poison for f in held] == ["threshold-one-too-high"] and "holds up" in str(held[0])
+    assert f"for {w.threshold} tiles" in str(held[0])
     from tkx.examples import get
     from tkx.pipeline import lower
 

@@ -101,6 +101,17 @@ def audit(source: Any, words: Sequence[int], launches: int) -> list[Finding]:
             out.append(Finding("threshold-one-too-high", f"a wait on counter c{counter} "
                                f"({dag.counters[counter].group}) for {threshold} tiles reached the spin limit; "
                                f"its group has {tiles}"))
+            return out
+        # The block that reached the spin limit first may wait on a sound counter whose group is held up
+        # by the unreachable wait (its tasks never run): name the wait that can never be met.
+        for g in dag.order:
+            for wt in dag.waits[g]:
+                if wt.threshold > dag.counters[wt.counter].threshold:
+                    out.append(Finding("threshold-one-too-high",
+                                       f"{g} waits on counter c{wt.counter} ({dag.counters[wt.counter].group}) for "
+                                       f"{wt.threshold} tiles, its group has {dag.counters[wt.counter].threshold}: "
+                                       f"the kernel stopped at the spin limit on c{counter} "
+                                       f"({dag.counters[counter].group}), which that wait holds up"))
         return out
     if w[EPOCH_WORD] != launches & MASK:
         out.append(Finding("epoch-not-advanced", f"the epoch stands at {w[EPOCH_WORD]} after {launches} launches"))
