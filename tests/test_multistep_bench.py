@@ -28,4 +28,28 @@ def test_dry_run_writes_the_results_json_and_its_page(tmp_path):
     # the faster variant equal to eager is shown: on a CPU either may win
     assert "| linear_regression | 3 |" in page and ("| auto |" in page or "| block |" in page)
     assert "abc1234" in page and "| yes |" in page
-    assert row["judged_by"] in ("float32 tolerance", "float64") and row["state_diff_to_float64"] >= 0
+    assert row["judged_by"] in ("tolerance", "float64") and row["state_diff_to_float64"] >= 0
+
+
+def test_rejudge_applies_the_rule_to_recorded_distances_without_measuring(tmp_path):
+    bench = load_script("multistep-bench", "tkx_multistep_bench_script")
+    out = tmp_path / "multistep-h200.json"
+    assert bench.main(["--dry-run", "--examples", "linear_regression", "--ks", "1", "--rows", "2",
+                       "--out", str(out), "--commit", "abc1234"]) == 0
+    run = json.loads(out.read_text())
+    row = run["results"]["linear_regression"]["1"]
+    us = row["tkx_us_per_step"]
+    for v in ("auto", "block"):  # as an older rule would have left them: too far, and no float64 judgement
+        if f"tkx_{v}_us_per_step" in row:
+            row[f"tkx_{v}_equal_to_eager"] = False
+            row[f"tkx_{v}_max_rel_state_diff"] = 5e-4  # within float32's 1e-3
+    out.write_text(json.dumps(run))
+    assert bench.main(["--rejudge", str(out)]) == 0
+    again = json.loads(out.read_text())
+    row = again["results"]["linear_regression"]["1"]
+    assert row["equal_to_eager"] is True and row["tolerance"] == 1e-3 and "rejudged" in again
+    assert row["tkx_us_per_step"] == us  # nothing measured again
+    # a step far beyond the tolerance and further from float64 than eager stays unequal
+    assert bench.judge({"max_rel_loss_diff": 0.1, "max_rel_state_diff": 0.1, "loss_diff_to_float64": 0.1,
+                        "state_diff_to_float64": 0.1, "eager_loss_diff_to_float64": 1e-3,
+                        "eager_state_diff_to_float64": 1e-3}, 1e-3)["equal_to_eager"] is False
