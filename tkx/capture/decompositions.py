@@ -382,6 +382,14 @@ def _native_layer_norm(x, normalized_shape, weight, bias, eps):
     torch's reference rounds them to ``x``'s dtype on the CPU, and the backward of a narrow norm then
     cancels into noise (over two elements ``x_hat`` is +-1 and the input's gradient is nearly 0: with
     a rounded mean it came out 17 times the float64 value)."""
+    shape = list(normalized_shape)
+    if list(x.shape[x.dim() - len(shape):]) != shape or x.dim() < len(shape) or any(
+            t is not None and list(t.shape) != shape for t in (weight, bias)):
+        # torch's own check (aten/src/ATen/native/layer_norm.cpp), so a wrong shape stays the user's bad input
+        raise RuntimeError(f"Given normalized_shape={shape}, expected input with shape [*, "
+                           f"{', '.join(map(str, shape))}] and weight/bias of shape {shape}, but got input of "
+                           f"size{list(x.shape)}" + "".join(f", {n} of size {list(t.shape)}" for n, t in
+                                                           (("weight", weight), ("bias", bias)) if t is not None))
     dims = list(range(x.dim() - len(normalized_shape), x.dim()))
     xc = x.float() if x.dtype in (torch.bfloat16, torch.float16) else x
     var, mean = _var_mean(xc, dims, correction=0, keepdim=True)
