@@ -212,8 +212,8 @@ def test_wait_false_on_the_cpu_gives_a_run_to_wait_for_as_on_the_gpu():
     w0, X, Y = _data()
     w = w0.clone()
     run = tkx.training_loop(_linear, (w, X[0], Y[0]), (X, Y), steps=3, wait=False, progress=False)
-    assert not run.running() and run.poll().done == 3 and run.poll().finished
     result = run.wait()
+    assert not run.running() and run.poll().done == 3 and run.poll().finished
     losses, w_ref = _eager(_linear, w0, X, Y, [0, 1, 2])
     torch.testing.assert_close(result.losses, losses)
     torch.testing.assert_close(w, w_ref)

@@ -110,3 +110,101 @@ def test_watched_from_a_thread_then_stopped(monkeypatch):
     run.stop()
     result = run.wait()
     assert result.stopped and result.steps == run.poll().done and run.poll().finished
+
+
+# --------------------------------------------------------------------------------------
+# The CPU loop with wait=False: the steps run in a thread, the notebook's stop button stops them
+# --------------------------------------------------------------------------------------
+def _cpu_linear(w, x, y):
+    loss = ((x @ w - y) ** 2).mean()
+    return loss, w - 0.1 * 2 * x.t() @ (x @ w - y) / y.numel()
+
+
+class HeldStep:
+    """Wraps the schedule interpreter: the ``hold``-th step call (1-based) waits until :meth:`release`,
+    so a test acts while the loop is certainly mid-run (no timing involved)."""
+
+    def __init__(self, monkeypatch, hold: int) -> None:
+        import tkx.schedule.interpreter as interp
+
+        self.hold, self.calls = hold, 0
+        self.reached, self.go = threading.Event(), threading.Event()
+        self._run = interp.run
+        monkeypatch.setattr(interp, "run", self.run)
+
+    def run(self, *args, **kwargs):
+        self.calls += 1
+        if self.calls == self.hold:
+            self.reached.set()
+            assert self.go.wait(KERNEL_LIMIT_S), "the test never released the held step"
+        return self._run(*args, **kwargs)
+
+    def release(self) -> None:
+        self.go.set()
+
+
+def _cpu_problem():
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(8, 1, generator=g), torch.randn(4, 6, 8, generator=g), torch.randn(4, 6, 1, generator=g)
+
+
+def _cpu_eager(w, X, Y, steps):
+    losses = []
+    for k in range(steps):
+        loss, w = _cpu_linear(w, X[k % X.shape[0]], Y[k % Y.shape[0]])
+        losses.append(loss)
+    return torch.stack(losses), w
+
+
+def test_cpu_wait_false_returns_while_the_steps_run_and_stop_keeps_whole_steps(monkeypatch):
+    import tkx
+
+    w0, X, Y = _cpu_problem()
+    w = w0.clone()
+    held = HeldStep(monkeypatch, hold=3)
+    loop = tkx.TrainingLoop(_cpu_linear, (w, X[0], Y[0]), (X, Y))
+    run = loop.run(1000, wait=False, progress=False)
+    try:
+        assert held.reached.wait(KERNEL_LIMIT_S)
+        assert run.running() and run.poll().done == 2 and not run.poll().finished
+        with pytest.raises(tkx.TkxError, match="still running"):
+            loop.run(5, progress=False)
+        run.stop()
+    finally:
+        held.release()
+    result = run.wait()
+    assert not run.running() and result.stopped and result.steps == 3 and run.poll().finished
+    losses, w_ref = _cpu_eager(w0, X, Y, 3)
+    torch.testing.assert_close(result.losses, losses)
+    torch.testing.assert_close(w, w_ref)
+    assert loop.run(2, progress=False).steps == 2  # the next run works once this one has ended
+
+
+def test_cpu_notebook_stop_button_stops_the_running_loop(monkeypatch):
+    pytest.importorskip("ipywidgets")
+    import tkx
+
+    shown = []
+
+    class Recorded(live.NotebookDisplay):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            shown.append(self)
+
+    monkeypatch.setattr(live, "NotebookDisplay", Recorded)
+    w0, X, Y = _cpu_problem()
+    held = HeldStep(monkeypatch, hold=4)
+    run = tkx.training_loop(_cpu_linear, (w0.clone(), X[0], Y[0]), (X, Y), steps=1000, progress="notebook",
+                            wait=False)
+    try:
+        assert held.reached.wait(KERNEL_LIMIT_S)
+        (display,) = shown
+        assert display.bar.value == 3 and display.label.value.startswith("3 / 1000 steps, loss")
+        assert len(display.points) == 3 and "<polyline" in display.curve.value
+        display.button.click()
+    finally:
+        held.release()
+    result = run.wait()
+    assert result.stopped and result.steps == 4
+    assert display.bar.value == 4 and display.label.value.endswith("(stopped)") and display.button.disabled
+    torch.testing.assert_close(result.losses, _cpu_eager(w0, X, Y, 4)[0])

@@ -291,6 +291,7 @@ class TrainingLoop:
         self.runner: Any = None
         self._source: Any = None
         self._position = 0  # the dataset position after the last CPU run (first=None goes on from it)
+        self._cpu_run: CpuRun | None = None  # the CPU run started with wait=False, while it may be running
 
     @property
     def program(self) -> Any:
@@ -345,9 +346,9 @@ class TrainingLoop:
             timeout: float | None = None, first: int | None = 0) -> Any:
         """Run ``steps`` steps; see :func:`training_loop`. ``first``: the dataset position of the first step
         (step k reads row ``(first + k) % N``; ``None`` goes on from where the last run of this loop
-        stopped). Returns a :class:`~tkx.runtime.loop.LoopResult`, or with ``wait=False`` on a GPU the
-        in-flight :class:`~tkx.runtime.loop.LoopRun` (call ``.wait()``; on the CPU the steps run at once and
-        a :class:`FinishedRun` answers the same calls)."""
+        stopped). Returns a :class:`~tkx.runtime.loop.LoopResult`, or with ``wait=False`` the run in flight:
+        a :class:`~tkx.runtime.loop.LoopRun` on a GPU, a :class:`CpuRun` (the same calls) on the CPU. Raises
+        :class:`TkxError` while a CPU run of this loop started with ``wait=False`` is still running."""
         steps = _count(steps)
         first = None if first is None else _count(first, "first")
         if order is not None:
@@ -360,8 +361,10 @@ class TrainingLoop:
                 raise UnsupportedError("training-loop", f"{reason} since the loop was compiled",
                                        hint="build the training loop again for the modules' current mode")
         if self.device.type != "cuda":
-            result = self._run_cpu(steps, order, progress, self._position if first is None else first, timeout)
-            return result if wait else FinishedRun(result)
+            if self._cpu_run is not None and self._cpu_run.running():
+                raise TkxError("this training loop is still running (started with wait=False): call "
+                               "run.wait() or run.stop() then run.wait() before the next run")
+            return self._run_cpu(steps, order, progress, first, timeout, wait)
         runner = self.loop_runner()
         flat = self._flat()
         try:
@@ -375,18 +378,34 @@ class TrainingLoop:
             return run.in_background()
         return run.wait()
 
-    def _run_cpu(self, steps: int, order: torch.Tensor | None, progress: Any, first: int,
-                 timeout: float | None = None) -> Any:
-        from .runtime.inputs import TORCH_DTYPES
+    def _run_cpu(self, steps: int, order: torch.Tensor | None, progress: Any, first: int | None,
+                 timeout: float | None, wait: bool) -> Any:
+        """The CPU run: the display is made here (a notebook shows it under the calling cell), the steps run
+        here with ``wait`` or in a :class:`CpuRun`'s thread without (the caller returns at once and a
+        notebook stays free to handle the stop button)."""
         from .runtime.live import HostWords, progress_display
+
+        first = self._position if first is None else first
+        words = HostWords()
+        words.clear()
+        display = progress_display(progress, steps, self.program.name, words.request_stop)
+
+        def work() -> Any:
+            return self._cpu_steps(steps, order, first, timeout, words, display)
+
+        if wait:
+            return work()
+        self._cpu_run = CpuRun(words, work)
+        return self._cpu_run
+
+    def _cpu_steps(self, steps: int, order: torch.Tensor | None, first: int, timeout: float | None,
+                   words: Any, display: Any) -> Any:
+        from .runtime.inputs import TORCH_DTYPES
         from .runtime.loop import LoopResult
         from .schedule.interpreter import run as run_schedule
 
         ex, b = self.exploration, self.binding
         rows = _rows(order, self.batches[0], steps, first)
-        words = HostWords()
-        words.clear()
-        display = progress_display(progress, steps, self.program.name, words.request_stop)
         t0 = time.perf_counter()
         deadline = None if timeout is None else t0 + float(timeout)
         flat = self._flat()
@@ -424,27 +443,40 @@ class TrainingLoop:
         return LoopResult(loss_t, len(losses), steps, stopped, time.perf_counter() - t0, str(self.device))
 
 
-class FinishedRun:
-    """What ``wait=False`` returns on the CPU, where the steps have already run: the calls of an in-flight
-    :class:`~tkx.runtime.loop.LoopRun` (``wait()`` gives the :class:`~tkx.runtime.loop.LoopResult`,
-    ``running()`` is False, ``stop()`` does nothing, ``poll()`` the last step's count and loss)."""
+class CpuRun:
+    """A CPU training loop started with ``wait=False``: the steps run in a thread, with the calls of an
+    in-flight :class:`~tkx.runtime.loop.LoopRun`: :meth:`wait` joins the thread and returns the
+    :class:`~tkx.runtime.loop.LoopResult` (raising the error a step raised), :meth:`running`,
+    :meth:`stop` (the loop ends at the next step boundary), :meth:`poll` (the published step count and
+    latest loss). The state tensors change while it runs: read them after :meth:`wait`."""
 
-    def __init__(self, result: Any) -> None:
-        self.result = result
+    def __init__(self, words: Any, work: Callable[[], Any]) -> None:
+        self._words = words
+        self.result: Any = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._work, args=(work,), name="tkx-training-loop", daemon=True)
+        self._thread.start()
+
+    def _work(self, work: Callable[[], Any]) -> None:
+        try:
+            self.result = work()
+        except BaseException as exc:  # handed to wait(), which raises it in the caller's thread
+            self._error = exc
 
     def wait(self) -> Any:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
         return self.result
 
     def running(self) -> bool:
-        return False
+        return self._thread.is_alive()
 
     def stop(self) -> None:
-        pass
+        self._words.request_stop()
 
     def poll(self) -> Any:
-        from .runtime.live import Snapshot
-
-        return Snapshot(self.result.steps, self.result.final_loss, True)
+        return self._words.read()
 
 
 @contextlib.contextmanager
@@ -484,9 +516,9 @@ def training_loop(step: Callable[..., Any], inputs: Sequence[Any], batches: Sequ
       new state are per-step results: computed, not kept); ``False`` carries none;
     * ``progress``: ``"auto"`` (ipywidgets progress bar, loss curve and stop button in a notebook, a
       ``rich`` bar in a terminal), ``"notebook"``, ``"terminal"`` or ``False``;
-    * ``wait=False``: on a GPU return the in-flight :class:`~tkx.runtime.loop.LoopRun` at once, watched from
-      a thread (a notebook stays responsive, so its stop button works); ``run.wait()`` gives the result (on
-      the CPU the steps run first and a :class:`FinishedRun` answers the same calls);
+    * ``wait=False``: return the run in flight at once (a notebook stays responsive, so its stop button
+      works): on a GPU the :class:`~tkx.runtime.loop.LoopRun`, watched from a thread; on the CPU a
+      :class:`CpuRun`, the steps running in a thread; ``run.wait()`` gives the result;
     * ``timeout``: seconds after which the loop is asked to stop (the steps done so far are kept).
 
     The state arguments hold the state after the last step that ran. Returns a
