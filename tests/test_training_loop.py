@@ -107,7 +107,11 @@ def test_host_words_and_curve():
     words.request_stop()
     assert words.stop_requested
     svg = live.curve_svg([(1, 2.0), (2, 1.0), (3, float("nan"))], 3)
-    assert svg.count("<polyline") == 1 and "max 2" in svg
+    assert svg.count("<polyline") == 1 and "max 2" in svg and "log scale" not in svg
+    # a loss falling over three decades is drawn on a log axis: the middle decade sits mid-height
+    svg = live.curve_svg([(0, 1.0), (1, 0.1 ** 1.5), (2, 1e-3)], 2, width=100, height=112)
+    ys = [float(p.split(",")[1]) for p in svg.split('points="')[1].split('"')[0].split()]
+    assert "log scale" in svg and ys == pytest.approx([6.0, 56.0, 106.0])
     assert isinstance(live.progress_display(False, 3, "t"), live.NoDisplay)
     with pytest.raises(ValueError):
         live.progress_display("bogus", 3, "t")

@@ -153,26 +153,33 @@ class TerminalDisplay:
 
 #: Points the final loss curve keeps (every n-th step's loss, and the last).
 CURVE_POINTS = 400
+#: The loss curve's y axis turns logarithmic when the largest positive loss is over this many times the smallest.
+LOG_SPAN = 100.0
 
 
 def curve_svg(points: list[tuple[int, float]], steps: int, width: int = 360, height: int = 120) -> str:
     """An inline SVG line of ``(step, loss)`` points, the x axis from 0 to ``steps``, the y axis from the
-    smallest to the largest finite loss (empty axes when there is none)."""
+    smallest to the largest finite loss (empty axes when there is none); logarithmic, and labelled so, when
+    every loss is positive and they span more than LOG_SPAN (a training loss falling from 2.4 to 1e-3 is
+    otherwise a flat line on the floor after the first steps)."""
     finite = [(s, v) for s, v in points if math.isfinite(v)]
     pad = 6
     frame = (f'<rect x="0" y="0" width="{width}" height="{height}" fill="white" stroke="#bbb"/>')
     if not finite:
         return f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">{frame}</svg>'
     lo, hi = min(v for _, v in finite), max(v for _, v in finite)
-    span = (hi - lo) or 1.0
+    log = lo > 0 and hi / lo > LOG_SPAN
+    scale = math.log10 if log else (lambda v: v)
+    span = (scale(hi) - scale(lo)) or 1.0
     xs = [(pad + (width - 2 * pad) * s / max(1, steps)) for s, _ in finite]
-    ys = [(height - pad - (height - 2 * pad) * (v - lo) / span) for _, v in finite]
+    ys = [(height - pad - (height - 2 * pad) * (scale(v) - scale(lo)) / span) for _, v in finite]
     line = " ".join(f"{x:.1f},{y:.1f}" for x, y in zip(xs, ys))
     return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">{frame}'
             f'<polyline fill="none" stroke="#1f77b4" stroke-width="1.5" points="{line}"/>'
             f'<text x="{width - pad}" y="14" font-size="11" text-anchor="end">max {hi:.4g}</text>'
             f'<text x="{width - pad}" y="{height - pad - 2}" font-size="11" text-anchor="end">min {lo:.4g}</text>'
-            f'</svg>')
+            + (f'<text x="{pad}" y="{height - pad - 2}" font-size="11">log scale</text>' if log else "")
+            + '</svg>')
 
 
 class NotebookDisplay:
