@@ -44,6 +44,17 @@ FINDINGS = {
 }
 
 
+def test_outlined_value_function_keeps_its_pointer_types():
+    """views-104: with Options(outline="on") one inline-value function served a `float*` and a
+    `const float*` operand (its parameters' types were not part of the body's key): NVRTC refused it."""
+    case = fam.Case("views", 104, (("amp", "bf16"), ("batch", 1), ("clip", "none"), ("inner", 1),
+                                   ("maximize", False), ("optimizer", "sgd"), ("pattern", "split_cat"),
+                                   ("update", "inplace"), ("weight_decay", 0.0), ("width", 2)),
+                    options=(("outline", "on"),))
+    o = oracle.check(case, nvrtc=True)
+    assert o.status == "ok", o.line()
+
+
 @pytest.mark.parametrize("name", sorted(FINDINGS))
 def test_finding_passes_the_oracle(name):
     case = FINDINGS[name]

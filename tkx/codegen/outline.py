@@ -169,6 +169,9 @@ class Outliner:
             key_parts.append(src[pos:])
             text_lines.append("".join(text_parts) + comment)
             key_lines.append("".join(key_parts).rstrip())
+        # the parameters' types belong to the key: two bodies of one text over a `const float*` and a
+        # `float*` (or a float and a bfloat16 pointer) are two functions
+        key_lines.append("// " + ", ".join(params))
         return Body("\n".join(key_lines), "\n".join(text_lines), params, args)
 
     def value_function(self, name: str) -> tuple[str, list[str]] | None:
