@@ -38,6 +38,11 @@ FINDINGS = {
         _STEP, amp="fp16", batch=1, dropout=0.0, embed=13, empty_rows=False, gqa="repeat_interleave", group=1,
         head_dim=2, k_len=3, kv_heads=2, mask="causal", optimizer="adam", q_len=5, scale=None, update="inplace",
         weight_decay=0.01).items()))),
+    # flash-decoding over 40 keys for one query row that sees none: the schedule interpreter's combine
+    # divided 0 by 0 where the kernel's (and eager) give 0
+    "sdpa-400419": fam.Case("sdpa", 400419, tuple(sorted(dict(
+        _STEP, batch=1, dropout=0.0, embed=2, empty_rows=True, gqa="repeat_interleave", group=1, head_dim=1,
+        k_len=40, kv_heads=1, mask="bool", optimizer="sgd", q_len=1, scale=None, update="inplace").items()))),
     "module-50660": fam.Case("module", 50660, tuple(sorted(dict(
         batch=3, classes=2, clip="none", foreach=False, hidden=4, mode="train", norm="batch", optimizer="RMSprop",
         weight_decay=0.0, width=5).items()))),

@@ -147,7 +147,8 @@ class _Machine:
             return
         if grp.kind == "attention" and grp.params.get("partials"):  # flash-decoding phase 2: the combine
             att = ops[0]
-            self.store(self.s.homes[att.id], att.id, self.decode_combine(grp.params))
+            self.store(self.s.homes[att.id], att.id,
+                       self.decode_combine(grp.params, zero_empty_rows=att.attr("empty_rows", "zero") == "zero"))
             return
         if grp.kind == "gemm_partial":  # split-K phase 1: fp32 products over slices of K
             name = grp.stores[0]
@@ -299,8 +300,9 @@ class _Machine:
         acc = torch.einsum("blpj,bpje->bple", p, vv)                          # [B, KT, L, Ev]
         return torch.cat([acc.reshape(-1), m.transpose(1, 2).reshape(-1), p.sum(-1).transpose(1, 2).reshape(-1)])
 
-    def decode_combine(self, plan: Any) -> torch.Tensor:
-        """Flash-decoding's combine: the packed float32 root ``[out | lse]`` from the partials."""
+    def decode_combine(self, plan: Any, *, zero_empty_rows: bool = True) -> torch.Tensor:
+        """Flash-decoding's combine: the packed float32 root ``[out | lse]`` from the partials; a query row whose
+        keys are all masked is 0 (``zero_empty_rows``, as the kernel's combine and eager) or NaN."""
         nb, lq, ev, kt = plan["batch"], plan["q_len"], plan["value_dim"], -(-plan["kv_len"] // plan["tile_k"])
         rows = nb * kt * lq
         flat = self.arena_view(plan["partials"], "float32", rows * (ev + 2))
@@ -311,6 +313,8 @@ class _Machine:
         w = torch.where(m == float("-inf"), torch.zeros_like(m), torch.exp(m - top))
         total = (den * w).sum(1)                                              # [B, L]
         out = (acc * w.unsqueeze(-1)).sum(1) / total.unsqueeze(-1)
+        if zero_empty_rows and plan["mask"] != "none":
+            out = torch.where(total.unsqueeze(-1) == 0, torch.zeros_like(out), out)
         return torch.cat([out.reshape(-1), (top.squeeze(1) + torch.log(total)).reshape(-1)])
 
     @staticmethod
