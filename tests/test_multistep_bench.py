@@ -12,12 +12,17 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from script_module import load_script  # noqa: E402
 
 
-def test_dry_run_writes_the_results_json_and_its_page(tmp_path):
+def _dry_run(tmp_path, ks: str):
+    """(the script module, the JSON's path, the run) of a --dry-run on linear_regression at ``ks``."""
     bench = load_script("multistep-bench", "tkx_multistep_bench_script")
     out = tmp_path / "multistep-h200.json"
-    assert bench.main(["--dry-run", "--examples", "linear_regression", "--ks", "1,3", "--rows", "2",
+    assert bench.main(["--dry-run", "--examples", "linear_regression", "--ks", ks, "--rows", "2",
                        "--out", str(out), "--commit", "abc1234"]) == 0
-    run = json.loads(out.read_text())
+    return bench, out, json.loads(out.read_text())
+
+
+def test_dry_run_writes_the_results_json_and_its_page(tmp_path):
+    _, _, run = _dry_run(tmp_path, "1,3")
     assert run["benchmark"] == "multistep" and run["commit"] == "abc1234" and run["ks"] == [1, 3]
     for k in ("1", "3"):
         row = run["results"]["linear_regression"][k]
@@ -32,11 +37,7 @@ def test_dry_run_writes_the_results_json_and_its_page(tmp_path):
 
 
 def test_rejudge_applies_the_rule_to_recorded_distances_without_measuring(tmp_path):
-    bench = load_script("multistep-bench", "tkx_multistep_bench_script")
-    out = tmp_path / "multistep-h200.json"
-    assert bench.main(["--dry-run", "--examples", "linear_regression", "--ks", "1", "--rows", "2",
-                       "--out", str(out), "--commit", "abc1234"]) == 0
-    run = json.loads(out.read_text())
+    bench, out, run = _dry_run(tmp_path, "1")
     row = run["results"]["linear_regression"]["1"]
     us = row["tkx_us_per_step"]
     for v in ("auto", "block"):  # as an older rule would have left them: too far, and no float64 judgement
