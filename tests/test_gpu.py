@@ -213,7 +213,7 @@ def test_bench_compare_runs_and_reports():
     report = tkx.bench.compare(ex.step_fn, ex.make_inputs(0), make_inputs=ex.make_inputs, repeats=7,
                                name="tiny_online", loss=ex.loss_output,
                                baselines=("eager", "eager+cudagraph"))
-    assert [r.name for r in report.rows] == ["eager", "eager+cudagraph", "tkx"]
+    assert [r.name for r in report.rows] == ["eager", "eager+cudagraph", "tkx", "tkx graph of kernels"]
     assert report.verified and all(r.ok and len(r.samples) == 7 and r.median_us > 0 for r in report.rows)
     assert report.best_baseline in ("eager", "eager+cudagraph") and report.ratio_to_best > 0
     assert report.compile["nvrtc_cached_s"] >= 0 and report.compile["cache_hit"]
