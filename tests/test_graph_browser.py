@@ -10,6 +10,7 @@ in ``test_browser.py`` (skips without either).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -111,7 +112,8 @@ def test_first_view_is_readable_and_expands_on_click(browser, reports, name):  #
 
 def test_search_a_module_path_then_click_its_op(browser, reports):  # noqa: F811
     """Find blocks.1.attn, see it drawn and marked, expand it, click one of its ops: the op's CUDA
-    lines light up in the CUDA section (the report's linked views)."""
+    lines light up in the CUDA section (the report's linked views) and the side bar names its module,
+    fusion group, arena slot, CUDA lines and the predicted µs of its group."""
     page, errors, _ = _open(browser, reports("tiny_gpt"))
     try:
         hg = page.locator("#tkx-sec-optimized .tkx-hg").first
@@ -140,6 +142,12 @@ def test_search_a_module_path_then_click_its_op(browser, reports):  # noqa: F811
         lit = page.locator("#tkx-sec-cuda .tkx-hl")
         assert lit.count() >= 1, f"clicking {key} in the graph lit no CUDA line"
         assert "tkx-hl" in (op.get_attribute("class") or "")
+        # the side bar says what the op is: its module, fusion group, arena slot, CUDA lines, predicted µs
+        side = page.inner_text("#tkx-selection")
+        assert "module blocks.1.attn · Attention" in side, side
+        assert re.search(r"fusion group g\d+ \(\w+\), stage \d+", side), side
+        assert "arena slot " in side and re.search(r"CUDA lines \d+: \d+", side), side
+        assert re.search(r"predicted \d+\.\d\d µs for group g\d+", side), side
         assert errors == [], errors
     finally:
         page.close()

@@ -16,6 +16,7 @@ test_jupyterlab.py without jupyterlab, playwright or ``/usr/bin/chromium``. Scre
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -183,6 +184,10 @@ def test_explorer_flips_fuse_epilogues_in_jupyterlab(lab, browser):  # noqa: F81
         hg.locator(".tkx-hg-search").press("Enter")
         hg.locator(".tkx-hg-found").click()
         page.wait_for_selector(".jp-OutputArea .tkx-linked .tkx-linked-hl", timeout=UPDATE_S * 1000)
+        # the info line names the op's group, its predicted µs (cost model, no GPU), its arena slot, its lines
+        info = page.locator(".jp-OutputArea .tkx-linked-info").first.inner_text()
+        assert re.match(r"mm \(mm, forward\): group g\d+, stage \d+, predicted \d+\.\d\d µs; (arena slot bytes|value in) .+; "
+                        r"\d+ CUDA lines \(\d+", info), info
         shots += _screenshot(page, "explorer-graph.png")
         # a child widget the front-end could not create shows "Click to show javascript error."
         assert not broken, f"widgets inside the Explorer failed to render: {broken}; console: {console_errors}"

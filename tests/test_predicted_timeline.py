@@ -105,6 +105,19 @@ def test_tens_of_thousands_of_tasks_are_drawn_per_group():
     assert html.count("<rect") < 50 and ">g2 ×10000</text>" in html and "predicted" in html
 
 
+def test_a_tall_chart_has_its_time_axis_above_the_rows_too():
+    from tkx.render.timeline import TOP_AXIS_ROWS, timeline_svg
+
+    def chart(groups: int) -> str:
+        spans = tuple(Span(k % 100, k, f"g{k % groups}", k, float(k), float(k) + 50.0, 0.0) for k in range(5000))
+        return timeline_svg(Timeline("tall", spans, "ns", kind="predicted"))
+
+    tall, short = chart(TOP_AXIS_ROWS + 10), chart(5)
+    label = sorted(int(y) for y in re.findall(r'<text x="70.00" y="(\d+)" text-anchor="middle">0 µs</text>', tall))
+    assert len(label) == 2 and label[0] < 40 < label[1]  # above the first row and below the last
+    assert len(re.findall(r'text-anchor="middle">0 µs</text>', short)) == 1
+
+
 def test_measured_and_predicted_share_one_renderer(digits):
     predicted = digits.timeline
     rows = [((s.block << 32) | s.task, int(s.start) + 100, int(s.end) + 100, int(s.wait)) for s in predicted.spans]

@@ -826,6 +826,7 @@ def test_long_kernel_view_is_paged_and_never_compiles_to_render(monkeypatch):
     assert calls == []  # a long kernel is not compiled just to be shown
     assert "not compiled for the view" in html and "cuda.page(2)" in html
     assert "showing lines" in html and html.count('class="tkx-ln"') <= 60 + 400  # prelude + one page
+    assert "every line at once: the Explorer's linked views tab" in html.replace("&#x27;", "'")
     page2 = cuda.page(2)
     text = str(page2)
     assert len(text.splitlines()) == 60 and text.splitlines()[0] in cuda.text

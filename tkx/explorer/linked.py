@@ -15,6 +15,7 @@ from typing import Any
 import anywidget
 import traitlets
 
+from ..render.selection import op_facts, predicted_group_times
 from .assets import read_asset
 
 
@@ -55,12 +56,15 @@ def link_data(ex: Any) -> dict[str, Any]:
                      f"{_plural(cuda.num_lines, 'CUDA line')}"}
 
 
-def link_info(ex: Any, op_id: str) -> dict[str, Any]:
+def link_info(ex: Any, op_id: str, group_us: dict[str, float] | None = None) -> dict[str, Any]:
     """What selecting ``op_id`` highlights: ``cuda_lines`` (1-based), ``arena`` (its slot as a
     dict, or ``None``), ``home`` (where its value lives), ``group``/``stage`` (the group that
     stores or computes it), ``groups`` (every group computing or inlining it), ``ops`` and
-    ``slots`` (every op and arena slot lit), ``text``. ``"line:<n>"`` selects a CUDA line (its
-    ops, group and arena slots) and ``"slot:<buffer>"`` an arena slot (its op and lines)."""
+    ``slots`` (every op and arena slot lit), ``module`` (its ``nn.Module`` path, ``""`` for none),
+    ``predicted_us`` (the cost model's µs of its group, or ``None``), ``text`` (one line saying
+    all of it). ``"line:<n>"`` selects a CUDA line (its ops, group and arena slots) and
+    ``"slot:<buffer>"`` an arena slot (its op and lines). ``group_us``: group id -> predicted µs
+    (default: from the predicted timeline, :func:`tkx.render.selection.predicted_group_times`)."""
     sched, arena, cuda = _stages_of(ex)
     if not op_id:
         return {"op": "", "cuda_lines": [], "arena": None, "home": "", "group": "", "stage": -1, "groups": [],
@@ -69,34 +73,17 @@ def link_info(ex: Any, op_id: str) -> dict[str, Any]:
         return _line_info(sched, arena, cuda, op_id)
     if op_id.startswith("slot:"):
         return _slot_info(sched, arena, cuda, op_id[5:])
-    try:
-        op = sched.program.op(op_id)
-    except Exception:
-        op = None
-    if op is None:
+    if group_us is None:
+        group_us = predicted_group_times(ex)
+    f = op_facts(sched, arena, cuda, op_id, group_us)
+    if f is None:
         return {"op": op_id, "cuda_lines": [], "arena": None, "home": "", "group": "", "stage": -1, "groups": [],
                 "text": f"{op_id}: not an op of the scheduled program"}
-    lines = sorted(cuda.op_lines.get(op_id, ()))
-    slot = arena.slots.get(op_id)
-    slot_d = None if slot is None else {"buffer": slot.buffer, "offset": slot.offset, "nbytes": slot.nbytes,
-                                        "first": slot.first, "last": slot.last, "kind": slot.kind}
-    home = sched.homes.get(op_id)
-    if home is not None:
-        where = str(home) if home.kind != "arena" else (f"arena bytes {slot.offset}..{slot.end}" if slot else "arena")
-    elif op_id in sched.inlined:
-        where = "registers (inlined where read)"
-    else:
-        where = "registers (inside its group)"
-    groups = [g.id for g in sched.groups_in_order() if op_id in g.ops or op_id in g.inlined]
-    try:
-        group = sched.group_of(op_id).id  # stores it, computes it, or (first in stage order) inlines it
-    except KeyError:  # computed by no group: then `groups` is empty too
-        group = ""
-    stage = sched.stage_of(group) if group else -1
-    text = (f"{op_id} ({op.kind}, {op.region}): group {group or '-'}, stage {stage if stage >= 0 else '-'}, "
-            f"value in {where}, {_plural(len(lines), 'CUDA line')}")
-    return {"op": op_id, "cuda_lines": lines, "arena": slot_d, "home": where, "group": group, "stage": stage,
-            "groups": groups, "text": text, "ops": [op_id], "slots": [slot.buffer] if slot else []}
+    slot = f["slot"]
+    return {"op": op_id, "cuda_lines": f["cuda_lines"], "arena": None if slot is None else _slot_dict(slot),
+            "home": f["home"], "group": f["group"], "stage": f["stage"], "groups": f["groups"],
+            "module": f["module"], "predicted_us": f["predicted_us"], "text": f["text"], "ops": [op_id],
+            "slots": [slot.buffer] if slot else []}
 
 
 def _slot_dict(slot: Any) -> dict[str, Any]:
@@ -167,19 +154,28 @@ class LinkedView(anywidget.AnyWidget):
     def __init__(self, source: Any, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._source = source
+        self._group_us: dict[str, float] | None = None  # predicted µs per group, at the first op selected
         self.data = link_data(source)
-        self.highlight = link_info(source, self.selected)
+        self.highlight = link_info(source, self.selected, self._times())
 
     def set_source(self, source: Any) -> None:
         """Show another exploration (the selection is kept when the op still exists)."""
         self._source = source
+        self._group_us = None
         with self.hold_sync():
             self.data = link_data(source)
-            self.highlight = link_info(source, self.selected)
+            self.highlight = link_info(source, self.selected, self._times())
 
     @traitlets.observe("selected")
     def _on_selected(self, change: dict[str, Any]) -> None:
-        self.highlight = link_info(self._source, change["new"])
+        self.highlight = link_info(self._source, change["new"], self._times())
+
+    def _times(self) -> dict[str, float] | None:
+        """Group id -> predicted µs, computed once per source when an op is first selected (an
+        empty selection needs none, so an update of the Explorer does not time the kernel)."""
+        if self._group_us is None and self.selected and ":" not in self.selected:
+            self._group_us = predicted_group_times(self._source)
+        return self._group_us
 
     @property
     def highlighted_lines(self) -> list[int]:

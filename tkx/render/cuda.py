@@ -215,8 +215,9 @@ def cuda_html(c: Any, check: bool = True, start: int = 1, limit: int | None = No
         pages = -(-(n_lines - prelude_end) // max(limit, 1))
         more = (f"; the next piece: <code>cuda.page({page + 1})</code>" if last < n_lines else "")
         main += (f'<div class="tkx-dim tkx-more">showing lines {first}–{last} of {n_lines} (page {page} of '
-                 f'{pages}){more}; every line at once, with a line, group and module index: the exported report '
-                 f'(<code>tkx.report(...)</code>, <code>tkx report</code>)</div>')
+                 f'{pages}){more}; every line at once: the Explorer\'s linked views tab, or with a line, group '
+                 f'and module index the exported report (<code>tkx.report(...)</code>, <code>tkx report</code>)'
+                 f'</div>')
     if check:
         note, reports = compile_reports(c, whole=whole)
         report = _report_table(note, reports)

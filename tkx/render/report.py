@@ -23,6 +23,7 @@ the same example twice gives byte-identical files.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import platform
 from collections.abc import Callable, Sequence
@@ -49,6 +50,7 @@ code{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:12px}
 .tkx-r-sel{margin-top:14px;padding-top:10px;border-top:1px solid #d0d7de;font-size:12px;color:#57606a}
 .tkx-r-sel b{color:#24292f}.tkx-r-sel a{color:#0969da;cursor:pointer}
 .tkx-r-sel ul{margin:4px 0;padding-left:16px}
+.tkx-r-facts{margin:6px 0;color:#24292f}.tkx-r-facts div{margin:2px 0;overflow-wrap:anywhere}
 .tkx-r-main{margin-left:230px;padding:14px 28px 40px}
 .tkx-r-head{background:#fff;border:1px solid #d0d7de;border-radius:8px;padding:12px 16px}
 .tkx-r-head h1{font-size:20px;margin:0 0 4px}
@@ -65,6 +67,7 @@ section.tkx-r-sec h2 .tkx-r-n{color:#8c959f;margin-right:6px}
 .tkx-r-about{margin:2px 0 6px;color:#57606a;max-width:900px}
 .tkx-r-py{float:right;color:#8c959f;font-weight:normal;font-size:12px;margin-top:4px}
 section.tkx-r-sec .tkx-view{max-height:78vh}
+section.tkx-r-sec .tkx-view .tkx-scroll{max-height:min(640px,60vh)}
 .tkx-r-missing{color:#57606a;font-style:italic}
 @media (max-width:900px){.tkx-r-side{position:static;width:auto;border-right:none;border-bottom:1px solid #d0d7de}
   .tkx-r-main{margin-left:0;padding:10px}}
@@ -79,9 +82,15 @@ var key=el.getAttribute('data-tkx-key');var parts=[];
 document.querySelectorAll('section.tkx-r-sec').forEach(function(sec){
 var n=sec.querySelectorAll('.tkx-hl').length;if(el.closest('section.tkx-r-sec')===sec&&n>0)n-=1;
 if(n>0)parts.push('<li><a data-tkx-go="'+sec.id+'">'+sec.getAttribute('data-tkx-title')+'</a>: '+n+'</li>');});
-var safe=key.replace(/[&<>"]/g,function(c){return {'&':'&amp;','<':'&lt;','>':'&gt;','"':'&quot;'}[c];});
-box.innerHTML='<b>selected</b> <code>'+safe+'</code> <a data-tkx-back="1">(back to it)</a>'+
-(parts.length?'<ul>'+parts.join('')+'</ul>':'<div>nothing else on the page is linked to it</div>');}
+var rows=fact(key);var table=rows?'<div class="tkx-r-facts">'+rows.map(function(r){
+return '<div><b>'+safe(r[0])+'</b> '+safe(r[1])+'</div>';}).join('')+'</div>':'';
+box.innerHTML='<b>selected</b> <code>'+safe(key)+'</code> <a data-tkx-back="1">(back to it)</a>'+table+
+(parts.length?'<div>linked on this page:</div><ul>'+parts.join('')+'</ul>':
+'<div>nothing else on the page is linked to it</div>');}
+function safe(s){return String(s).replace(/[&<>"]/g,function(c){
+return {'&':'&amp;','<':'&lt;','>':'&gt;','"':'&quot;'}[c];});}
+var facts=null;function fact(key){if(facts===null){var s=document.getElementById('tkx-facts');
+try{facts=s?JSON.parse(s.textContent):{};}catch(e){facts={};}}return facts[key];}
 document.addEventListener('click',function(ev){var t=ev.target;if(!t.closest)return;
 var go=t.closest('[data-tkx-go]');if(go){var sec=document.getElementById(go.getAttribute('data-tkx-go'));
 var hit=sec&&sec.querySelector('.tkx-hl');if(hit)hit.scrollIntoView({block:'center'});return;}
@@ -292,7 +301,8 @@ def report_html(exploration: Any, *, description: str | None = None, timings: bo
              "Click an op, a fusion group, a buffer or a CUDA line: everything linked to it on this page "
              "(the FX node it came from, its group, its place in the arena, the CUDA lines that compute it; "
              "for a CUDA line, its ops, group and arena slot) turns yellow, each box scrolls to it, and the "
-             "side bar lists where. Graphs zoom and pan: + / &#8722; / 100% / fit, drag to pan, "
+             "side bar says what an op is (module, fusion group, arena slot, CUDA lines, predicted µs of its "
+             "group) and lists where the rest is. Graphs zoom and pan: + / &#8722; / 100% / fit, drag to pan, "
              "Ctrl+wheel to zoom.</div>")
     header = (f'<header class="tkx-r-head"><h1>tkx report: {esc(name)}</h1>'
               f"<table>{head_table}</table>{howto}</header>")
@@ -308,7 +318,27 @@ def report_html(exploration: Any, *, description: str | None = None, timings: bo
             f"<title>tkx report: {esc(name)}</title>\n<style>{PAGE_STYLE}{hgraph_style()}</style>\n</head>\n"
             "<body>\n"
             f"{side}\n<main class=\"tkx-r-main\">\n{header}\n" + "\n".join(sections) +
-            f"\n</main>\n<script>{PAGE_SCRIPT}</script>\n<script>{hgraph_script()}</script>\n</body>\n</html>\n")
+            f"\n</main>\n{_facts_json(stages)}<script>{PAGE_SCRIPT}</script>\n<script>{hgraph_script()}</script>"
+            "\n</body>\n</html>\n")
+
+
+def _facts_json(stages: dict[str, Any]) -> str:
+    """The side bar's facts per op and group (:func:`tkx.render.selection.selection_facts`: module,
+    fusion group, arena slot, CUDA lines, predicted µs) as a JSON data block; ``""`` when they cannot
+    be had (the page still links, without them)."""
+    from .selection import group_times_us, selection_facts
+
+    try:
+        cuda = stages["cuda"]
+        try:
+            times = group_times_us(stages["timeline"])
+        except Exception:  # no predicted timeline: the facts without the predicted µs
+            times = {}
+        facts = selection_facts(cuda.schedule, cuda.arena, cuda, times)
+    except Exception:
+        return ""
+    text = json.dumps(facts, ensure_ascii=False, separators=(",", ":")).replace("</", "<\\/")
+    return f'<script type="application/json" id="tkx-facts">{text}</script>\n'
 
 
 def write_report(exploration: Any, path: str | os.PathLike[str], **kwargs: Any) -> str:

@@ -22,6 +22,8 @@ PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b
 #: Above this many tasks (or :data:`MAX_ROWS` blocks) a chart draws one row per group.
 MAX_BARS = 4000
 MAX_ROWS = 64
+#: Above this many rows the time axis is drawn above the rows too.
+TOP_AXIS_ROWS = 40
 
 
 def _colours(*tls: Any) -> dict[str, str]:
@@ -66,11 +68,13 @@ def timeline_svg(tl: Any, width: int = 900, row: int = 14, span: float | None = 
     colour = colours if colours is not None else _colours(tl)
     groups = [g for g in colour if any(s.group == g for s in tl.spans)] if colours is not None else list(colour)
     critical = set(tl.critical)
-    left, top = 70, 22
-    span = span or tl.makespan or 1.0
-    scale = (width - left - 10) / span
     agg = aggregated(tl)
     rows = len(groups) if agg else max(tl.blocks, 1)
+    # a chart taller than a screen repeats the time axis above its rows, so its first screen has a scale
+    top_axis = rows > TOP_AXIS_ROWS
+    left, top = 70, 34 if top_axis else 22
+    span = span or tl.makespan or 1.0
+    scale = (width - left - 10) / span
     legend_rows = 0 if agg else (len(groups) + 5) // 6
     axis_y = top + row * rows + 12
     height = axis_y + 12 + 16 * legend_rows + 6
@@ -91,6 +95,8 @@ def timeline_svg(tl: Any, width: int = 900, row: int = 14, span: float | None = 
         x = left + t * scale
         out.append(f'<line x1="{x:.2f}" y1="{top}" x2="{x:.2f}" y2="{axis_y - 9}" stroke="#d0d7de" '
                    f'stroke-width="0.5"/><text x="{x:.2f}" y="{axis_y}" text-anchor="middle">{_fmt(t, tl.unit)}</text>')
+        if top_axis:
+            out.append(f'<text x="{x:.2f}" y="{top - 4}" text-anchor="middle">{_fmt(t, tl.unit)}</text>')
     y0 = axis_y + 16
     for i, g in enumerate(groups if not agg else ()):
         x, y = left + (i % 6) * 130, y0 + 16 * (i // 6)
