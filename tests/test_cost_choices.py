@@ -66,3 +66,34 @@ def test_zoo_bench_json_is_read_too(fitted):
                              "forced_us": {"barrier-grid": 9.5, "barrier-block": None, "counters-grid": 12.0}},
                        "y": {"tkx_us": 5.0, "mode": "block", "sync": "auto", "forced_us": {}}}}
     assert cal.zoo_times(run) == {"x": {"barrier-grid": 9.5, "counters-grid": 12.0}, "y": {"barrier-block": 5.0}}
+
+
+def test_tensor_core_groups_run_at_the_tensor_rate():
+    c = costs.constants()
+    assert costs.flops_per_us("simt", c) == costs.flops_per_us(None, c) == c["sm_flops_per_us"]
+    assert costs.flops_per_us("wgmma_bf16", c) == pytest.approx(989.4e6 / 132)  # H200 dense bf16 over 132 SMs
+    assert costs.flops_per_us("wgmma_tf32", c) == pytest.approx(costs.flops_per_us("wgmma_bf16", c) / 2)
+    assert costs.flops_per_us("wmma_bf16", c) < costs.flops_per_us("wgmma_bf16", c)
+    assert costs.flops_per_us("wgmma_bf16", c) > 20 * c["sm_flops_per_us"]
+    # a GEMM's work at the tensor rate: 2 * 64 * 128 * 1024 FLOPs in one item, no bytes
+    flops = 2 * 64 * 128 * 1024
+    assert costs.item_us(flops, 0, 1, c, "wgmma_bf16") == pytest.approx(c["task_us"] + flops / (989.4e6 / 132))
+
+
+def test_a_split_k_stage_final_adds_on_cuda_cores():
+    import tkx
+
+    ex = examples.get("small")
+    s = tkx.explore(ex.step_fn, ex.example_inputs, arch="sm_90a", split_k=4).schedule
+    kinds = {g.kind: costs.group_impl(g) for g in s.groups.values() if g.kind in ("gemm", "gemm_partial")
+             and getattr(g.plan, "partials", None) and g.plan.split_final != "last-slice"}
+    assert kinds == {"gemm_partial": "wgmma_bf16", "gemm": None}
+    assert all(costs.group_impl(g) is None for g in s.groups.values() if g.kind.startswith("reduction"))
+
+
+def test_a_grid_barrier_costs_the_same_on_any_grid():
+    from tkx.dataflow.cost import barrier_us
+
+    c = costs.constants()
+    assert barrier_us(8, "grid", c) == barrier_us(132, "grid", c) == c["grid_barrier_us"]
+    assert barrier_us(132, "block", c) == c["block_barrier_us"]
