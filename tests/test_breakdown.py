@@ -25,6 +25,9 @@ def test_a_barrier_gap_is_sync_and_a_gap_inside_a_stage_is_idle():
     assert b["critical_path_us"] == pytest.approx(8.0) and b["outside_us"] == pytest.approx(2.0)
     assert b["fractions"]["gemm_us"] == pytest.approx(0.5)
     assert what_would_close(b).startswith("GEMM-bound: GEMM groups are 50% of the step")
+    assert what_would_close(dict(b, fractions={"gemm_us": 0.39, "sync_us": 0.34, "outside_us": 0.27})).endswith(
+        "; next, grid barriers / counter waits (34%)")
+    assert what_would_close({"fractions": {}}) == ""
 
 
 def test_a_counter_wait_counts_as_sync_up_to_the_time_waited():

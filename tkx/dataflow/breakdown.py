@@ -110,21 +110,27 @@ def breakdown(tl: Timeline, step_us: float | None = None,
 
 
 def what_would_close(b: dict[str, Any]) -> str:
-    """One sentence from a :func:`breakdown`: the largest part of the step and what would shorten it."""
+    """One sentence from a :func:`breakdown`: the largest part of the step, what would shorten it, and the next
+    part when that is at least a quarter of the step too."""
     f = b.get("fractions") or {}
-    if not f:
+    if not f or not any(f.values()):
         return ""
-    key = max(f, key=f.get)
+    ranked = sorted(f, key=f.get, reverse=True)
+    key = ranked[0]
     pct = round(100 * f[key])
-    return {
-        "gemm_us": f"GEMM-bound: GEMM groups are {pct}% of the step; faster GEMM tiles "
-                   "(pipelined TMA/wgmma, less fixed cost per item) would close it",
-        "other_us": f"pointwise/reduction-bound: those groups are {pct}% of the step; fusing them into "
-                    "fewer, wider groups (fewer tasks with fixed costs) would close it",
-        "sync_us": f"sync-bound: grid barriers and counter waits are {pct}% of the step; fewer stages or "
-                   "counters per tile instead of barriers would close it",
-        "idle_us": f"latency-bound: {pct}% of the step is idle between tasks (per-task fixed costs); "
-                   "fewer, larger tasks would close it",
-        "outside_us": f"launch-bound: {pct}% of the step is outside the tasks (launch, prologue); only a shorter "
-                      "launch path (several steps per launch) would close it",
+    words = dict(PARTS)
+    first = {
+        "gemm_us": f"GEMM-bound: GEMM groups are {pct}% of the step; faster GEMMs (less fixed cost per work item, "
+                   "pipelined TMA/wgmma tiles) would close it",
+        "other_us": f"pointwise/reduction-bound: those groups are {pct}% of the step; fusing them into fewer, "
+                    "wider groups (fewer tasks with fixed costs) would close it",
+        "sync_us": f"sync-bound: grid barriers and counter waits are {pct}% of the step; fewer stages, or counters "
+                   "per tile instead of barriers, would close it",
+        "idle_us": f"latency-bound: {pct}% of the step is idle between tasks; fewer, larger tasks would close it",
+        "outside_us": f"launch-bound: {pct}% of the step is outside the tasks (launch, prologue); several steps "
+                      "per launch would close it",
     }[key]
+    second = ranked[1] if len(ranked) > 1 else None
+    if second is not None and f[second] >= 0.25:
+        first += f"; next, {words[second]} ({round(100 * f[second])}%)"
+    return first
