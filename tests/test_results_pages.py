@@ -78,3 +78,19 @@ def test_every_script_is_documented_and_answers_help():
     named = {w.split("`")[0].split()[0] for w in readme.split("- `")[1:]}
     missing = sorted(n for n in named if not (REPO / "scripts" / n).exists())
     assert missing == [], f"scripts/README.md names scripts that are not there: {missing}"
+
+
+def test_the_zoo_page_shows_where_the_time_goes(results_pages):
+    run = json.loads((RESULTS / "zoo-h200.json").read_text(encoding="utf-8"))
+    assert "## Where the time goes" not in results_pages.render(run) or all(
+        "where_the_time_goes" in r for r in run["results"].values())
+    row = next(iter(run["results"].values()))
+    row["where_the_time_goes"] = {"source": "measured timeline", "step_us": 20.0, "critical_path_us": 18.0,
+                                  "gemm_us": 12.0, "other_us": 3.0, "sync_us": 2.5, "idle_us": 0.5,
+                                  "outside_us": 2.0, "fractions": {"gemm_us": 0.6, "other_us": 0.15,
+                                                                   "sync_us": 0.125, "idle_us": 0.025,
+                                                                   "outside_us": 0.1}}
+    row["what_would_close"] = "GEMM-bound: GEMM groups are 60% of the step"
+    page = results_pages.render(run)
+    assert "## Where the time goes" in page and "measured timeline" in page
+    assert "| 20.0 | 12.0 (60%) | 3.0 (15%) | 2.5 (12%) | 0.5 (2%) | 2.0 (10%) | GEMM-bound: GEMM groups are 60%" in page

@@ -24,7 +24,8 @@ def test_dry_run_writes_the_results_json_and_its_page(tmp_path):
     mod = _script()
     out = tmp_path / "out"
     rc = mod.main(["--dry-run", "--no-torch-compile", "--examples", "linear_regression", "--workers", "1",
-                   "--repeats", "1", "--out", str(out), "--cache", str(tmp_path / "cache"), "--commit", "abc1234"])
+                   "--repeats", "1", "--out", str(out), "--cache", str(tmp_path / "cache"), "--commit", "abc1234",
+                   "--forced"])
     assert rc == 0
     run = json.loads((out / "zoo-h200.json").read_text())
     for key in ("date", "machine", "torch", "commit", "command"):
@@ -37,6 +38,39 @@ def test_dry_run_writes_the_results_json_and_its_page(tmp_path):
     page = (out / "zoo-h200.md").read_text()
     assert "| linear_regression |" in page and "graph of kernels µs" in page and "SOL fraction" in page
     assert "`abc1234`" in page
+    # --forced: every forced choice has a time (a kernel identical to auto's takes auto's), the split_k ones too
+    assert set(row["forced_us"]) == {*mod.FORCED, *mod.SPLIT_K} and all(v > 0 for v in row["forced_us"].values())
+    assert all(why == "same kernel as tkx:auto" for why in row["forced_skipped"].values())
+    assert row["forced_us"]["barrier-grid"] == row["tkx_us"] and "barrier-grid" in row["forced_skipped"]
+    # where the time goes, from the (dry run: predicted) timeline written as the trace calibrate reads
+    b = row["where_the_time_goes"]
+    parts = ("gemm_us", "other_us", "sync_us", "idle_us")
+    assert b["source"] == "predicted timeline" and sum(b[k] for k in parts) == pytest.approx(b["critical_path_us"],
+                                                                                           abs=0.01)
+    assert b["gemm_us"] > 0 and b["sync_us"] > 0 and row["what_would_close"].split(":")[0].endswith("-bound")
+    assert row["trace"] == "traces/trace-linear_regression.json.gz" and (out / row["trace"]).is_file()
+    assert "## Where the time goes" in page and row["what_would_close"] in page
+    cal = load_script("calibrate", "tkx_calibrate_zoo_bench")
+    times = cal.zoo_times(run)["linear_regression"]
+    assert set(times) == set(mod.FORCED)  # the split_k choices are reported, not fitted
+    assert set(cal.split_k_times(run)["linear_regression"]["measured_us"]) == {"auto", *mod.SPLIT_K}
+    structs = cal.structures(["linear_regression"], run["arch"])
+    task, used = cal.task_us_from_traces(out / "traces", structs, __import__("tkx").costs.constants())
+    assert used > 0 and task > 0
+
+
+def test_close_leaves_out_what_the_model_predicts_far_slower():
+    from tkx.bench import zoo
+
+    warmed = [{"kind": "graph", "name": "x", "what": "auto", "ok": True, "hash": "a", "predicted_us": 10.0},
+              {"kind": "tkx", "name": "x", "what": "barrier-grid", "ok": True, "hash": "a", "predicted_us": 10.0},
+              {"kind": "tkx", "name": "x", "what": "barrier-block", "ok": True, "hash": "b", "predicted_us": 40.0},
+              {"kind": "tkx", "name": "x", "what": "counters-grid", "ok": True, "hash": "c", "predicted_us": 12.0},
+              {"kind": "tkx", "name": "x", "what": "split_k-2", "ok": False, "error": "boom"}]
+    variants = dict.fromkeys(("auto", "barrier-grid", "barrier-block", "counters-grid", "split_k-2"), {})
+    assert zoo.forced_to_time(warmed, ["x"], variants, "auto") == {"x": {"barrier-grid": "same kernel as tkx:auto"}}
+    skip = zoo.forced_to_time(warmed, ["x"], variants, "auto", close=1.5)["x"]
+    assert set(skip) == {"barrier-grid", "barrier-block"} and "--close" in skip["barrier-block"]
 
 
 def test_row_from_candidates():

@@ -52,7 +52,8 @@ def _inputs(ex, seed: int, dry: bool):
 def warm_job(kind: str, name: str, what: str, options: dict | None, cache: str, dry: bool) -> dict:
     """Compile one torch.compile configuration (kind "compile", ``what`` a key of :data:`COMPILE_MODES`),
     build one tkx variant (kind "tkx", ``what`` its name, ``options`` its Options keywords), or build it and
-    compile its graph of kernels (kind "graph": one kernel per fused group, the NVRTC cubin cached)."""
+    compile its graph of kernels (kind "graph": one kernel per fused group, the NVRTC cubin cached). A tkx
+    build's result also carries :func:`_build_info`'s ``"hash"`` and ``"predicted_us"``."""
     setup_env(Path(cache))
     import torch
 
@@ -61,6 +62,7 @@ def warm_job(kind: str, name: str, what: str, options: dict | None, cache: str, 
 
     t0 = time.perf_counter()
     ex = examples.get(name)
+    info: dict = {}
     try:
         args = _inputs(ex, 0, dry)
         if kind == "compile":
@@ -76,6 +78,7 @@ def warm_job(kind: str, name: str, what: str, options: dict | None, cache: str, 
                 src = tkx.runtime.lower(ex.step_fn, args, opts, name=name)
             else:
                 src = tkx.runtime.build(ex.step_fn, args, opts, name=name).source
+            info = _build_info(src)
             if kind == "graph":
                 from tkx.codegen.kernels_graph import generate_graph
                 from tkx.runtime.device import kernel_arch
@@ -83,10 +86,70 @@ def warm_job(kind: str, name: str, what: str, options: dict | None, cache: str, 
                 many = generate_graph(src)
                 if not dry:
                     tkx.runtime.compile_cubin(many, kernel_arch(torch.device("cuda")))
-        return {"kind": kind, "name": name, "what": what, "s": time.perf_counter() - t0, "ok": True}
+        return {"kind": kind, "name": name, "what": what, "s": time.perf_counter() - t0, "ok": True, **info}
     except Exception as exc:
         return {"kind": kind, "name": name, "what": what, "s": time.perf_counter() - t0, "ok": False,
                 "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]}
+
+
+def _build_info(src) -> dict:
+    """What the main process needs of one tkx build: the SHA-256 of its CUDA text (two variants that generate
+    the same kernel are timed once) and the cost model's step µs (its predicted timeline plus ``launch_us``)."""
+    import hashlib
+
+    from tkx import costs
+    from tkx.dataflow.timeline import predicted_timeline
+
+    try:
+        predicted = predicted_timeline(src).makespan / 1e3 + costs.constants()["launch_us"]
+    except Exception:  # a kernel the timed VM cannot place (no DAG): no prediction, never a failed build
+        predicted = None
+    return {"hash": hashlib.sha256(src.text.encode()).hexdigest(), "predicted_us": predicted}
+
+
+def forced_to_time(warmed: list[dict], names: list[str], variants: dict, base: str,
+                   close: float | None = None) -> dict[str, dict[str, str]]:
+    """{example: {variant: why it is not timed}} from the warm-up's builds (:func:`warm_job`): a variant whose
+    kernel is byte-identical to ``base``'s is measured by ``base``'s time; with ``close``, a variant the cost
+    model predicts more than ``close`` times ``base``'s step is left out (auto does not consider it close). A
+    variant that failed to build is kept (its error is then recorded)."""
+    built = {(r["name"], r["what"]): r for r in warmed if r.get("kind") in ("tkx", "graph") and r.get("ok")}
+    out: dict[str, dict[str, str]] = {}
+    for n in names:
+        ref = built.get((n, base))
+        skip: dict[str, str] = {}
+        for v in variants:
+            r = built.get((n, v))
+            if v == base or ref is None or r is None:
+                continue
+            if r.get("hash") == ref.get("hash"):
+                skip[v] = f"same kernel as tkx:{base}"
+            elif close and r.get("predicted_us") and ref.get("predicted_us") \
+                    and r["predicted_us"] > close * ref["predicted_us"]:
+                skip[v] = (f"predicted {r['predicted_us']:.1f} µs, over {close:g}x tkx:{base}'s "
+                           f"{ref['predicted_us']:.1f} µs (--close)")
+        out[n] = skip
+    return out
+
+
+def step_timeline(name: str, options: dict, dry: bool, steps: int = 5):
+    """(the per-task timeline of one step of example ``name`` built with ``options`` plus ``timeline=True``,
+    whether it was measured): on the GPU the kernel's ``%globaltimer`` record of the last of ``steps``
+    launches (:meth:`tkx.runtime.CompiledRunner.timeline`); on the CPU (``dry``) the cost model's prediction
+    (:func:`tkx.dataflow.timeline.predicted_timeline`)."""
+    import tkx
+    from tkx import examples
+    from tkx.dataflow.timeline import predicted_timeline
+
+    ex = examples.get(name)
+    args = _inputs(ex, 0, dry)
+    if dry:
+        exp = tkx.explore(ex.step_fn, args, name=name, **options)
+        return predicted_timeline(exp.cuda), False
+    runner = tkx.runtime.build(ex.step_fn, args, tkx.Options(**options, timeline=True), name=name)
+    for _ in range(steps):
+        runner(*_inputs(ex, 0, dry))
+    return runner.timeline(), True
 
 
 def warm(names: list[str], compiles: list[str], variants: dict, cache: Path, workers: int, dry: bool,

@@ -220,10 +220,11 @@ def simulate(dag: TaskDAG, issue: Mapping[str, Any], *, blocks: int, streams: in
 
 def _task_us_without(dag: TaskDAG, gid: str, saved: int, c: dict[str, float]) -> float:
     """:func:`tkx.dataflow.cost.task_us` of group ``gid`` with ``saved`` of its bytes not read from memory."""
+    from .. import costs
+
     g = dag.schedule.groups[gid]
     n = max(dag.items[gid], 1)
-    return c["item_overhead_us"] * 0.1 + max(g.flops / c["sm_flops_per_us"],
-                                             max(g.bytes - saved, 0) / c["sm_bytes_per_us"]) / n
+    return costs.item_us(g.flops, max(g.bytes - saved, 0), n, c, costs.group_impl(g))
 
 
 def static_problems(dag: TaskDAG, issue: Mapping[str, Any], budget: int) -> list[str]:

@@ -210,7 +210,8 @@ class SplitK(Puzzle):
             if g.kind in ("gemm", "gemm_partial") and g.plan.k == self._group("off")[1].plan.k:
                 e = gemm_emitter(g.plan.impl)
                 phase = "partial" if g.kind == "gemm_partial" else ("final" if g.plan.split_k > 1 else "one")
-                total += _stage_us(e.cost(g.plan, phase), SM_COUNT, costs.constants())
+                total += _stage_us(e.cost(g.plan, phase), SM_COUNT, costs.constants(),
+                                   g.plan.impl if phase != "final" else None)
         return total
 
     def judge(self, answer: Any) -> Any:

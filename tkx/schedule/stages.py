@@ -251,7 +251,7 @@ def _mode_costs(groups: dict[str, Group], stages: tuple[tuple[str, ...], ...],
     c = c or costs.constants()
 
     def item(grp: Group) -> float:
-        return costs.item_us(grp.flops, grp.bytes, grp.work_items, c)
+        return costs.item_us(grp.flops, grp.bytes, grp.work_items, c, costs.group_impl(grp))
 
     t_block = sum(sum(c["group_us"] + groups[g].work_items * item(groups[g]) for g in s) for s in stages) \
         + c["block_barrier_us"] * (len(stages) - 1)

@@ -225,7 +225,7 @@ def unfused_attention_us(p: AttentionProblem, blocks: int = SM_COUNT) -> float:
     passes, stages = (12, 9) if p.backward else (6, 5)
     flops = p.gemm_flops
     return (flops / (c["sm_flops_per_us"] * blocks) + (scores * passes + operands) / (c["sm_bytes_per_us"] * blocks)
-            + stages * (c["grid_barrier_us"] + c["item_overhead_us"]))
+            + stages * (c["grid_barrier_us"] + c["task_us"]))
 
 
 def fused_attention_us(plan: AttentionPlan, blocks: int = SM_COUNT) -> float:
@@ -238,6 +238,11 @@ def fused_attention_us(plan: AttentionPlan, blocks: int = SM_COUNT) -> float:
     return _stage_us(ATTENTION_EMITTER.cost(plan), blocks, c)
 
 
-def _stage_us(cost: Cost, blocks: int, c: dict) -> float:
-    per_item = max(cost.flops / c["sm_flops_per_us"], cost.bytes / c["sm_bytes_per_us"]) / max(cost.items, 1)
-    return math.ceil(cost.items / blocks) * (per_item + c["item_overhead_us"]) + c["grid_barrier_us"]
+def _stage_us(cost: Cost, blocks: int, c: dict, impl: str | None = None) -> float:
+    """Estimated µs of one stage holding only the work of ``cost`` on ``blocks`` blocks, its grid barrier
+    included: the slowest block's share of the items, each :func:`tkx.costs.item_us` (at the FLOP rate of
+    the emitter ``impl``; ``None``: CUDA cores)."""
+    from .. import costs
+
+    return math.ceil(cost.items / blocks) * costs.item_us(cost.flops, cost.bytes, cost.items, c, impl) \
+        + c["grid_barrier_us"]

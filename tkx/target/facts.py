@@ -62,10 +62,6 @@ SM_FLOPS_PER_US = 0.45e6       # fp32 FMA throughput of one SM, ~60 TFLOP/s / 13
 SM_BYTES_PER_US = 0.1e6        # bytes one SM streams per µs (~100 GB/s)
 
 
-#: How much faster than fp32 SIMT each tensor-core family runs (FLOP/s ratio, per SM).
-TENSOR_SPEEDUP = {"wmma": 8, "wgmma": 24}
-
-
 #: Output elements each thread takes per pass of a GEMM epilogue (and of split-K's final phase), their
 #: global loads issued together before any store (:func:`tkx.codegen.gemm._batched_epilogue`).
 EPILOGUE_BATCH = 8

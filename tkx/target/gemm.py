@@ -13,7 +13,6 @@ from .facts import (
     ARCHES,
     EPILOGUE_BATCH,
     SM_COUNT,
-    TENSOR_SPEEDUP,
     Capabilities,
     Cost,
     Plan,
@@ -180,8 +179,7 @@ class GemmEmitter:
             nbytes += plan.m * plan.n * plan.batch * plan.split_k * 4  # fp32 partials written
         if phase == "fused":
             nbytes += plan.m * plan.n * plan.batch * plan.split_k * 4  # the last slice reads them back
-        tc = self.capabilities.tensor_cores
-        return Cost(self.items(plan), flops // TENSOR_SPEEDUP[tc] if tc else flops, nbytes)
+        return Cost(self.items(plan), flops, nbytes)  # FLOPs as they are: the rate is the code's (tkx.costs)
 
     def registers(self, plan: GemmPlan) -> int:
         """Estimated registers per thread of this plan (accumulators, staged operands, addresses)."""
