@@ -10,6 +10,7 @@ from typing import Any
 from .. import display
 from ..schedule.model import FusedSchedule
 from ..schedule.text import describe_group, format_schedule, group_modules, module_note
+from ..target.gemm import has_tiles
 from ..words import plural
 from .base import REGION_COLORS, REGION_FILL, attrs, capped, esc, graph_html, safe_digraph
 from .stage_common import _dst_text, _home_text, _op_ids, _ref_tokens, _region, _shape, _view
@@ -54,7 +55,7 @@ def describe_params(s: Any, g: Any) -> tuple[str, str]:
     if g.kind == "gemm":
         batch = f"[{p['batch']}×] " if p.get("batch", 1) > 1 else ""
         head = f"{_kind_prefix(anchor)}{batch}{p['m']}×{p['k']} @ {p['k']}×{p['n']} · {p['impl']}"
-        if not str(p["impl"]).startswith("gemv"):
+        if has_tiles(str(p["impl"])):
             head += f" tile {p['tile_m']}×{p['tile_n']}×{p['tile_k']}"
         if p.get("split_k", 1) > 1:
             head += f" split-k {p['split_k']}" + (" (last slice adds)" if p.get("split_final") == "last-slice" else "")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..target.gemm import has_tiles
 from ..words import plural
 
 #: :class:`~tkx.schedule.model.FusedSchedule` and :class:`~tkx.schedule.model.Group` (not imported:
@@ -43,7 +44,7 @@ def describe_group(s: FusedSchedule, g: Group) -> str:
         head = (f"{anchor.kind} {anchor.id} [{p['batch']}x] {p['m']}x{p['k']} @ {p['k']}x{p['n']}"
                 if p["batch"] > 1 else f"{anchor.kind} {anchor.id} {p['m']}x{p['k']} @ {p['k']}x{p['n']}")
         head += f"  {p['impl']}"
-        if not str(p["impl"]).startswith("gemv"):
+        if has_tiles(str(p["impl"])):
             head += f" tile {p['tile_m']}x{p['tile_n']}x{p['tile_k']}"
         if p.get("split_k", 1) > 1:
             head += (f" split-K {p['split_k']} slices" if g.kind == "gemm_partial"
