@@ -12,6 +12,7 @@ from typing import Any
 from .. import display
 from . import abi
 
+
 def alias(path: str, doc: str | None = None) -> property:
     """A read-only property whose value is the attribute at the dotted ``path`` of the object
     (``"launch.config.threads"``); ``doc`` its docstring (else ``path``)."""
