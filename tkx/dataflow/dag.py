@@ -220,7 +220,7 @@ def _buffer_region(s: FusedSchedule, arena: ArenaPlan, buf: str, inputs: Mapping
 def footprints(s: FusedSchedule, arena: ArenaPlan) -> dict[str, tuple[tuple[Region, ...], tuple[Region, ...]]]:
     """group id -> (regions it reads, regions it writes), from the schedule and ``arena``."""
     inputs = {i.value.buffer: k for k, i in enumerate(s.program.inputs)}
-    copies = {c.group: c for c in s.copies}
+    copies = s.copies
     out: dict[str, tuple[tuple[Region, ...], tuple[Region, ...]]] = {}
     for gid, g in s.groups.items():
         reads = set(g.reads)

@@ -71,7 +71,7 @@ class Bucket:
 def ready_stages(schedule: Any) -> dict[int, int]:
     """Output index -> the last stage of ``schedule`` that writes it (a stored value or a copy)."""
     ready: dict[int, int] = {}
-    copies = {c.group: c for c in schedule.copies}
+    copies = schedule.copies
     for k, stage in enumerate(schedule.stages):
         for gid in stage:
             grp = schedule.groups[gid]

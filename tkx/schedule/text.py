@@ -37,7 +37,7 @@ def describe_group(s: FusedSchedule, g: Group) -> str:
     """One line saying what a group computes and how."""
     p = g.params
     if g.kind == "copy":
-        task = next(c for c in s.copies if c.group == g.id)
+        task = s.copies[g.id]
         return f"copy {task.src.buffer} -> {task.dst_home} ({p.get('numel')} elements)"
     anchor = s.program.op(g.anchor)
     if g.kind in ("gemm", "gemm_partial"):
