@@ -165,7 +165,7 @@ class GemmGroups(ValueEmitter):
                          "gemv_loads": self.gemv_stream_loads(a, b, prob, pointer_to, coords)}
         else:
             decisions = dict(
-                tile_m=plan.tile_m, tile_n=plan.tile_n, tile_k=plan.tile_k,
+                tile=(plan.tile_m, plan.tile_n, plan.tile_k),
                 ptr_a=pointer_to(a, 1 if prob.a_k_contiguous else 0),
                 ptr_b=pointer_to(b, 1 if prob.b_n_contiguous else 0), split=split,
                 shared_budget=GPU.shared_per_block // max(1, int(self.s.options.blocks_per_sm)),
