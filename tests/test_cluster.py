@@ -140,7 +140,7 @@ def test_bad_cluster_size_is_refused():
     p = GemmProblem(256, 256, 1024, dtype="bfloat16", direct=True)
     with pytest.raises(ValueError, match="clusters of 2"):
         G.emit_gemm("wgmma_bf16", p, lambda b, r, k: "0.0f", lambda b, k, c: "0.0f", lambda b, r, c, a: "",
-                    tile_m=64, tile_n=128, tile_k=64, ptr_a=lambda b, r, k: "a", ptr_b=lambda b, k, c: "b",
+                    tile=(64, 128, 64), ptr_a=lambda b, r, k: "a", ptr_b=lambda b, k, c: "b",
                     tma_a=lambda i, o: 0, tma_b=lambda i, o: 1, cluster=4)
 
 

@@ -360,7 +360,7 @@ def test_bad_tiles_are_explained():
     with pytest.raises(ValueError, match="threads"):
         G.emit_gemm("simt", G.GemmProblem(64, 64, 64), *(lambda *a: "0.0f",) * 2, lambda *a: "", threads=100)
     with pytest.raises(ValueError, match="16x16"):
-        G.emit_gemm("wmma_bf16", G.GemmProblem(64, 64, 64), *(lambda *a: "0.0f",) * 2, lambda *a: "", tile_m=40)
+        G.emit_gemm("wmma_bf16", G.GemmProblem(64, 64, 64), *(lambda *a: "0.0f",) * 2, lambda *a: "", tile=(40, 64, 32))
 
 
 # --------------------------------------------------------------------------------------

@@ -132,7 +132,7 @@ def test_data_parallel_equals_one_process_on_the_concatenated_batch(plans, name,
 def test_a_plan_for_more_ranks_reuses_the_schedules(plans):
     p2 = plans("digits_mlp", 2, bucket_bytes=8 * 1024)
     p4 = p2.with_world_size(4)
-    assert p4.schedule_a is p2.schedule_a and p4.world_size == 4
+    assert p4.a.schedule is p2.a.schedule and p4.world_size == 4
     assert [b.members for b in p4.buckets] == [b.members for b in p2.buckets]
     assert p4.ring_bytes_per_rank == sum((2 * 3 * b.nbytes + 3) // 4 for b in p4.buckets)
     assert p2.ring_bytes_per_rank == p2.bytes_per_step  # 2 (N - 1) / N = 1 on two ranks
@@ -358,7 +358,7 @@ def test_the_plan_shows_where_the_collective_sits_and_the_bytes_per_bucket(plans
     assert f"{p.bytes_per_step:,} B" in text
     # the schedule interpreter starts buckets mid-A: some before A's last stage, in stage order
     stages = [b.ready_stage for b in p.buckets]
-    assert stages == sorted(stages) and min(stages) < len(p.schedule_a.stages) - 1
+    assert stages == sorted(stages) and min(stages) < len(p.a.schedule.stages) - 1
     assert "overlaps" in text
     bundle = p._repr_mimebundle_()
     assert bundle["text/plain"].startswith("<tkx.distributed.DistributedPlan llama_step_fp32: 2 ranks")
@@ -394,7 +394,7 @@ def test_both_programs_compile_to_kernels_with_nvrtc(plans):
     if not ok:
         pytest.skip(f"NVRTC unavailable: {why}")
     p = plans("digits_mlp", 2, bucket_bytes=8 * 1024)
-    for sched, arena in ((p.schedule_a, p.arena_a), (p.schedule_b, p.arena_b)):
+    for sched, arena in ((p.a.schedule, p.a.arena), (p.b.schedule, p.b.arena)):
         report = generate(sched, arena).check("sm_90")
         assert report.registers > 0 and report.spill_bytes == 0
 
@@ -413,8 +413,8 @@ class InterpretedRunner:
 
 def compiled_path_worker(rank, world, plan):
     step = td.data_parallel(plan)
-    step._compiled = lambda device: (InterpretedRunner(plan.schedule_a, plan.arena_a),
-                                     InterpretedRunner(plan.schedule_b, plan.arena_b))
+    step._compiled = lambda device: (InterpretedRunner(plan.a.schedule, plan.a.arena),
+                                     InterpretedRunner(plan.b.schedule, plan.b.arena))
     step_fn, make_inputs, batches, functional = WORKLOADS["llama_block_fp32"]
     losses, state = train(step, make_inputs(0)[:-2], [shard(b, rank, world) for b in batches(world)[:2]],
                           functional)

@@ -28,7 +28,7 @@ def _toy(r: R.GemmRequest) -> G.GemmCode:
     """One output element per thread, K summed in a loop: enough to show the request's fields arrive."""
     p = r.problem
     body = "\n".join([
-        f"{MARK} {r.tile_m}x{r.tile_n}x{r.tile_k}, {r.threads} threads",
+        f"{MARK} {'x'.join(map(str, r.tile))}, {r.threads} threads",
         f"const int e = {r.item} * {r.threads} + threadIdx.x;",
         "const int bat = 0;",
         f"if (e < {p.m * p.n}) {{",
@@ -54,7 +54,7 @@ def toy(monkeypatch):
 def test_a_registered_emitter_is_dispatched_by_its_spec_name(toy):
     p = G.GemmProblem(8, 16, 32)
     code = G.emit_gemm("toy_gemm", p, lambda b, r, k: f"A[{r}*32+{k}]", lambda b, k, c: f"B[{k}*16+{c}]",
-                       lambda b, r, c, acc: f"C[{r}*16+{c}] = {acc};", tile_m=8, tile_n=16, threads=64)
+                       lambda b, r, c, acc: f"C[{r}*16+{c}] = {acc};", tile=(8, 16, 32), threads=64)
     assert code.variant == "toy_gemm" and code.params == {"toy": True} and code.work_items == 2
     assert f"{MARK} 8x16x32, 64 threads" in code.code and "A[row*32+k] * B[k*16+col]" in code.code
     assert "toy_gemm" in G.variants() and R.codegen_for("toy_gemm") is _toy

@@ -12,7 +12,7 @@ import re
 import pytest
 
 import tkx
-from tkx.codegen.kernels_graph import generate_graph
+from tkx.codegen.kernels_graph import _called, generate_graph
 from tkx.codegen.nvrtc import nvrtc_available
 
 OK, WHY = nvrtc_available()
@@ -25,6 +25,7 @@ CASES = {  # case -> (example, Options of the check)
     "char_lm": ("char_lm", {}),
     "mixed_precision-sm_90a": ("mixed_precision", {"arch": "sm_90a"}),
     "medium-tma-clusters": ("medium", {"arch": "sm_90a", "gemm_copy": "tma", "gemm_cluster": "on"}),
+    "char_lm-outlined": ("char_lm", {"outline": "on"}),
 }
 
 
@@ -80,6 +81,21 @@ def test_same_parameters_as_the_megakernel(graphs):
     decl = ",\n".join(p.declaration() for p in g.megakernel.params)
     assert g.text.count(decl.splitlines()[0].strip()) >= len(g.kernels)
     assert "tkx_k0_" in g.text and repr(g).startswith("<tkx.GraphSource")
+
+
+def test_only_the_device_functions_its_kernels_call(graphs):
+    g = graphs("char_lm-outlined")
+    # the megakernel's outlined group bodies stay out: each kernel holds its group's code
+    assert "tkx_body_" in g.megakernel.text and "tkx_body_" not in g.text
+    declared = set(re.findall(r"(tkx_v_\w+)\(TKX_POINTERS", g.text))
+    assert declared and declared == set(re.findall(r"(tkx_v_\w+)\(TKX_ARGS", g.text))
+
+
+def test_a_value_function_is_kept_when_called_directly_or_through_another():
+    functions = {"tkx_v_a": "return tkx_v_b(TKX_ARGS, i) + 1.0f;", "tkx_v_b": "return arena[i];",
+                 "tkx_v_c": "return tkx_v_b(TKX_ARGS, i);"}
+    assert _called(["const float x = tkx_v_a(TKX_ARGS, e);"], functions) == {"tkx_v_a", "tkx_v_b"}
+    assert _called(["const float x = 0.0f;"], functions) == set()
 
 
 # -- on a GPU ----------------------------------------------------------------------------------------

@@ -209,7 +209,7 @@ def test_last_slice_final_in_the_tile_code():
         return f"const long long tkx_e = ((long long){r} * 256 + {c});\ntkx_st_f32(C, tkx_e, {acc});"
     for m, batched in ((256, True), (200, False)):
         p = G.GemmProblem(m, 256, 512, dtype="bfloat16")
-        code = G.emit_gemm("wgmma_bf16", p, ld, ld, store, tile_m=128, tile_n=128, tile_k=64, split=4,
+        code = G.emit_gemm("wgmma_bf16", p, ld, ld, store, tile=(128, 128, 64), split=4,
                            ptr_a=lambda b, r, k: f"(A + {r} * 512 + {k})",
                            ptr_b=lambda b, k, c: f"(B + {k} * 256 + {c})",
                            split_final=G.SplitFinal("S", "(T + 3)", final))
@@ -222,8 +222,8 @@ def test_last_slice_final_in_the_tile_code():
         assert text.index("S[(long long)ks_split") < text.index("tkx_atom_add_acq_rel") < text.index("tkx_st_f32(C")
         assert ("elements per thread and pass, 4 slice loads each" in text) == batched
     with pytest.raises(ValueError, match="split > 1"):
-        G.emit_gemm("wgmma_bf16", G.GemmProblem(256, 256, 512, dtype="bfloat16"), ld, ld, store, tile_m=128,
-                    tile_n=128, tile_k=64, split_final=G.SplitFinal("S", "T", final))
+        G.emit_gemm("wgmma_bf16", G.GemmProblem(256, 256, 512, dtype="bfloat16"), ld, ld, store, tile=(128, 128, 64),
+                    split_final=G.SplitFinal("S", "T", final))
 
 
 @pytest.mark.skipif(not nvrtc_available()[0], reason="NVRTC unavailable")

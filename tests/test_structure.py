@@ -246,7 +246,7 @@ DUPLICATE_MAX_PLACES = 8
 #: ``x: int``, ``return x``, ``a = b``.
 DUPLICATE_MIN_WORDS = 3
 #: The most pairs of repeated code allowed in tkx/ outside KNOWN_DUPLICATES.
-DUPLICATE_PAIRS_LIMIT = 10
+DUPLICATE_PAIRS_LIMIT = 4
 #: Tables whose rows share a shape by design (one op, one puzzle a row): not code to factor.
 KNOWN_DUPLICATES = {
     ("ops.py", "ops.py"),

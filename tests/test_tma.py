@@ -145,18 +145,18 @@ def test_batched_epilogue_in_the_tile_code():
 
     def epi(b, r, c, acc):
         return f"const long long tkx_e = ((long long){r} * 256 + {c});\ntkx_st_f32(C, tkx_e, {acc});"
-    code = G.emit_gemm("wgmma_bf16", p, ld, ld, epi, tile_m=128, tile_n=128, tile_k=64,
+    code = G.emit_gemm("wgmma_bf16", p, ld, ld, epi, tile=(128, 128, 64),
                        ptr_a=lambda b, r, k: f"(A + {r} * 128 + {k})", ptr_b=lambda b, k, c: f"(B + {k} * 256 + {c})")
     assert f"{G.WGMMA_EPILOGUE_BATCH} elements per thread and pass" in code.code
     ragged = G.GemmProblem(200, 256, 128, dtype="bfloat16")  # row guards: clamped rows, stores only inside C
-    code = G.emit_gemm("wgmma_bf16", ragged, ld, ld, epi, tile_m=128, tile_n=128, tile_k=64,
+    code = G.emit_gemm("wgmma_bf16", ragged, ld, ld, epi, tile=(128, 128, 64),
                        ptr_a=lambda b, r, k: f"(A + {r} * 128 + {k})", ptr_b=lambda b, k, c: f"(B + {k} * 256 + {c})")
     assert f"{G.WGMMA_EPILOGUE_BATCH} elements per thread and pass" in code.code and "kept rolled" not in code.code
     assert "const bool tkxE0_in = row0 + tkxE0_e / 128 < M;" in code.code
     assert "tkxE0_row = min(row0 + tkxE0_e / 128, M - 1)" in code.code and "min(col0" not in code.code
     assert "if (tkxE3_in) tkx_st_f32(C, tkxE3_tkx_e, tkxE3_acc);" in code.code
     both = G.GemmProblem(200, 250, 128, dtype="bfloat16")  # rows and columns cross the edge
-    code = G.emit_gemm("wgmma_bf16", both, ld, ld, epi, tile_m=128, tile_n=128, tile_k=64)
+    code = G.emit_gemm("wgmma_bf16", both, ld, ld, epi, tile=(128, 128, 64))
     assert "const bool tkxE0_in = row0 + tkxE0_e / 128 < M && col0 + tkxE0_e % 128 < N;" in code.code
 
 

@@ -118,9 +118,7 @@ def mimebundle(obj: Any, include: Any = None, exclude: Any = None) -> dict[str, 
     bundle: dict[str, str] = {}
     if "text/plain" in want:
         try:
-            bundle["text/plain"] = lookup(obj, "plain")(obj)
-        except ViewNotFound:
-            bundle["text/plain"] = repr(obj)
+            bundle["text/plain"] = _view_or(obj, "plain", repr)
         except Exception:
             bundle["text/plain"] = repr(obj)
     if "text/html" in want:
@@ -131,13 +129,18 @@ def mimebundle(obj: Any, include: Any = None, exclude: Any = None) -> dict[str, 
     return {k: bundle[k] for k in ("text/plain", "text/html") if k in bundle}
 
 
+def _view_or(obj: Any, kind: str, fallback: Callable[[Any], Any]) -> Any:
+    """The registered ``kind`` view of ``obj`` applied to it; ``fallback(obj)`` when none is registered."""
+    try:
+        f = lookup(obj, kind)
+    except ViewNotFound:
+        return fallback(obj)
+    return f(obj)
+
+
 def rich(obj: Any) -> Any:
     """A rich renderable of ``obj`` (``__rich__``); its text when no rich view is registered."""
-    try:
-        f = lookup(obj, "rich")
-    except ViewNotFound:
-        return str(obj)
-    return f(obj)
+    return _view_or(obj, "rich", str)
 
 
 def graph(obj: Any, *args: Any, **kw: Any) -> Any:
@@ -152,11 +155,7 @@ def diff(obj: Any, other: Any, **kw: Any) -> Any:
 
 def text(obj: Any) -> str:
     """``str(obj)`` from its printer; ``repr(obj)`` when none is registered."""
-    try:
-        f = lookup(obj, "text")
-    except ViewNotFound:
-        return repr(obj)
-    return f(obj)
+    return _view_or(obj, "text", repr)
 
 
 class Views:

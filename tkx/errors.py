@@ -29,7 +29,12 @@ ERR_WAIT_TIMEOUT = 4
 
 
 class TkxError(Exception):
-    """Base class of every error tkx raises on purpose."""
+    """Base class of every error tkx raises on purpose. ``TkxError(message, **details)`` keeps each keyword
+    detail as an attribute of the error (``err.op``, ``err.source``)."""
+
+    def __init__(self, *args: object, **details: object) -> None:
+        super().__init__(*args)
+        self.__dict__.update(details)
 
 
 class UnknownOpError(TkxError, KeyError):
@@ -88,12 +93,6 @@ class UnsupportedError(TkxError):
 
     def __init__(self, kind: str, what: str, *, op: str | None = None, node: str | None = None,
                  source: SourceLine | None = None, hint: str = "") -> None:
-        self.kind = kind
-        self.what = what
-        self.op = op
-        self.node = node
-        self.source = source
-        self.hint = hint
         parts = [f"tkx cannot compile this step ({kind}): {what}"]
         if op is not None:
             parts.append(f"  op:     {op}" + (f" (FX node {node})" if node else ""))
@@ -103,7 +102,7 @@ class UnsupportedError(TkxError):
             parts.append(f"  source: {source}")
         if hint:
             parts.append(f"  fix:    {hint}")
-        super().__init__("\n".join(parts))
+        super().__init__("\n".join(parts), kind=kind, what=what, op=op, node=node, source=source, hint=hint)
 
 
 class KernelError(TkxError):
@@ -118,10 +117,4 @@ class KernelError(TkxError):
     def __init__(self, message: str, *, code: int, stage: int = -1, block: int = -1,
                  hazards: tuple[str, ...] = (), op: str | None = None,
                  source: SourceLine | None = None) -> None:
-        self.code = code
-        self.stage = stage
-        self.block = block
-        self.hazards = hazards
-        self.op = op
-        self.source = source
-        super().__init__(message)
+        super().__init__(message, code=code, stage=stage, block=block, hazards=hazards, op=op, source=source)

@@ -48,6 +48,12 @@ def _registry_fingerprints() -> dict[str, tuple]:
 _FINGERPRINTED = tuple(s.name for s in pipeline.STAGES if s.fingerprint is not None)
 
 
+def _stage(name: str, doc: str) -> property:
+    """The property of :class:`Exploration` that is stage ``name`` (a row of :data:`tkx.pipeline.STAGES`),
+    made on first access."""
+    return property(lambda self: self._get(name), doc=doc)
+
+
 class Exploration:
     """Every stage of compiling one step under one :class:`Options`, lazily computed.
 
@@ -104,51 +110,16 @@ class Exploration:
     def _context(self) -> pipeline.Context:
         return pipeline.Context(self.step_fn, self.example_inputs, self.options, self.name, self.loss, self.state)
 
-    @property
-    def captured(self):
-        """:class:`tkx.CapturedGraph`: the traced step."""
-        return self._get("captured")
-
-    @property
-    def program(self):
-        """:class:`tkx.Program`: the IR as lowered from the capture."""
-        return self._get("program")
-
-    @property
-    def passes(self):
-        """:class:`tkx.PassTrace`: one Program per pass."""
-        return self._get("passes")
-
-    @property
-    def optimized(self):
-        """The program after all passes (``passes.output``)."""
-        return self._get("optimized")
-
-    @property
-    def schedule(self):
-        """:class:`tkx.FusedSchedule`: groups, stages, barriers, fusion decisions."""
-        return self._get("schedule")
-
-    @property
-    def arena(self):
-        """:class:`tkx.ArenaPlan`: offsets and lifetimes in the one workspace."""
-        return self._get("arena")
-
-    @property
-    def cuda(self):
-        """:class:`tkx.codegen.CudaSource`: the kernel text and its source map."""
-        return self._get("cuda")
-
-    @property
-    def timeline(self):
-        """:class:`tkx.dataflow.timeline.Timeline`: the predicted Gantt chart of one launch (no GPU; ns;
-        :func:`tkx.dataflow.timeline.predicted_timeline`)."""
-        return self._get("timeline")
-
-    @property
-    def runner(self):
-        """:class:`tkx.runtime.CompiledRunner` (needs a GPU)."""
-        return self._get("runner")
+    captured = _stage("captured", ":class:`tkx.CapturedGraph`: the traced step.")
+    program = _stage("program", ":class:`tkx.Program`: the IR as lowered from the capture.")
+    passes = _stage("passes", ":class:`tkx.PassTrace`: one Program per pass.")
+    optimized = _stage("optimized", "The program after all passes (``passes.output``).")
+    schedule = _stage("schedule", ":class:`tkx.FusedSchedule`: groups, stages, barriers, fusion decisions.")
+    arena = _stage("arena", ":class:`tkx.ArenaPlan`: offsets and lifetimes in the one workspace.")
+    cuda = _stage("cuda", ":class:`tkx.codegen.CudaSource`: the kernel text and its source map.")
+    timeline = _stage("timeline", ":class:`tkx.dataflow.timeline.Timeline`: the predicted Gantt chart of one "
+                      "launch (no GPU; ns; :func:`tkx.dataflow.timeline.predicted_timeline`).")
+    runner = _stage("runner", ":class:`tkx.runtime.CompiledRunner` (needs a GPU).")
 
     # -- running on the CPU -------------------------------------------------------------------
     def run(self, *args: Any) -> Any:

@@ -9,6 +9,7 @@ open end). Widgets are generated from :meth:`Options.fields_info`; an invalid va
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -306,36 +307,35 @@ def _check_names(values: dict[str, Any]) -> None:
                                message=f"unknown option {k!r}{hint}; the options are: {', '.join(names)}")
 
 
-def _check_rules(value: Any) -> tuple[str, ...] | None:
+def _check_registered(option: str, value: Any, registered: Callable[[], Iterable[str]], what: str
+                 ) -> tuple[str, ...] | None:
+    """``value`` (``None``, or a tuple or list of names each in ``registered()``) as a tuple, for the option
+    ``option`` naming registered ``what``s (``"user fusion rule"``, ``"pass"``); :class:`OptionsError`
+    naming the allowed ones otherwise."""
     if value is None:
         return None
     if isinstance(value, str) or not isinstance(value, (tuple, list)):
-        raise OptionsError("rules", value, "None or a tuple of registered user fusion rule names")
-    from .schedule.rules import user_rule_names
-
-    known = user_rule_names()
+        raise OptionsError(option, value, f"None or a tuple of registered {what} names")
+    known = tuple(registered())
+    allowed = ", ".join(known)
     for name in value:
         if not isinstance(name, str) or name not in known:
-            raise OptionsError("rules", name, "registered user fusion rules: " + (", ".join(known) or "none"),
-                               message=f"invalid option rules: {name!r} is not a registered fusion rule; "
-                                       f"allowed: {', '.join(known) or 'none registered'}")
+            raise OptionsError(option, name, f"registered {what} names: {allowed or 'none'}",
+                               message=f"invalid option {option}: {name!r} is not a registered {what}; "
+                                       f"allowed: {allowed or 'none registered'}")
     return tuple(value)
+
+
+def _check_rules(value: Any) -> tuple[str, ...] | None:
+    from .schedule.rules import user_rule_names
+
+    return _check_registered("rules", value, user_rule_names, "user fusion rule")
 
 
 def _check_passes(value: Any) -> tuple[str, ...] | None:
-    if value is None:
-        return None
-    if isinstance(value, str) or not isinstance(value, (tuple, list)):
-        raise OptionsError("passes", value, "None or a tuple of registered pass names")
     from .passes import pass_names
 
-    known = pass_names()
-    for name in value:
-        if not isinstance(name, str) or name not in known:
-            raise OptionsError("passes", name, "registered pass names: " + ", ".join(known),
-                               message=f"invalid option passes: {name!r} is not a registered pass; "
-                                       f"allowed: {', '.join(known)}")
-    return tuple(value)
+    return _check_registered("passes", value, pass_names, "pass")
 
 
 #: The Explorer's option groups, in display order: group -> fields. A field in none of them is

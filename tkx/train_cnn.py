@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import time
 from collections.abc import Callable
 from typing import Any
+
+from .train_report import compare_losses, print_and_write
 
 BACKENDS = ("kernel", "interpreter")
 
@@ -100,17 +101,12 @@ def train(steps: int = 300, batch: int = 64, seed: int = 0, *, device: str | Non
     lk, tkx_us = timed(step_k, params_k, buf_k, rng_k)
     if hasattr(step_k, "check_status"):
         step_k.check_status()
-    diffs = [abs(a - b) for a, b in zip(le, lk)]
-    worst = max(range(len(diffs)), key=diffs.__getitem__)
     _, _, x_test, y_test = digits.digits_dataset(dev)
     return {
         "example": "cnn_digits", "backend": backend, "device": str(dev), **facts,
         "steps": len(batches), "batch": batch, "data": digits.digits_source(),
         "compile_seconds": compile_s,
-        "eager_loss": le, "tkx_loss": lk,
-        "max_abs_loss_diff": diffs[worst], "max_diff_step": worst,
-        "max_rel_loss_diff": diffs[worst] / max(abs(le[worst]), 1e-12),
-        "first_loss": le[0], "final_loss_eager": le[-1], "final_loss_tkx": lk[-1],
+        **compare_losses(le, lk, "tkx"),
         "test_accuracy_eager": cnn_accuracy(params_e, x_test, y_test),
         "test_accuracy_tkx": cnn_accuracy(params_k, x_test, y_test),
         "rng_offsets_agree": bool(torch.equal(rng_e, rng_k)),
@@ -126,12 +122,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="kernel (default on CUDA) or interpreter (default on the CPU)")
     ap.add_argument("--out", default=None, help="write the report as JSON here")
     args = ap.parse_args(argv)
-    report = train(args.steps, device=args.device, backend=args.backend)
-    print(json.dumps({k: v for k, v in report.items() if not isinstance(v, list)}, indent=2))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=2)
-    return 0
+    return print_and_write(train(args.steps, device=args.device, backend=args.backend), args.out)
 
 
 if __name__ == "__main__":

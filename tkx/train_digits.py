@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import time
 from typing import Any
+
+from .train_report import compare_losses, print_and_write
 
 
 def train(steps: int = 300, batch: int = 64, seed: int = 0, options: Any = None) -> dict[str, Any]:
@@ -49,17 +50,10 @@ def train(steps: int = 300, batch: int = 64, seed: int = 0, options: Any = None)
     torch.cuda.synchronize()
     kernel_us = (time.perf_counter() - t0) / steps * 1e6
     runner.check_status()
-    le = [float(v) for v in eager_losses]
-    lk = [float(v) for v in kernel_losses]
-    diffs = [abs(a - b) for a, b in zip(le, lk)]
-    worst = max(range(steps), key=diffs.__getitem__)
     return {
         "steps": steps, "batch": batch, "data": digits.digits_source(),
         "compile_seconds": compile_s,
-        "eager_loss": le, "megakernel_loss": lk,
-        "max_abs_loss_diff": diffs[worst], "max_diff_step": worst,
-        "max_rel_loss_diff": diffs[worst] / max(abs(le[worst]), 1e-12),
-        "first_loss": le[0], "final_loss_eager": le[-1], "final_loss_megakernel": lk[-1],
+        **compare_losses([float(v) for v in eager_losses], [float(v) for v in kernel_losses], "megakernel"),
         "test_accuracy_eager": digits.accuracy(params_e, x_test, y_test),
         "test_accuracy_megakernel": digits.accuracy(params_k, x_test, y_test),
         "wall_us_per_step_eager": eager_us, "wall_us_per_step_megakernel": kernel_us,
@@ -72,13 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--out", default=None, help="write the report as JSON here")
     args = ap.parse_args(argv)
-    report = train(args.steps)
-    short = {k: v for k, v in report.items() if not k.endswith("_loss")}
-    print(json.dumps(short, indent=2))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=2)
-    return 0
+    return print_and_write(train(args.steps), args.out)
 
 
 if __name__ == "__main__":

@@ -189,7 +189,7 @@ def plan(schedule: FusedSchedule, options: Any = None) -> ArenaPlan:
     no_reuse = sum(_aligned(s.nbytes) for s in placed)
     names = [i.name for i in schedule.program.inputs]
     in_place = tuple(names[h.index] for h in schedule.homes.values() if h.kind == "input")
-    staged = tuple(names[c.dst_home.index] for c in schedule.copies if c.dst_home.kind == "input")
+    staged = tuple(names[c.dst_home.index] for c in schedule.copies.values() if c.dst_home.kind == "input")
     return ArenaPlan(schedule, slots, size, lower, no_reuse, in_place, staged)
 
 

@@ -98,7 +98,7 @@ def emit_gemm(variant: str, p: GemmProblem, load_a: LoadA, load_b: LoadB, epilog
               **decisions: object) -> GemmCode:
     """The code of one work item of ``p`` by the emitter of ``variant`` (one of :func:`variants`):
     ``emit(GemmRequest(variant, p, load_a, load_b, epilogue, **decisions))``. ``decisions`` are fields of
-    :class:`GemmRequest` (``tile_m``, ``split``, ``tma_a``, ``cluster``, ``knobs`` ...); an unknown one
+    :class:`GemmRequest` (``tile``, ``split``, ``tma_a``, ``cluster``, ``knobs`` ...); an unknown one
     raises :class:`TypeError`, an unknown variant or one that does not implement the decisions
     :class:`ValueError` (:func:`tkx.codegen.gemm_registry.emit`)."""
     return emit(GemmRequest(variant, p, load_a, load_b, epilogue, **decisions))  # type: ignore[arg-type]

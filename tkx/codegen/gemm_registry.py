@@ -12,7 +12,7 @@ Adding an emitter touches two places:
 
 Nothing else: :func:`emit` (and :func:`tkx.codegen.gemm.emit_gemm`, the kernel's GEMM groups) find the
 function through this table, importing the module the spec row names the first time its variant is asked
-for. An emitter reads its inputs as fields of :class:`GemmRequest` (``r.tile_m``, ``r.split``), never by
+for. An emitter reads its inputs as fields of :class:`GemmRequest` (``r.tile``, ``r.split``), never by
 string key.
 """
 
@@ -43,26 +43,24 @@ from .gemm_tile import (
 class GemmRequest:
     """What a kernel asks a GEMM emitter to write: one work item (one output tile) of ``C = A @ B``.
 
-    ``variant``: the spec row's name; ``problem``: sizes, batch, dtype and memory order; ``load_a`` /
-    ``load_b`` / ``epilogue``: the callbacks of :mod:`tkx.codegen.gemm`; ``tile_m x tile_n`` the output
-    tile, ``tile_k`` the K depth staged per step (elements); ``threads`` per block; ``item`` / ``smem``:
-    the C names of the work item index and of the shared workspace; ``ptr_a`` / ``ptr_b``: pointers to
-    operand elements (16-byte staging, wgmma); ``split``: slices of K (split-K, wgmma); ``shared_budget``:
-    bytes of shared memory a block may use (sizes the wgmma pipeline); ``tma_a`` / ``tma_b``: tensor-map
-    registration for bulk tensor copies; ``split_final``: the last-slice split-K final; ``epilogue_reads``:
-    ``(C pointer, element bytes)`` the epilogue reads at the output's index; ``cluster``: CTAs per cluster
-    (1 or 2); ``knobs``: the wgmma switches; ``blocks``: the grid size (the streaming GEMV spreads its
-    columns over it); ``cheap``: ``Options.cheap_int_math``; ``gemv_loads``: the streaming GEMV's vector
-    and prefetch loads. Fields an emitter does not use are ignored by it (see each emitter)."""
+    ``variant``: the spec row's name; ``problem``: sizes, batch, dtype and memory order; ``load_a`` / ``load_b`` /
+    ``epilogue``: the callbacks of :mod:`tkx.codegen.gemm`; ``tile``: ``(tile_m, tile_n, tile_k)``, the ``tile_m x
+    tile_n`` output tile and the K depth staged per step (elements); ``threads`` per block; ``item`` / ``smem``: the
+    C names of the work item index and of the shared workspace; ``ptr_a`` / ``ptr_b``: pointers to operand elements
+    (16-byte staging, wgmma); ``split``: slices of K (split-K, wgmma); ``shared_budget``: bytes of shared memory a
+    block may use (sizes the wgmma pipeline); ``tma_a`` / ``tma_b``: tensor-map registration for bulk tensor copies;
+    ``split_final``: the last-slice split-K final; ``epilogue_reads``: ``(C pointer, element bytes)`` the epilogue
+    reads at the output's index; ``cluster``: CTAs per cluster (1 or 2); ``knobs``: the wgmma switches; ``blocks``:
+    the grid size (the streaming GEMV spreads its columns over it); ``cheap``: ``Options.cheap_int_math``;
+    ``gemv_loads``: the streaming GEMV's vector and prefetch loads. Fields an emitter does not use are ignored by it
+    (see each emitter)."""
 
     variant: str
     problem: GemmProblem
     load_a: LoadA
     load_b: LoadB
     epilogue: Epilogue
-    tile_m: int = 64
-    tile_n: int = 64
-    tile_k: int = 32
+    tile: tuple[int, int, int] = (64, 64, 32)
     threads: int = 256
     item: str = "item"
     smem: str = "tkx_smem"

@@ -34,7 +34,7 @@ def simt_gemm(r: GemmRequest) -> GemmCode:
     A is kept k-major in shared memory (``As[k][m]``) so the inner loop reads one word per row.
     """
     p, epilogue, threads, item, smem = r.problem, r.epilogue, r.threads, r.item, r.smem
-    tm, tn, tk = r.tile_m, r.tile_n, r.tile_k
+    tm, tn, tk = r.tile
     rm, rn = _micro_tile(tm, tn, threads)
     tx_count, ty_count = tn // rn, tm // rm
     sa, sb = _operand_stages(p, tm, tn, tk, threads)

@@ -197,7 +197,7 @@ class _Pipeline:
 def _pipeline_of(r: GemmRequest) -> _Pipeline | None:
     """The pipeline of ``r``, or ``None`` when direct copies do not apply (see :func:`wgmma_gemm`); registers
     the TMA boxes' tensor maps through ``r.tma_a`` / ``r.tma_b``."""
-    p, tm, tn, tk, threads = r.problem, r.tile_m, r.tile_n, r.tile_k, r.threads
+    p, (tm, tn, tk), threads = r.problem, r.tile, r.threads
     elem, fk, ptx_type, conv, ebytes = _WGMMA[r.variant]
     if r.ptr_a is None or r.ptr_b is None or ebytes != 2 or tk * ebytes != SWIZZLE_ROW:
         return None
@@ -535,7 +535,7 @@ def wgmma_gemm(r: GemmRequest) -> GemmCode:
     columns (with ``knobs.epilogue_vector``: runs of 8 or 4 columns per thread, 16-byte point reads and
     stores). Raises :class:`ValueError` for tiles the warpgroups cannot cover.
     """
-    variant, threads, tm, tn, tk = r.variant, r.threads, r.tile_m, r.tile_n, r.tile_k
+    variant, threads, (tm, tn, tk) = r.variant, r.threads, r.tile
     if variant not in _WGMMA:
         raise ValueError(f"unknown wgmma variant {variant!r}; one of {sorted(_WGMMA)}")
     ebytes = _WGMMA[variant][4]

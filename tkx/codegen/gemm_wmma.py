@@ -52,7 +52,7 @@ def wmma_gemm(r: GemmRequest) -> GemmCode:
     if variant not in _WMMA:
         raise ValueError(f"unknown tensor-core variant {variant!r}; one of {sorted(_WMMA)}")
     elem, fk, frag_t, conv, ebytes = _WMMA[variant]
-    tm, tn, tk = r.tile_m, r.tile_n, r.tile_k
+    tm, tn, tk = r.tile
     if tm % 16 or tn % 16 or tk % fk or threads % 32:
         raise ValueError(f"{variant} needs tiles in multiples of 16x16x{fk} and whole warps")
     warps = threads // 32

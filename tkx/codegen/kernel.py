@@ -18,6 +18,7 @@ How a group reads a value (the same rules as the schedule interpreter):
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from typing import Any
 
 from .. import ops as optable
@@ -251,6 +252,18 @@ def _outline(s: FusedSchedule, em: _Emitter, params: list, stage_code: list
     return outlined, values[::-1] + pieces
 
 
+def value_functions(em: _Emitter, names: Collection[str] | None = None) -> str:
+    """The ``tkx_v_`` device functions of inlined values that ``em`` wrote (all, or those in ``names``),
+    their declarations first (they call each other in any order); ``""`` when there are none."""
+    chosen = [name for name in em.plan.functions if names is None or name in names]
+    if not chosen:
+        return ""
+    declarations = "\n".join(
+        f"__device__ __forceinline__ {cops.c_type(em.ops[name[len('tkx_v_'):]].out.dtype)} {name}"
+        f"(TKX_POINTERS, {'int' if em.index32() else 'long long'} i);" for name in chosen)
+    return "\n\n".join([declarations] + [em.plan.functions[name] for name in chosen if em.plan.functions[name]])
+
+
 def max_registers(threads: int, blocks_per_sm: int = 1) -> int:
     """Registers per thread that let ``blocks_per_sm`` blocks of ``threads`` share a 64K-register SM
     (CUDA caps a thread at 255; register allocation is in units of 8), but never fewer than
@@ -394,11 +407,7 @@ def generate(s: FusedSchedule, arena: ArenaPlan, *, plant: Any = None, audit: bo
     struct = block("// The kernel's pointers, handed on to the device functions (inlined: no copies are made).",
                    "#define TKX_POINTERS " + ", ".join(p.declaration() for p in pointers),
                    "#define TKX_ARGS " + ", ".join(p.name for p in pointers))
-    declarations = "\n".join(
-        f"__device__ __forceinline__ {cops.c_type(em.ops[name[len('tkx_v_'):]].out.dtype)} {name}"
-        f"(TKX_POINTERS, {'int' if em.index32() else 'long long'} i);" for name in em.plan.functions)
-    functions = "\n\n".join([declarations] + [f for f in em.plan.functions.values() if f]) \
-        if em.plan.functions else ""
+    functions = value_functions(em)
     if sync == "barrier" and mode == "grid" and s.num_barriers:
         kind = grid_barrier_kind(s.blocks, s.options.grid_barrier)
         header = block(header, f"// Grid barrier: {kind} (grid_barrier = {s.options.grid_barrier!r}, "

@@ -18,7 +18,7 @@ from .cuda_prelude import (
     round_to,
 )
 from .gemm_epilogue import _batched_epilogue
-from .gemm_registry import GemmRequest, emit
+from .gemm_registry import GemmRequest, emit, spec_of
 from .gemm_tile import GemvLoads, Prefetch, SplitFinal, WgmmaKnobs
 from .kernel_values import ValueEmitter, _coords_index
 from .text import block, indent
@@ -160,12 +160,12 @@ class GemmGroups(ValueEmitter):
             final = _slice_store(scratch, total, m, n, op.id)
         else:
             final = epilogue
-        if variant == "gemv_stream":  # the streaming GEMV's vector, chain and prefetch loads
+        if spec_of(variant).streaming:  # the streaming GEMV's vector, chain and prefetch loads
             decisions = {"blocks": self.s.blocks, "cheap": self.cheap,
                          "gemv_loads": self.gemv_stream_loads(a, b, prob, pointer_to, coords)}
         else:
             decisions = dict(
-                tile_m=plan.tile_m, tile_n=plan.tile_n, tile_k=plan.tile_k,
+                tile=(plan.tile_m, plan.tile_n, plan.tile_k),
                 ptr_a=pointer_to(a, 1 if prob.a_k_contiguous else 0),
                 ptr_b=pointer_to(b, 1 if prob.b_n_contiguous else 0), split=split,
                 shared_budget=GPU.shared_per_block // max(1, int(self.s.options.blocks_per_sm)),

@@ -228,7 +228,7 @@ class GroupEmitter(ValueEmitter):
         return code, max(1, -(-rows // warps)), 0
 
     def copy_code(self, g: Group) -> tuple[str, int, int]:
-        task = next(c for c in self.s.copies if c.group == g.id)
+        task = self.s.copies[g.id]
         n, t = task.src.numel, self.threads
         ptr, dtype = self.home_pointer(task.dst_home, task.src.buffer)
         src = self.element(task.src, "i", None, None, {}, None)

@@ -12,10 +12,12 @@ ordered: kernel launches instead of barriers inside one kernel. :class:`tkx.runt
 and launches them (and captures them in one CUDA graph); :func:`tkx.bench.graph_of_kernels` times them
 beside the megakernel.
 
-The text is the megakernel's own translation unit up to its kernel (prelude, device functions of inlined
-values), followed by the per-group kernels ``tkx_k<i>_<group>``. On sm_90 and later each kernel starts with
-``griddepcontrol.wait`` (and then releases its dependents), so the runtime may launch it as a programmatic
-dependent of the kernel before (PDL): its launch then overlaps the end of that kernel.
+The text is the megakernel's own translation unit up to its device functions (its header, the prelude, the
+pointer macros), then the device functions of inlined values that the kernels call (not the megakernel's
+outlined group bodies: each kernel holds its group's code), then the per-group kernels ``tkx_k<i>_<group>``.
+On sm_90 and later each kernel starts with ``griddepcontrol.wait`` (and then releases its dependents), so the
+runtime may launch it as a programmatic dependent of the kernel before (PDL): its launch then overlaps the end
+of that kernel.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from ..errors import TkxError
 from . import abi
 from .cuda_prelude import shared_workspace
 from .gemm import tensormap_prefetch
-from .kernel import _Emitter, _stage_loop, _tile_counter_base, max_registers
+from .kernel import _Emitter, _stage_loop, _tile_counter_base, max_registers, value_functions
 from .text import block, indent
 
 __all__ = ["GraphKernel", "GraphSource", "generate_graph"]
@@ -55,6 +57,12 @@ class GraphKernel:
         return n if self.shared_bytes and n > abi.STATIC_SHARED_LIMIT else 0
 
 
+#: The attributes a :class:`GraphSource` reads from its megakernel: the launch contract every kernel shares,
+#: and what the kernels were made from.
+MEGAKERNEL_ATTRIBUTES = frozenset({"launch", "schedule", "arena", "program", "options", "sync_words", "dag",
+                                   "timeline_tasks", "threads"})
+
+
 @dataclass(frozen=True)
 class GraphSource:
     """The CUDA of a step as one kernel per fused group (see the module docstring).
@@ -62,7 +70,9 @@ class GraphSource:
     ``text``: one translation unit with every kernel; ``kernels``: the :class:`GraphKernel` entries in
     launch order; ``megakernel``: the :class:`~tkx.codegen.CudaSource` it was made from, whose launch
     contract (parameters, arena bytes, sync words, tensor maps) every kernel shares. ``launch``,
-    ``schedule``, ``arena``, ``program``, ``options``, ``sync_words`` and ``dag`` are the megakernel's.
+    ``schedule``, ``arena``, ``program``, ``options``, ``sync_words``, ``dag``, ``threads`` and
+    ``timeline_tasks`` are the megakernel's (:data:`MEGAKERNEL_ATTRIBUTES`; its timeline buffer is passed on,
+    so the parameters match, but these kernels record nothing in it).
     """
 
     text: str
@@ -70,43 +80,10 @@ class GraphSource:
     megakernel: Any = field(repr=False, compare=False)
     max_registers: int = 255
 
-    @property
-    def launch(self) -> abi.LaunchContract:
-        return self.megakernel.launch
-
-    @property
-    def schedule(self) -> Any:
-        return self.megakernel.schedule
-
-    @property
-    def arena(self) -> Any:
-        return self.megakernel.arena
-
-    @property
-    def program(self) -> Any:
-        return self.megakernel.program
-
-    @property
-    def options(self) -> Any:
-        return self.megakernel.options
-
-    @property
-    def sync_words(self) -> int:
-        return self.megakernel.sync_words
-
-    @property
-    def dag(self) -> Any:
-        return self.megakernel.dag
-
-    @property
-    def timeline_tasks(self) -> int:
-        """The megakernel's (its timeline buffer is passed on, so the parameters match; these kernels
-        record nothing in it)."""
-        return self.megakernel.timeline_tasks
-
-    @property
-    def threads(self) -> int:
-        return self.megakernel.threads
+    def __getattr__(self, name: str) -> Any:
+        if name in MEGAKERNEL_ATTRIBUTES:
+            return getattr(self.megakernel, name)
+        raise AttributeError(f"'GraphSource' object has no attribute {name!r}")
 
     def check(self, arch: str = "sm_90", **kwargs: Any) -> Any:
         """Compile every kernel with NVRTC for ``arch`` (no GPU needed): a
@@ -135,12 +112,30 @@ def _entry_name(i: int, gid: str) -> str:
 
 
 def _preamble(text: str) -> str:
-    """The megakernel's translation unit up to (not including) its ``__global__`` kernel."""
+    """The megakernel's translation unit up to the end of its pointer macros (``TKX_ARGS``): its header, the
+    prelude and the macros, without its device functions and kernel."""
     lines = text.splitlines()
     for no, line in enumerate(lines):
-        if line.startswith('extern "C" __global__'):
-            return "\n".join(lines[:no]).rstrip() + "\n"
-    raise TkxError("codegen: the megakernel's text has no extern \"C\" __global__ entry point")
+        if line.startswith("#define TKX_ARGS "):
+            return "\n".join(lines[:no + 1]) + "\n"
+    raise TkxError("codegen: the megakernel's text has no TKX_ARGS macro before its entry point")
+
+
+#: A call of a device function of an inlined value.
+_VALUE_CALL = re.compile(r"\b(tkx_v_\w+)\(")
+
+
+def _called(texts: list[str], functions: dict[str, str]) -> set[str]:
+    """The names of the device functions ``functions`` (name -> text) that ``texts`` call, directly or
+    through one another."""
+    todo = [name for text in texts for name in _VALUE_CALL.findall(text)]
+    seen: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in functions and name not in seen:
+            seen.add(name)
+            todo += _VALUE_CALL.findall(functions[name])
+    return seen
 
 
 def generate_graph(source: Any) -> GraphSource:
@@ -183,5 +178,6 @@ def generate_graph(source: Any) -> GraphSource:
         kernels.append(GraphKernel(name, g.id, si, n, smem, cluster))
     head = (f"// tkx graph of kernels for `{s.program.name}`: {len(kernels)} kernels, one per fused group of "
             f"{len(s.stages)} stages; the launch boundary orders them (no grid barriers).")
-    text = block(head, _preamble(source.text), "\n\n".join(texts)) + "\n"
+    functions = value_functions(em, _called(texts, em.plan.functions))
+    text = block(head, _preamble(source.text), functions or None, "\n\n".join(texts)) + "\n"
     return GraphSource(text=text, kernels=tuple(kernels), megakernel=source, max_registers=regs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -10,6 +11,13 @@ from typing import Any
 
 from .. import display
 from . import abi
+
+
+def alias(path: str, doc: str | None = None) -> property:
+    """A read-only property whose value is the attribute at the dotted ``path`` of the object
+    (``"launch.config.threads"``); ``doc`` its docstring (else ``path``)."""
+    return property(operator.attrgetter(path), doc=doc or f"``{path}``")
+
 
 #: Source lines the CUDA view shows at once; a longer kernel is shown in pages (:meth:`CudaSource.page`).
 CUDA_VIEW_LINES = 2000
@@ -58,51 +66,18 @@ class CudaSource:
     audit_base: int | None = None
 
     # -- the launch contract, by its old names ---------------------------------------------------
-    @property
-    def config(self) -> abi.KernelConfig:
-        """:class:`~tkx.codegen.abi.KernelConfig` (``launch.config``)."""
-        return self.launch.config
-
-    @property
-    def kernel_name(self) -> str:
-        return self.launch.kernel_name
-
-    @property
-    def params(self) -> tuple[abi.Param, ...]:
-        return self.launch.params
-
-    @property
-    def threads(self) -> int:
-        return self.launch.config.threads
-
-    @property
-    def mode(self) -> str:
-        return self.launch.config.mode
-
-    @property
-    def blocks(self) -> int:
-        return self.launch.config.blocks
-
-    @property
-    def shared_bytes(self) -> int:
-        return self.launch.config.shared_bytes
-
-    @property
-    def arena_bytes(self) -> int:
-        return self.launch.arena_bytes
-
-    @property
-    def program(self):
-        return self.schedule.program
-
-    @property
-    def options(self):
-        return self.schedule.options
-
-    @property
-    def dynamic_shared_bytes(self) -> int:
-        """Dynamic shared memory to pass at launch (0 when the workspace is static)."""
-        return self.launch.config.dynamic_shared_bytes
+    config = alias("launch.config", ":class:`~tkx.codegen.abi.KernelConfig` (``launch.config``).")
+    kernel_name = alias("launch.kernel_name")
+    params = alias("launch.params")
+    threads = alias("launch.config.threads")
+    mode = alias("launch.config.mode")
+    blocks = alias("launch.config.blocks")
+    shared_bytes = alias("launch.config.shared_bytes")
+    arena_bytes = alias("launch.arena_bytes")
+    program = alias("schedule.program")
+    options = alias("schedule.options")
+    dynamic_shared_bytes = alias("launch.config.dynamic_shared_bytes",
+                                 "Dynamic shared memory to pass at launch (0 when the workspace is static).")
 
     @property
     def num_lines(self) -> int:

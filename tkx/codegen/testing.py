@@ -71,7 +71,7 @@ def gemm_kernel(variant: str, p: G.GemmProblem, *, a_strides: Sequence[int], b_s
 
     vector = p.dtype in ("bfloat16", "float16")
     code = G.emit_gemm(variant, p, _view("A", p.dtype, a_strides), _view("B", p.dtype, b_strides), epilogue,
-                       tile_m=tile_m, tile_n=tile_n, tile_k=tile_k, threads=threads,
+                       tile=(tile_m, tile_n, tile_k), threads=threads,
                        ptr_a=pointer("A", a_strides) if vector else None,
                        ptr_b=pointer("B", b_strides) if vector else None)
     t = P.c_type(p.dtype)

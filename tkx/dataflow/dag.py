@@ -26,7 +26,7 @@ offsets), ``"in<k>"`` or ``"out<k>"`` (a whole user tensor).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from ..arena import ArenaPlan
@@ -73,6 +73,10 @@ class Wait:
 
     counter: int
     threshold: int
+
+    def text(self, counters: Sequence[Counter]) -> str:
+        """``"g3 >= 4"``: the group whose counter it waits on (``counters`` indexed by counter) and the count."""
+        return f"{counters[self.counter].group} >= {self.threshold}"
 
 
 @dataclass(frozen=True)
@@ -152,12 +156,9 @@ class TaskDAG:
         if blocks < 1:
             raise TkxError(f"a grid has at least one block, got {blocks}")
         lists: list[list[Task]] = [[] for _ in range(blocks)]
-        k = 0
         stages: dict[int, list[Task]] = {}
-        for g in self.order:
-            for item in range(self.items[g]):
-                stages.setdefault(self.stage_of[g], []).append(Task(k, g, item))
-                k += 1
+        for t in self.tasks:
+            stages.setdefault(self.stage_of[t.group], []).append(t)
         for si in sorted(stages):
             first = (rotations or {}).get(si, 0)
             for w, t in enumerate(stages[si]):
@@ -187,7 +188,7 @@ class TaskDAG:
                  f"{len(self.counters)} counters, {sum(len(w) for w in self.waits.values())} waits "
                  f"({len(self.edges)} memory orderings)"]
         for g in self.order:
-            deps = ", ".join(f"{self.counters[w.counter].group}>={w.threshold}" for w in self.waits[g]) or "none"
+            deps = ", ".join(w.text(self.counters) for w in self.waits[g]) or "none"
             lines.append(f"  {g:<6} {self.items[g]:>5} tasks  counter c{self.counter_of[g]}  waits: {deps}")
         return "\n".join(lines)
 
@@ -220,7 +221,7 @@ def _buffer_region(s: FusedSchedule, arena: ArenaPlan, buf: str, inputs: Mapping
 def footprints(s: FusedSchedule, arena: ArenaPlan) -> dict[str, tuple[tuple[Region, ...], tuple[Region, ...]]]:
     """group id -> (regions it reads, regions it writes), from the schedule and ``arena``."""
     inputs = {i.value.buffer: k for k, i in enumerate(s.program.inputs)}
-    copies = {c.group: c for c in s.copies}
+    copies = s.copies
     out: dict[str, tuple[tuple[Region, ...], tuple[Region, ...]]] = {}
     for gid, g in s.groups.items():
         reads = set(g.reads)

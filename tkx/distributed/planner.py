@@ -20,7 +20,8 @@ from ..dtypes import DTYPE_BYTES, DTYPE_SHORT
 from ..ir import Program
 from .split import CutValue, DistributedError, GradientSplit, split_at_gradients
 
-__all__ = ["Bucket", "DistributedPlan", "make_plan", "EXECUTORS", "DEFAULT_BUCKET_BYTES", "ALIGN_BYTES", "ready_stages"]
+__all__ = ["Bucket", "DistributedPlan", "Half", "make_plan", "EXECUTORS", "DEFAULT_BUCKET_BYTES", "ALIGN_BYTES",
+           "ready_stages"]
 
 #: How the programs run: ``"schedule"`` (the schedule interpreter, CPU or GPU tensors), ``"reference"``
 #: (the reference interpreter on the optimised programs) or ``"compiled"`` (the generated kernels, GPU).
@@ -71,7 +72,7 @@ class Bucket:
 def ready_stages(schedule: Any) -> dict[int, int]:
     """Output index -> the last stage of ``schedule`` that writes it (a stored value or a copy)."""
     ready: dict[int, int] = {}
-    copies = {c.group: c for c in schedule.copies}
+    copies = schedule.copies
     for k, stage in enumerate(schedule.stages):
         for gid in stage:
             grp = schedule.groups[gid]
@@ -119,6 +120,28 @@ def _buckets(split: GradientSplit, ready: dict[int, int] | None, bucket_bytes: i
 
 
 @dataclass(frozen=True)
+class Half:
+    """One of the two programs of a data-parallel step after the passes (A: forward and backward, B: the
+    update), its :class:`~tkx.schedule.FusedSchedule` and its :class:`~tkx.arena.ArenaPlan` (on a GPU, one
+    kernel)."""
+
+    program: Program
+    schedule: Any = field(repr=False)
+    arena: Any = field(repr=False)
+
+    @classmethod
+    def planned(cls, program: Program, options: Any) -> Half:
+        """``program`` after ``options.passes``, scheduled and placed in an arena under ``options``."""
+        from ..arena import plan as plan_arena
+        from ..passes import run_passes
+        from ..schedule import schedule
+
+        after = run_passes(program, options.passes).output
+        s = schedule(after, options)
+        return cls(after, s, plan_arena(s))
+
+
+@dataclass(frozen=True)
 class DistributedPlan:
     """A data-parallel step, planned: what runs where and what the collective moves.
 
@@ -127,10 +150,9 @@ class DistributedPlan:
     split
         The :class:`~tkx.distributed.split.GradientSplit` (captured program, the two programs before
         the passes, the cut values, which inputs are the batch).
-    forward_backward, update
-        Programs A and B after the passes; ``schedule_a``/``schedule_b`` their
-        :class:`~tkx.schedule.FusedSchedule` and ``arena_a``/``arena_b`` their
-        :class:`~tkx.arena.ArenaPlan` (on a GPU each becomes one kernel).
+    a, b
+        Programs A (forward and backward) and B (the update) after the passes, each with its schedule and
+        arena (:class:`Half`; on a GPU each becomes one kernel).
     buckets
         The all-reduces between A and B, in launch order (:class:`Bucket`).
     world_size, backend
@@ -145,12 +167,8 @@ class DistributedPlan:
     """
 
     split: GradientSplit
-    forward_backward: Program
-    update: Program
-    schedule_a: Any = field(repr=False)
-    schedule_b: Any = field(repr=False)
-    arena_a: Any = field(repr=False)
-    arena_b: Any = field(repr=False)
+    a: Half
+    b: Half
     buckets: tuple[Bucket, ...]
     world_size: int
     backend: str
@@ -185,7 +203,7 @@ class DistributedPlan:
         if world < 1 or bucket_bytes <= 0:
             raise DistributedError("bad-input", f"world_size={world}, bucket_bytes={bucket_bytes}",
                                    hint="pass world_size >= 1 and bucket_bytes > 0")
-        ready = ready_stages(self.schedule_a) if self.overlap else None
+        ready = ready_stages(self.a.schedule) if self.overlap else None
         return dataclasses.replace(self, world_size=world, bucket_bytes=bucket_bytes,
                                    buckets=_buckets(self.split, ready, bucket_bytes, world))
 
@@ -225,11 +243,8 @@ def make_plan(step_fn: Callable[..., Any], example_inputs: Sequence[Any], *, wor
     import torch
     from torch.utils._pytree import tree_flatten
 
-    from ..arena import plan as plan_arena
     from ..capture import capture
     from ..options import as_options
-    from ..passes import run_passes
-    from ..schedule import schedule
 
     if int(world_size) < 1:
         raise DistributedError("bad-input", f"world_size={world_size}", hint="pass the number of ranks (>= 1)")
@@ -255,11 +270,9 @@ def make_plan(step_fn: Callable[..., Any], example_inputs: Sequence[Any], *, wor
     captured = capture(step_fn, example_inputs, loss=loss, name=name)
     split = split_at_gradients(captured.program, loss_index=captured.loss_index, batch=batch,
                                local_values=local_values, average_loss=average_loss)
-    a = run_passes(split.forward_backward, options.passes).output
-    b = run_passes(split.update, options.passes).output
-    sa, sb = schedule(a, options), schedule(b, options)
+    a, b = Half.planned(split.forward_backward, options), Half.planned(split.update, options)
     overlap = bool(overlap) and executor == "schedule"
-    ready = ready_stages(sa) if overlap else None
+    ready = ready_stages(a.schedule) if overlap else None
     buckets = _buckets(split, ready, int(bucket_bytes), int(world_size))
-    return DistributedPlan(split, a, b, sa, sb, plan_arena(sa), plan_arena(sb), buckets, int(world_size), backend,
-                           executor, overlap, int(bucket_bytes), options)
+    return DistributedPlan(split, a, b, buckets, int(world_size), backend, executor, overlap, int(bucket_bytes),
+                           options)

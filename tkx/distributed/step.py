@@ -175,10 +175,10 @@ class DataParallelStep:
         if p.executor == "schedule":
             from ..schedule import interpreter
             hook = coll.start_ready if p.overlap else None
-            outs = list(interpreter.run(p.schedule_a, p.arena_a, flat, on_stage=hook).outputs)
+            outs = list(interpreter.run(p.a.schedule, p.a.arena, flat, on_stage=hook).outputs)
         elif p.executor == "reference":
             from .. import reference
-            outs = list(reference.run(p.forward_backward, flat).outputs)
+            outs = list(reference.run(p.a.program, flat).outputs)
         else:
             runner_a, _ = self._compiled(flat[0].device)
             outs = runner_a.run_flat(flat)
@@ -188,14 +188,14 @@ class DataParallelStep:
         b_inputs = flat + values
         if p.executor == "schedule":
             from ..schedule import interpreter
-            result = interpreter.run(p.schedule_b, p.arena_b, b_inputs, update_inputs=True).output_tree()
+            result = interpreter.run(p.b.schedule, p.b.arena, b_inputs, update_inputs=True).output_tree()
         elif p.executor == "reference":
             from .. import reference
-            result = reference.run(p.update, b_inputs, update_inputs=True).output_tree()
+            result = reference.run(p.b.program, b_inputs, update_inputs=True).output_tree()
         else:
             from ..runtime.inputs import unflatten_outputs
             _, runner_b = self._compiled(flat[0].device)
-            result = unflatten_outputs(p.update, runner_b.run_flat(b_inputs))
+            result = unflatten_outputs(p.b.program, runner_b.run_flat(b_inputs))
         t3 = time.perf_counter()
         self.last_timings = {"a": (t1 - t0) * 1e3, "wait": (t2 - t1) * 1e3, "b": (t3 - t2) * 1e3}
         return result
@@ -207,7 +207,7 @@ class DataParallelStep:
             from ..runtime.runner import CompiledRunner
 
             p = self.plan
-            a = CompiledRunner(generate(p.schedule_a, p.arena_a), device=device)
-            b = CompiledRunner(generate(p.schedule_b, p.arena_b), device=device)
+            a = CompiledRunner(generate(p.a.schedule, p.a.arena), device=device)
+            b = CompiledRunner(generate(p.b.schedule, p.b.arena), device=device)
             self._runners = (a, b)
         return self._runners

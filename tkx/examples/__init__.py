@@ -45,7 +45,7 @@ from __future__ import annotations
 from torch.utils._pytree import tree_leaves
 
 from . import cnn, digits, everyday, layernorm_adamw, linear, mixed_precision, mlp, transformer
-from ._base import Example
+from ._base import Example, named
 from .digits import accuracy, digits_batches, digits_dataset, digits_logits, digits_source
 
 __all__ = [
@@ -83,10 +83,7 @@ def names() -> list[str]:
 
 def get(name: str) -> Example:
     """The example called ``name``; ``KeyError`` naming the available ones otherwise."""
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise KeyError(f"no example named {name!r}; available: {', '.join(_REGISTRY)}") from None
+    return named(_REGISTRY, name, "example")
 
 
 def all_examples() -> list[Example]:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -51,3 +51,15 @@ def randn(gen: torch.Generator, *shape: int, scale: float = 1.0, dtype=torch.flo
         return torch.empty(shape, dtype=dtype, device="meta")
     t = torch.randn(shape, generator=gen, dtype=torch.float32, device=gen.device) * scale
     return t.to(device=device, dtype=dtype)
+
+
+T = TypeVar("T")
+
+
+def named(registry: Mapping[str, T], name: str, what: str) -> T:
+    """``registry[name]``; ``KeyError`` saying there is no ``what`` of that name and naming the available
+    ones otherwise."""
+    try:
+        return registry[name]
+    except KeyError:
+        raise KeyError(f"no {what} named {name!r}; available: {', '.join(registry)}") from None

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field, replace
 import torch
 import torch.nn.functional as F
 
-from ._base import randn, seeded_generator
+from ._base import named, randn, seeded_generator
 
 BF16 = torch.bfloat16
 QUANTS = ("bf16", "int8", "int4")
@@ -395,7 +395,4 @@ def names() -> list[str]:
 
 def get(name: str) -> DecodeExample:
     """The decode example called ``name``; ``KeyError`` naming the available ones otherwise."""
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise KeyError(f"no decode example named {name!r}; available: {', '.join(_REGISTRY)}") from None
+    return named(_REGISTRY, name, "decode example")

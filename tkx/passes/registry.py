@@ -21,7 +21,7 @@ from typing import Any, overload
 from ..errors import TkxError
 from ..ir import IRValidationError, Program, validate
 from ..watchdog import user_code
-from .trace import PassStep, PassTrace, op_delta
+from .trace import PassStep, PassTrace
 
 PassFn = Callable[[Program], Program]
 
@@ -231,7 +231,6 @@ def run_passes(program: Program, passes: Iterable[str | PassFn] | None = None) -
             raise PassError(f"pass {name!r} raised {type(e).__name__}: {e}") from e
         ms = (time.perf_counter() - start) * 1e3
         _check_contract(name, current, after)
-        added, removed, changed = op_delta(current, after)
-        steps.append(PassStep(name, current, after, added, removed, changed, ms))
+        steps.append(PassStep(name, current, after, ms))
         current = after
     return PassTrace(program, tuple(steps))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from .. import display
@@ -33,17 +34,30 @@ class PassStep:
     """One pass applied to one program.
 
     ``name``: the pass; ``before``/``after``: the programs (``after is before`` when the pass
-    changed nothing); ``added``/``removed``/``changed``: op ids (see :func:`op_delta`);
-    ``ms``: wall time of the pass in milliseconds.
+    changed nothing); ``ms``: wall time of the pass in milliseconds; ``added``/``removed``/``changed``:
+    op ids, read from the two programs (see :func:`op_delta`).
     """
 
     name: str
     before: Program
     after: Program
-    added: tuple[str, ...]
-    removed: tuple[str, ...]
-    changed: tuple[str, ...]
     ms: float
+
+    @cached_property
+    def _delta(self) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+        return op_delta(self.before, self.after)
+
+    @property
+    def added(self) -> tuple[str, ...]:
+        return self._delta[0]
+
+    @property
+    def removed(self) -> tuple[str, ...]:
+        return self._delta[1]
+
+    @property
+    def changed(self) -> tuple[str, ...]:
+        return self._delta[2]
 
     @property
     def modified(self) -> bool:

@@ -241,7 +241,7 @@ class TaskOrder(_DagPuzzle):
     def draw(self) -> Drawing:
         d = self.dag
         lines = [f"{g:<5} {d.items[g]:>4} tasks; waits for "
-                 + (", ".join(f"{d.counters[w.counter].group} >= {w.threshold}" for w in d.waits[g]) or "nothing")
+                 + (", ".join(w.text(d.counters) for w in d.waits[g]) or "nothing")
                  for g in self.shuffled()]
         return Drawing(f"{self.name}: {self.question}", "\n".join(lines))
 

@@ -37,9 +37,9 @@ def _writers_readers(s: Any) -> tuple[dict[str, str], dict[str, list[str]]]:
 def _staged_targets(s: Any) -> dict[str, tuple[str, str, int]]:
     """arena buffer -> (copy group, destination input name, stage of the copy)."""
     out = {}
-    for c in s.copies:
+    for gid, c in s.copies.items():
         if c.dst_home.kind == "input":
-            out[c.src.buffer] = (c.group, s.program.inputs[c.dst_home.index].name, s.stage_of(c.group))
+            out[c.src.buffer] = (gid, s.program.inputs[c.dst_home.index].name, s.stage_of(gid))
     return out
 
 

@@ -36,7 +36,7 @@ def _args_text(p: DistributedPlan, indices: tuple[int, ...]) -> str:
 
 
 def _start(p: DistributedPlan, b: Any) -> str:
-    stages = len(p.schedule_a.stages)
+    stages = len(p.a.schedule.stages)
     if b.ready_stage is None or b.ready_stage >= stages - 1:
         return "after A"
     later = stages - 1 - b.ready_stage
@@ -55,7 +55,7 @@ def format_plan(p: DistributedPlan) -> str:
              f"run by {_EXECUTOR.get(p.executor, p.executor)}",
              f"  batch (per rank):  {_names(p.input_text(s.batch_inputs)) or 'none'}",
              f"  replicated:        {_args_text(p, s.replicated_inputs)} (broadcast from rank 0 at the first call)",
-             "  " + _program_line("[A] forward + backward", p.forward_backward, p.schedule_a),
+             "  " + _program_line("[A] forward + backward", p.a.program, p.a.schedule),
              f"        -> {plural(len(grads), 'gradient')} ({fmt_bytes(sum(c.nbytes for c in grads))})",
              f"  [all-reduce, average over {p.world_size}] {plural(len(p.buckets), 'bucket')} "
              f"(bucket_bytes {fmt_bytes(p.bucket_bytes)}): {fmt_bytes(p.bytes_per_step)} per step, each rank sends "
@@ -64,7 +64,7 @@ def format_plan(p: DistributedPlan) -> str:
         members = [s.cut[k].name for k in b.members]
         lines.append(f"      bucket {b.index}  {b.dtype:<8} {fmt_bytes(b.nbytes):>20} (payload {b.payload_bytes:,} B)  "
                      f"sends {fmt_bytes(b.ring_bytes_per_rank)}  starts {_start(p, b)}: {_names(members, 4)}")
-    lines.append("  " + _program_line("[B] update", p.update, p.schedule_b)
+    lines.append("  " + _program_line("[B] update", p.b.program, p.b.schedule)
                  + f", reads {plural(len(s.averaged), 'averaged value')}")
     kept = [c for c in s.cut if c.reduce == "none"]
     if kept:
@@ -79,14 +79,14 @@ def plan_html(p: DistributedPlan) -> str:
             f'{esc(_EXECUTOR.get(p.executor, p.executor))}; batch per rank: '
             f'{esc(_names(p.input_text(s.batch_inputs)) or "none")}; replicated: '
             f'{esc(_args_text(p, s.replicated_inputs))}</div>')
-    rows = [("A", "forward + backward", _program_line("", p.forward_backward, p.schedule_a).strip(),
+    rows = [("A", "forward + backward", _program_line("", p.a.program, p.a.schedule).strip(),
              f"{plural(len(grads), 'gradient')}, {fmt_bytes(sum(c.nbytes for c in grads))}")]
     for b in p.buckets:
         members = [s.cut[k].name for k in b.members]
         rows.append((f"bucket {b.index}", f"all-reduce (average), {b.dtype}", _names(members, 8),
                      f"{fmt_bytes(b.nbytes)} (payload {b.payload_bytes:,} B); each rank sends "
                      f"{fmt_bytes(b.ring_bytes_per_rank)}; starts {_start(p, b)}"))
-    rows.append(("B", "update", _program_line("", p.update, p.schedule_b).strip(),
+    rows.append(("B", "update", _program_line("", p.b.program, p.b.schedule).strip(),
                  f"reads {plural(len(s.averaged), 'averaged value')}"))
     body = "".join(f"<tr><th>{esc(a)}</th><td>{esc(b)}</td><td>{esc(c)}</td><td>{esc(d)}</td></tr>"
                    for a, b, c, d in rows)

@@ -10,6 +10,7 @@ from typing import Any
 from .. import display
 from ..schedule.model import FusedSchedule
 from ..schedule.text import describe_group, format_schedule, group_modules, module_note
+from ..target.gemm import has_tiles
 from ..words import plural
 from .base import REGION_COLORS, REGION_FILL, attrs, capped, esc, graph_html, safe_digraph
 from .stage_common import _dst_text, _home_text, _op_ids, _ref_tokens, _region, _shape, _view
@@ -47,14 +48,14 @@ def describe_params(s: Any, g: Any) -> tuple[str, str]:
     """(what the group computes and how, why the emitter variant was chosen)."""
     p = g.params
     if g.kind == "copy":
-        task = next(c for c in s.copies if c.group == g.id)
+        task = s.copies[g.id]
         return f"copy {task.src.buffer} → {_dst_text(s, task.dst_home)} ({p.get('numel', task.src.numel)} elements)", ""
     anchor = s.program.op(g.anchor)
     why = str(p.get("why", ""))
     if g.kind == "gemm":
         batch = f"[{p['batch']}×] " if p.get("batch", 1) > 1 else ""
         head = f"{_kind_prefix(anchor)}{batch}{p['m']}×{p['k']} @ {p['k']}×{p['n']} · {p['impl']}"
-        if not str(p["impl"]).startswith("gemv"):
+        if has_tiles(str(p["impl"])):
             head += f" tile {p['tile_m']}×{p['tile_n']}×{p['tile_k']}"
         if p.get("split_k", 1) > 1:
             head += f" split-k {p['split_k']}" + (" (last slice adds)" if p.get("split_final") == "last-slice" else "")
@@ -160,7 +161,7 @@ def schedule_html(s: Any, graph: bool = True) -> str:
                  f'<span class="tkx-chip" {attrs(f"buf:{b}", [f"grp:{gid}"])}>{esc(b)}</span>')
                 + f' → {esc(_home_text(s, b))}' for b in g.stores)
             if g.kind == "copy":
-                stores = esc(_dst_text(s, next(c for c in s.copies if c.group == gid).dst_home)) + " (staged commit)"
+                stores = esc(_dst_text(s, s.copies[gid].dst_home)) + " (staged commit)"
             rows.append(
                 f'<tr class="tkx-grp" {attrs(f"grp:{gid}", group_tokens(s, gid))}>'
                 f'<td class="tkx-nowrap" style="border-left:3px solid {color};padding-left:4px"><b>{esc(gid)}</b></td>'
@@ -272,7 +273,7 @@ def schedule_graph(s: Any, *, collapse: str = "auto", expand: Sequence[Any] = ()
             c.attr(label=f"{gid} · {g.kind} · stage {s.stage_of(gid)}", style="rounded",
                    color=REGION_COLORS.get(region, "#8c959f"), fontcolor="#24292f", labeljust="l")
             if g.kind == "copy":
-                task = next(t for t in s.copies if t.group == gid)
+                task = s.copies[gid]
                 n = _node_id(gid, "copy")
                 c.node(n, f"copy {task.src.buffer}\n→ {_dst_text(s, task.dst_home)}", fillcolor="#fff8c5")
                 nodes[g.anchor] = n

@@ -41,7 +41,7 @@ def check_hazards(s: FusedSchedule, arena: ArenaPlan | None = None) -> list[str]
                 problems.append(f"RAW {b}: {gid} (stage {stage[gid]}) reads it, {w} writes it in stage {stage[w]}")
     # In-place writes of user inputs: direct homes and commit copies.
     overwrites: list[tuple[int, str]] = [(h.index, writer[b]) for b, h in s.homes.items() if h.kind == "input"]
-    overwrites += [(c.dst_home.index, c.group) for c in s.copies if c.dst_home.kind == "input"]
+    overwrites += [(c.dst_home.index, gid) for gid, c in s.copies.items() if c.dst_home.kind == "input"]
     for idx, wgid in overwrites:
         buf = s.program.inputs[idx].value.buffer
         for gid, g in s.groups.items():
@@ -49,7 +49,7 @@ def check_hazards(s: FusedSchedule, arena: ArenaPlan | None = None) -> list[str]
                 problems.append(f"WAR {s.program.inputs[idx].name}: {gid} (stage {stage[gid]}) reads the old "
                                 f"value, {wgid} overwrites it in stage {stage[wgid]}")
     written = [h.index for h in s.homes.values() if h.kind == "output"]
-    written += [c.dst_home.index for c in s.copies if c.dst_home.kind == "output"]
+    written += [c.dst_home.index for c in s.copies.values() if c.dst_home.kind == "output"]
     for k in range(len(s.program.outputs)):
         n = written.count(k)
         if n != 1:

@@ -124,7 +124,7 @@ class _Machine:
         regs: dict[str, torch.Tensor] = {}
         memo: dict[str, torch.Tensor] = {}
         if grp.kind == "copy":
-            task = next(c for c in self.s.copies if c.group == grp.id)
+            task = self.s.copies[grp.id]
             value = self.read(task.src)
             dst = self.outputs[task.dst_home.index] if task.dst_home.kind == "output" \
                 else self.inputs[task.dst_home.index]

@@ -169,9 +169,8 @@ class Barrier:
 
 @dataclass(frozen=True)
 class CopyTask:
-    """A copy group's payload: ``src`` view -> ``dst`` (a program output or input)."""
+    """A copy group's payload: ``src`` view -> ``dst_home`` (a program output or input)."""
 
-    group: str
     src: TensorSpec
     dst_home: Home
 
@@ -185,7 +184,7 @@ class FusedSchedule(display.Views):
     * ``barriers``: one per stage after the first;
     * ``inlined``: ids of ops computed in registers (never stored);
     * ``homes``: stored op id -> :class:`Home`;
-    * ``copies``: the payload of each ``copy`` group (outputs that are views of other
+    * ``copies``: copy group id -> its payload (:class:`CopyTask`: outputs that are views of other
       values or of inputs, and staged commits of in-place state updates);
     * ``scratch``: synthetic buffers (two-phase reduction partials) -> bytes (float32);
     * ``decisions``: every fusion candidate with its decision and reason;
@@ -202,7 +201,7 @@ class FusedSchedule(display.Views):
     barriers: tuple[Barrier, ...]
     inlined: frozenset[str]
     homes: Mapping[str, Home]
-    copies: tuple[CopyTask, ...]
+    copies: Mapping[str, CopyTask]
     scratch: Mapping[str, int]
     decisions: tuple[FusionDecision, ...]
     mode: str

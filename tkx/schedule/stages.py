@@ -161,15 +161,16 @@ def _write_in_place(p: Placement, upd: Any, producer: str) -> str | None:
             if late else "the producing loop reads the old value through a view")
 
 
-def add_copy_groups(p: Placement) -> tuple[CopyTask, ...]:
-    """One copy group ``c<j>`` per copy still to make, in the stage it may run at the earliest."""
-    tasks = []
+def add_copy_groups(p: Placement) -> dict[str, CopyTask]:
+    """One copy group ``c<j>`` per copy still to make, in the stage it may run at the earliest: group id ->
+    its payload."""
+    tasks = {}
     for j, (src, dst, earliest) in enumerate(p.copies):
         cid = f"c{j}"
         p.groups[cid] = Group(cid, "copy", src.buffer, (), (), (src.buffer,), plan=CopyPlan(src.numel, str(dst)))
         p.stage[cid] = max(earliest, 0)
-        tasks.append(CopyTask(cid, src, dst))
-    return tuple(tasks)
+        tasks[cid] = CopyTask(src, dst)
+    return tasks
 
 
 def order_stages(p: Placement) -> tuple[tuple[tuple[str, ...], ...], list[Barrier]]:

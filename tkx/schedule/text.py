@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..target.gemm import has_tiles
 from ..words import plural
 
 #: :class:`~tkx.schedule.model.FusedSchedule` and :class:`~tkx.schedule.model.Group` (not imported:
@@ -36,14 +37,14 @@ def describe_group(s: FusedSchedule, g: Group) -> str:
     """One line saying what a group computes and how."""
     p = g.params
     if g.kind == "copy":
-        task = next(c for c in s.copies if c.group == g.id)
+        task = s.copies[g.id]
         return f"copy {task.src.buffer} -> {task.dst_home} ({p.get('numel')} elements)"
     anchor = s.program.op(g.anchor)
     if g.kind in ("gemm", "gemm_partial"):
         head = (f"{anchor.kind} {anchor.id} [{p['batch']}x] {p['m']}x{p['k']} @ {p['k']}x{p['n']}"
                 if p["batch"] > 1 else f"{anchor.kind} {anchor.id} {p['m']}x{p['k']} @ {p['k']}x{p['n']}")
         head += f"  {p['impl']}"
-        if not str(p["impl"]).startswith("gemv"):
+        if has_tiles(str(p["impl"])):
             head += f" tile {p['tile_m']}x{p['tile_n']}x{p['tile_k']}"
         if p.get("split_k", 1) > 1:
             head += (f" split-K {p['split_k']} slices" if g.kind == "gemm_partial"

@@ -128,13 +128,20 @@ class GemmEmitter:
     """The spec of one GEMM variant. Subclasses override :meth:`supports` and :meth:`_tiles`.
 
     ``codegen``: the module below :mod:`tkx.codegen` whose ``@register_gemm(name)`` function writes the
-    variant's code (:mod:`tkx.codegen.gemm_registry`); ``clusters``: the code runs items in 2-CTA clusters."""
+    variant's code (:mod:`tkx.codegen.gemm_registry`); ``clusters``: the code runs items in 2-CTA clusters;
+    ``tiled``: the code computes output tiles of ``tile_m x tile_n x tile_k`` (the plan's tiles mean something,
+    and the emitter stands in for the tensor-core emitters that declined: :func:`choose_gemm` says why they
+    did); ``streaming``: the code spreads the output's columns over the whole grid and reads its long operand
+    through the kernel's vector and prefetch loads (the request carries ``blocks``, ``cheap`` and
+    ``gemv_loads`` instead of tiles and staging pointers)."""
 
     name = ""
     capabilities = Capabilities(ARCHES, "registers", (1, 1, 1))
     summary = ""
     codegen = ""
     clusters = False
+    tiled = True
+    streaming = False
 
     def supports(self, p: GemmProblem, options: Any, arch: str) -> str | None:
         """``None`` when this emitter can compute ``p`` under ``options`` for ``arch``, else why not."""
@@ -397,6 +404,7 @@ class _Gemv(GemmEmitter):
     codegen = "gemv"
     capabilities = Capabilities(ARCHES, "registers (no tiles)", (1, 1, 1))
     summary = "M <= 4 or N <= 4: no tiles, K split across lanes or warps"
+    tiled = False
 
     def _supports(self, p, options):
         if min(p.m, p.n) > SKINNY_MAX:
@@ -433,6 +441,7 @@ class _GemvStream(_Gemv):
     name = "gemv_stream"
     capabilities = Capabilities(ARCHES, "registers (no tiles; loads unrolled over K)", (1, 1, 1))
     summary = "M <= 4 or N <= 4, long operand contiguous along K: columns over the grid, many loads in flight"
+    streaming = True
 
     def _supports(self, p, options):
         why = super()._supports(p, options)
@@ -474,6 +483,15 @@ def gemm_emitter(name: str) -> GemmEmitter:
     raise KeyError(f"no GEMM emitter {name!r}; registered: {', '.join(e.name for e in GEMM_EMITTERS)}")
 
 
+def has_tiles(variant: str) -> bool:
+    """Whether the plans of ``variant`` have meaningful tiles (:attr:`GemmEmitter.tiled`); ``True`` for a
+    name without a spec row."""
+    try:
+        return gemm_emitter(variant).tiled
+    except KeyError:
+        return True
+
+
 def choose_gemm(p: GemmProblem, options: Any, arch: str = "sm_80") -> GemmPlan:
     """The plan of the first registered emitter that supports ``p`` under ``options`` for ``arch``.
 
@@ -485,7 +503,7 @@ def choose_gemm(p: GemmProblem, options: Any, arch: str = "sm_80") -> GemmPlan:
         reason = e.supports(p, options, arch)
         if reason is None:
             why = e.reason(p, options)
-            if declined and not e.name.startswith("gemv"):
+            if declined and e.tiled:
                 why += " (" + "; ".join(dict.fromkeys(declined)) + ")"
             return e.plan(p, options, why)
         # say why a tensor-core emitter for these operands declined (not the other dtypes' ones)
