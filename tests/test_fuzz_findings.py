@@ -10,7 +10,9 @@ shrunk case that failed and a direct check of the cause:
   eager's; the first is a sign that rounding decides, the second a value that is rounding noise);
 * a transposed parameter under Adam (mlp-12): the kernel read the parameter itself (``p - step``) as if
   it were row-major (its strides are ``(1, rows)``): wrong on the GPU only, found on the CPU now by
-  :func:`tkx.codegen.read_check.check_reads`, which the oracle runs on every kernel.
+  :func:`tkx.codegen.read_check.check_reads`, which the oracle runs on every kernel;
+* BatchNorm over two elements under bf16 autocast (norm-700859): torch's rule rounded the saved mean and
+  1/std to bfloat16 on the CPU, and the input's gradient came out 25 times float64's, of the other sign.
 """
 
 from __future__ import annotations
@@ -48,6 +50,9 @@ FINDINGS = {
         k_len=40, kv_heads=1, mask="bool", optimizer="sgd", q_len=1, scale=None, update="inplace").items()))),
     # Adam on a transposed parameter: the kernel read w1 (strides (1, 13)) row-major in w1 - step
     "mlp-12": fam.Case("mlp", 12, (("config", 242),)),
+    "norm-700859": fam.Case("norm", 700859, tuple(sorted(dict(
+        _STEP, amp="bf16", batch=2, channels=1, eps=1e-05, kind="batch_norm_train", length=None,
+        optimizer="adam", update="inplace", width=3).items()))),
     "module-50660": fam.Case("module", 50660, tuple(sorted(dict(
         batch=3, classes=2, clip="none", foreach=False, hidden=4, mode="train", norm="batch", optimizer="RMSprop",
         weight_decay=0.0, width=5).items()))),
@@ -200,6 +205,37 @@ def test_read_check_names_a_row_major_read_of_a_transposed_input(monkeypatch):
     problems = check_reads(exp.schedule, exp.arena).problems
     assert any("(in0, shape [4, 6], strides [1, 4])" in p and "for i=1, the view's element is 4" in p
                for p in problems), problems
+
+
+def test_batch_norm_under_bf16_autocast_keeps_float32_statistics():
+    """norm-700859: the saved mean and 1/std of a training BatchNorm stay float32 for a bfloat16 input
+    (eager's for a float32 weight; torch's rule rounded them on the CPU), so the input's gradient over a
+    batch of two is as close to float64 as eager's (it was 25 times the float64 value, of the other sign)."""
+    g = torch.Generator().manual_seed(700859)
+    x, w1, w2, y = (torch.randn(*s, generator=g) for s in ((2, 3), (3, 1), (1, 3), (2, 3)))
+    gamma, beta = 1 + 0.1 * torch.randn(1, generator=g), 0.1 * torch.randn(1, generator=g)
+
+    def step(w1, x, w2, y, gamma, beta, rm, rv):
+        def loss(w1):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                h = F.batch_norm(x @ w1, rm, rv, gamma, beta, training=True, eps=1e-5)
+                return F.mse_loss(F.gelu(h) @ w2, y).float()
+        return torch.func.grad(loss)(w1)
+
+    def stats():
+        return torch.zeros(1), torch.ones(1)
+
+    inputs = (w1, x, w2, y, gamma, beta)
+    exp = tkx.explore(step, (*inputs, *stats()))
+    ops = exp.optimized.ops  # torch's rounded copies are left unread (the passes drop them)
+    rsqrt = [op for op in ops if op.kind == "rsqrt"]
+    assert rsqrt and all(op.out.dtype == "float32" for op in rsqrt)
+    assert not [op for op in ops if op.kind == "cast" and op.inputs[0].buffer == rsqrt[0].id]
+    got = tkx.reference.run(exp.optimized, (*inputs, *stats())).outputs[0]
+    exact = step(*(t.double() for t in (*inputs, *stats())))
+    eager = step(*inputs, *stats())
+    assert oracle.relative(got, exact) <= max(4 * oracle.relative(eager, exact), 2e-2)
+    assert torch.equal(torch.sign(got), torch.sign(exact.float()))
 
 
 # -- on the GPU --------------------------------------------------------------------------------
