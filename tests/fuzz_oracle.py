@@ -12,8 +12,10 @@ Verdicts (:class:`Outcome.status`):
   FLOOR)``, errors as ``||a - b|| / ||float64||``, the spread the largest move of :data:`SPREAD_RUNS`
   eager runs on inputs perturbed by ``FACTOR * NOISE``, see :func:`compare`); NaN/inf where
   eager is finite or the reverse; an integer that differs from eager; an input eager updates in place
-  that tkx leaves alone. Arbitrating by float64 keeps rounding noise that Adam amplifies on parameters
-  whose true gradient is zero from counting: eager is as far off there as tkx.
+  that tkx leaves alone; a kernel whose element read names another element than the IR's view (found
+  on the CPU, :func:`tkx.codegen.read_check.check_reads`). Arbitrating by float64 keeps rounding noise
+  that Adam amplifies on parameters whose true gradient is zero from counting: eager is as far off there
+  as tkx.
 * ``crash``: any other exception at any stage; ``hang``: the case ran past its time limit.
 
 :func:`shrink` walks a failing case's knobs towards their simplest values and drops its options while
@@ -420,9 +422,16 @@ def _check_stateful(case: fam.Case, ns: dict, state: dict, errors: dict, nvrtc: 
 
 
 def _nvrtc_check(exp: Any, state: dict, nvrtc: bool) -> None:
-    """Generate the kernel and (``nvrtc``) compile it for the options' arch (sm_90 for ``auto``)."""
+    """Generate the kernel, check the index of its element reads on the CPU
+    (:func:`tkx.codegen.read_check.check_reads`: a read of another element than the IR's is ``wrong``) and
+    (``nvrtc``) compile it for the options' arch (sm_90 for ``auto``)."""
+    from tkx.codegen.read_check import check_reads
+
     state["stage"] = "codegen"
     source = exp.cuda
+    reads = check_reads(exp.schedule, exp.arena)  # every emitted element read names its view's element
+    if reads.problems:
+        raise _Wrong(f"kernel read: {reads.problems[0]}", "kernel reads another element")
     if nvrtc:
         state["stage"] = "nvrtc"
         arch = exp.options.arch

@@ -7,7 +7,12 @@ shrunk case that failed and a direct check of the cause:
   bfloat16, and the backward cancelled into noise 17 times the float64 gradient;
 * causal SDPA with more queries than keys under Adam in float16, and RMSprop after a Linear bias that
   BatchNorm makes gradient-free: false alarms of the oracle (tkx's gradients are as close to float64 as
-  eager's; the first is a sign that rounding decides, the second a value that is rounding noise).
+  eager's; the first is a sign that rounding decides, the second a value that is rounding noise);
+* a transposed parameter under Adam (mlp-12): the kernel read the parameter itself (``p - step``) as if
+  it were row-major (its strides are ``(1, rows)``): wrong on the GPU only, found on the CPU now by
+  :func:`tkx.codegen.read_check.check_reads`, which the oracle runs on every kernel;
+* BatchNorm over two elements under bf16 autocast (norm-700859): torch's rule rounded the saved mean and
+  1/std to bfloat16 on the CPU, and the input's gradient came out 25 times float64's, of the other sign.
 """
 
 from __future__ import annotations
@@ -43,6 +48,11 @@ FINDINGS = {
     "sdpa-400419": fam.Case("sdpa", 400419, tuple(sorted(dict(
         _STEP, batch=1, dropout=0.0, embed=2, empty_rows=True, gqa="repeat_interleave", group=1, head_dim=1,
         k_len=40, kv_heads=1, mask="bool", optimizer="sgd", q_len=1, scale=None, update="inplace").items()))),
+    # Adam on a transposed parameter: the kernel read w1 (strides (1, 13)) row-major in w1 - step
+    "mlp-12": fam.Case("mlp", 12, (("config", 242),)),
+    "norm-700859": fam.Case("norm", 700859, tuple(sorted(dict(
+        _STEP, amp="bf16", batch=2, channels=1, eps=1e-05, kind="batch_norm_train", length=None,
+        optimizer="adam", update="inplace", width=3).items()))),
     "module-50660": fam.Case("module", 50660, tuple(sorted(dict(
         batch=3, classes=2, clip="none", foreach=False, hidden=4, mode="train", norm="batch", optimizer="RMSprop",
         weight_decay=0.0, width=5).items()))),
@@ -145,6 +155,89 @@ def test_spread_is_scaled_like_the_errors():
         oracle.compare("square_avg", torch.tensor([1.4e-19, 1e-15]), eager, exact, "float32", noisy)
 
 
+def _adam_on_a_transposed_parameter():
+    """A step whose parameter is a transposed view (strides (1, 4)) updated by ``w - step``: the update
+    reads ``w`` at the point it writes, as mlp-12's Adam did."""
+    def step(w, m, x):
+        g = torch.func.grad(lambda w: ((x @ w.t()) ** 2).sum())(w)
+        new_m = 0.9 * m + 0.1 * g
+        return w - 0.05 * new_m / (new_m.abs() + 1e-3), new_m
+
+    gen = torch.Generator().manual_seed(7)
+    w = torch.randn(6, 4, generator=gen).t()  # [4, 6], strides (1, 4)
+    m = torch.randn(6, 4, generator=gen).t() * 0.01  # the state keeps the parameter's layout
+    return step, (w, m, torch.randn(3, 6, generator=gen))
+
+
+def test_kernel_reads_a_transposed_input_through_its_strides():
+    """mlp-12: the element reads of ``w - step`` name ``w``'s element (row r, column c at storage
+    ``r + 4 c``), not the row-major ``6 r + c``; every read of the kernel is checked on the CPU."""
+    from tkx.codegen.read_check import check_reads
+
+    step, inputs = _adam_on_a_transposed_parameter()
+    exp = tkx.explore(step, inputs)
+    assert exp.program.inputs[0].value.strides == (1, 4)
+    reads = check_reads(exp.schedule, exp.arena)
+    assert reads.problems == [] and reads.checked >= 4, reads
+    w_reads = [ln for ln in exp.cuda.text.splitlines() if "tkx_ld_f32(in0, " in ln and "sub" in ln]
+    assert w_reads and all("tkx_ld_f32(in0, i)" not in ln for ln in w_reads), w_reads
+    got = exp.run(*inputs)
+    for g, want in zip(got, step(*inputs)):
+        torch.testing.assert_close(g, want)
+
+
+def test_read_check_names_a_row_major_read_of_a_transposed_input(monkeypatch):
+    """The check itself: an emitter that reads every input row-major (mlp-12's kernel) is caught, with the
+    op, the operand and the first wrong element."""
+    from tkx.codegen import kernel_values
+    from tkx.codegen.read_check import check_reads
+
+    step, inputs = _adam_on_a_transposed_parameter()
+    exp = tkx.explore(step, inputs)
+    element = kernel_values.ValueEmitter.element
+
+    def row_major(self, x, lin, *args):
+        text = element(self, x, lin, *args)
+        if x.buffer in self.inputs and text.startswith("tkx_ld_"):
+            return text.split(",")[0] + f", {lin})"
+        return text
+    monkeypatch.setattr(kernel_values.ValueEmitter, "element", row_major)
+    problems = check_reads(exp.schedule, exp.arena).problems
+    assert any("(in0, shape [4, 6], strides [1, 4])" in p and "for i=1, the view's element is 4" in p
+               for p in problems), problems
+
+
+def test_batch_norm_under_bf16_autocast_keeps_float32_statistics():
+    """norm-700859: the saved mean and 1/std of a training BatchNorm stay float32 for a bfloat16 input
+    (eager's for a float32 weight; torch's rule rounded them on the CPU), so the input's gradient over a
+    batch of two is as close to float64 as eager's (it was 25 times the float64 value, of the other sign)."""
+    g = torch.Generator().manual_seed(700859)
+    x, w1, w2, y = (torch.randn(*s, generator=g) for s in ((2, 3), (3, 1), (1, 3), (2, 3)))
+    gamma, beta = 1 + 0.1 * torch.randn(1, generator=g), 0.1 * torch.randn(1, generator=g)
+
+    def step(w1, x, w2, y, gamma, beta, rm, rv):
+        def loss(w1):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                h = F.batch_norm(x @ w1, rm, rv, gamma, beta, training=True, eps=1e-5)
+                return F.mse_loss(F.gelu(h) @ w2, y).float()
+        return torch.func.grad(loss)(w1)
+
+    def stats():
+        return torch.zeros(1), torch.ones(1)
+
+    inputs = (w1, x, w2, y, gamma, beta)
+    exp = tkx.explore(step, (*inputs, *stats()))
+    ops = exp.optimized.ops  # torch's rounded copies are left unread (the passes drop them)
+    rsqrt = [op for op in ops if op.kind == "rsqrt"]
+    assert rsqrt and all(op.out.dtype == "float32" for op in rsqrt)
+    assert not [op for op in ops if op.kind == "cast" and op.inputs[0].buffer == rsqrt[0].id]
+    got = tkx.reference.run(exp.optimized, (*inputs, *stats())).outputs[0]
+    exact = step(*(t.double() for t in (*inputs, *stats())))
+    eager = step(*inputs, *stats())
+    assert oracle.relative(got, exact) <= max(4 * oracle.relative(eager, exact), 2e-2)
+    assert torch.equal(torch.sign(got), torch.sign(exact.float()))
+
+
 # -- on the GPU --------------------------------------------------------------------------------
 
 @pytest.mark.gpu
@@ -160,3 +253,18 @@ def test_fused_attention_backward_over_one_key_is_exactly_zero_on_the_gpu():
     assert [grp for grp in runner.schedule.groups.values() if grp.kind == "attention"]
     dq = runner(*x)
     assert torch.equal(dq, torch.zeros_like(dq)), float(dq.abs().max())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_adam_on_a_transposed_parameter_on_the_gpu():
+    """mlp-12: the kernel's new value of a transposed parameter (and of its transposed state) equals
+    eager's; before, ``w - step`` read ``w`` row-major and 136 of 143 elements were wrong."""
+    o = oracle.check(FINDINGS["mlp-12"], gpu=True)
+    assert o.status == "ok", o.line()
+    step, inputs = _adam_on_a_transposed_parameter()
+    x = tuple(t.cuda() for t in inputs)
+    runner = tkx.runtime.build(step, x)
+    got = runner(*x)
+    for g, want in zip(got, step(*x)):
+        torch.testing.assert_close(g, want, rtol=1e-5, atol=1e-6)

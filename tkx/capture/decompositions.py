@@ -402,6 +402,39 @@ def _native_layer_norm(x, normalized_shape, weight, bias, eps):
     return out.to(x.dtype), mean, rstd
 
 
+#: Batch norm in training -> where its ``training`` argument is (``True``: always in training). Their saved
+#: statistics (outputs 1 and 2: the mean and 1/std) stay float32 for a half input.
+_BATCH_NORM_TRAINING = {
+    aten.native_batch_norm.default: 5, aten._native_batch_norm_legit.default: 5,
+    aten._native_batch_norm_legit.no_stats: 3, aten._native_batch_norm_legit_functional.default: 5,
+    aten._batch_norm_with_update.default: True, aten._batch_norm_with_update_functional.default: True,
+}
+
+
+def _float32_batch_statistics(torch_rule: Callable, training_at: int | bool) -> Callable:
+    """torch's batch-norm rule ``torch_rule``, its saved mean and 1/std kept in float32 for a bfloat16/float16
+    input in training.
+
+    Eager keeps them in float32 on CUDA and for a float32 weight on the CPU (autocast's case); torch's rule
+    rounds them to the input's dtype on the CPU, and the backward then cancels into noise where the batch
+    holds few elements (over two, ``x_hat`` is +-1 and the input's gradient nearly 0: with a rounded mean
+    it came out 25 times the float64 value and of the other sign). The statistics are computed as the rule
+    computes them before rounding (the same ops: the passes merge the two)."""
+    def rule(*args, **kwargs):
+        out = torch_rule(*args, **kwargs)
+        x = args[0]
+        training = training_at if isinstance(training_at, bool) else (
+            kwargs["training"] if "training" in kwargs else args[training_at])
+        if not training or x.dtype not in (torch.bfloat16, torch.float16) or out[1].dtype == torch.float32:
+            return out
+        eps = kwargs["eps"] if "eps" in kwargs else args[-1]  # every schema here ends with eps
+        dims = [0, *range(2, x.dim())]
+        var, mean = torch.var_mean(x.float(), dim=dims, correction=0, keepdim=True)
+        stats = (torch.squeeze(mean, dims), torch.squeeze(torch.rsqrt(var + eps), dims))
+        return (out[0], *stats, *out[3:])
+    return rule
+
+
 def _var(x, dim=None, *, correction=None, keepdim=False):
     return _var_mean(x, dim, correction=correction, keepdim=keepdim)[0]
 
@@ -548,6 +581,8 @@ def decomposition_table() -> dict[torch._ops.OpOverload, Callable]:
     table[aten._has_same_storage_numel.default] = _same_storage_numel
     table[aten.var_mean.correction] = _var_mean
     table[aten.native_layer_norm.default] = _native_layer_norm
+    for op, training_at in _BATCH_NORM_TRAINING.items():
+        table[op] = _float32_batch_statistics(table[op], training_at)
     table[aten.var.correction] = _var
     table[aten.std.correction] = _std
     for op, fn in ((aten.max.dim, _max_dim), (aten.min.dim, _min_dim), (aten.max.default, _max_all),

@@ -203,7 +203,10 @@ class ValueEmitter:
                     return registers[x.buffer]  # a row value, broadcast over the row
                 raise TkxError(f"codegen: {x.buffer} is a register but is read through a view")
             return registers[x.buffer]
-        idx = lin if same_point else _mixed_index(lin, x.shape, x.strides, x.offset)
+        # the index into the root's storage: an op's value is stored row-major, so the same point is ``lin``;
+        # a program input keeps the caller's layout (a transposed parameter has strides (1, rows)), so
+        # even the input itself is read through its strides
+        idx = lin if same_point and root.is_dense else _mixed_index(lin, x.shape, x.strides, x.offset)
         if x.buffer in self.s.inlined or (row is not None and x.buffer in row.lazy and same_point):
             if lines is not None and same_point:
                 return self.value_statements(self.ops[x.buffer], lin, lines, memo, registers, group_inlined)
