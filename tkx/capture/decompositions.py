@@ -568,24 +568,19 @@ def _foreach_norm(tensors, ord=2, dtype=None):
 def decomposition_table() -> dict[torch._ops.OpOverload, Callable]:
     """The table passed to ``make_fx``: torch's rules plus tkx's one-hot NLL loss."""
     table = dict(get_decompositions(TORCH_DECOMPOSED))
-    table[aten.nll_loss_forward.default] = _nll_loss_forward
-    table[aten.nll_loss_backward.default] = _nll_loss_backward
-    table[aten.nll_loss2d_forward.default] = _nll_loss2d_forward
-    table[aten.nll_loss2d_backward.default] = _nll_loss2d_backward
-    table[aten.round.decimals] = _round_decimals
-    table[aten.new_empty_strided.default] = _new_empty_strided
-    table[aten.as_strided_scatter.default] = _as_strided_scatter
-    table[aten.diagonal_scatter.default] = _diagonal_scatter
-    table[aten._efficientzerotensor.default] = _efficient_zero_tensor
-    table[aten.is_same_size.default] = _same_size
-    table[aten._has_same_storage_numel.default] = _same_storage_numel
-    table[aten.var_mean.correction] = _var_mean
-    table[aten.native_layer_norm.default] = _native_layer_norm
-    for op, training_at in _BATCH_NORM_TRAINING.items():
-        table[op] = _float32_batch_statistics(table[op], training_at)
-    table[aten.var.correction] = _var
-    table[aten.std.correction] = _std
-    for op, fn in ((aten.max.dim, _max_dim), (aten.min.dim, _min_dim), (aten.max.default, _max_all),
+    for op, fn in ((aten.nll_loss_forward.default, _nll_loss_forward),
+                   (aten.nll_loss_backward.default, _nll_loss_backward),
+                   (aten.nll_loss2d_forward.default, _nll_loss2d_forward),
+                   (aten.nll_loss2d_backward.default, _nll_loss2d_backward),
+                   (aten.round.decimals, _round_decimals), (aten.new_empty_strided.default, _new_empty_strided),
+                   (aten.as_strided_scatter.default, _as_strided_scatter),
+                   (aten.diagonal_scatter.default, _diagonal_scatter),
+                   (aten._efficientzerotensor.default, _efficient_zero_tensor),
+                   (aten.is_same_size.default, _same_size),
+                   (aten._has_same_storage_numel.default, _same_storage_numel),
+                   (aten.var_mean.correction, _var_mean), (aten.native_layer_norm.default, _native_layer_norm),
+                   (aten.var.correction, _var), (aten.std.correction, _std),
+                   (aten.max.dim, _max_dim), (aten.min.dim, _min_dim), (aten.max.default, _max_all),
                    (aten.min.default, _min_all), (aten.argmax.default, _argmax),
                    (aten.argmin.default, _argmin), (aten.any.default, _any), (aten.any.dim, _any),
                    (aten.any.dims, _any), (aten.all.default, _all), (aten.all.dim, _all), (aten.all.dims, _all),
@@ -595,6 +590,8 @@ def decomposition_table() -> dict[torch._ops.OpOverload, Callable]:
                    (aten.embedding_dense_backward.default, _embedding_dense_backward),
                    (aten.constant_pad_nd.default, _constant_pad_nd)):
         table[op] = fn
+    for op, training_at in _BATCH_NORM_TRAINING.items():
+        table[op] = _float32_batch_statistics(table[op], training_at)
     from .foreach import foreach_decompositions
     table.update({op: fn for op, fn in foreach_decompositions().items() if op not in table})
     table.update(USER_DECOMPOSITIONS)
