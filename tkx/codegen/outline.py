@@ -55,7 +55,8 @@ _NAMED = {"item": "const int", "status": "int*", "sync": "unsigned int*", "tkx_t
 _STAY = {"tmaps", "tkx_gen", "tkx_epoch", "tkx_w", "TKX_ARGS", "TKX_POINTERS", "return", "timeline"}
 
 #: The read-only forms of the prelude's ``tkx_ld_<dtype>`` loads, through the non-coherent (texture) path.
-LDG_HELPERS = """// Loads of read-only inputs in the device functions below: __ldg gives ld.global.nc, which NVVM infers by
+LDG_HELPERS = """\
+// Loads of read-only inputs in the device functions below: __ldg gives ld.global.nc, which NVVM infers by
 // itself only for a kernel's own const __restrict__ parameters.
 TKX_INLINE float tkx_ldg_f32(const float* p, long long i) { return __ldg(p + i); }
 TKX_INLINE float tkx_ldg_bf16(const void* p, long long i) {
