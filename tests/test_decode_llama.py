@@ -107,3 +107,31 @@ def test_llama_1b_kernel_emits_each_layer_body_once_and_compiles_without_spills(
     if nvrtc_available():
         report = src.check("sm_90")
         assert report.spill_bytes == 0, report.summary()
+
+
+def test_llama_1b_tiny_greedy_tokens_vary():
+    """The embedding drawn with Llama's initialiser range (std 0.02): the tied head no longer hands the input
+    token back (with std 1.0 every greedy token was the first one), so equal tokens say something."""
+    ex = D.get("llama_1b_tiny")
+    assert ex.config.embed_std == D.CONFIGS["llama_1b"].embed_std == 0.02
+    tokens = D.generate(ex.step_fn, ex.make_inputs(0), 8).flatten().tolist()
+    assert len(set(tokens)) >= 4, tokens
+
+
+def test_logits_errors_measure_against_float32():
+    """``logits_errors``: eager bf16 sits about bf16's rounding away from the float32 model (and a step that is
+    eager itself errs exactly as much); logits scaled by 1.1 err by 0.1 more or less that."""
+    ex = D.get("llama_1b_tiny_int8")
+    eager = D.make_decode_step(ex.config, ex.quant, return_logits=True)
+    same = D.logits_errors(eager, ex, 3)
+    assert same.compiled == same.eager and all(1e-4 < e < 0.05 for e in same.eager)
+
+    def scaled(*args):
+        tokens, logits = eager(*args)
+        return tokens, logits * 1.1
+
+    off = D.logits_errors(scaled, ex, 3)
+    assert all(abs(e - 0.1) < 0.02 for e in off.compiled) and "at most" in str(off)
+    # the float32 reference reads the dequantised weights widened, the caches widened
+    params, kc, vc, tokens, pos = D.float32_inputs(ex, ex.make_inputs(0))
+    assert params["l0.wq"].dtype == kc[0].dtype == torch.float32 and "l0.wq.q" not in params

@@ -116,3 +116,41 @@ def test_graph_of_kernels_of_an_outlined_kernel_compiles():
     graph = generate_graph(_explore("llama_1b_tiny", outline="on").cuda)
     report = graph.check("sm_90")
     assert len(graph.kernels) == len(report.kernels) and report.spill_bytes == 0, report.summary()
+
+
+def test_read_only_parameters_load_through_ldg():
+    """In a device function NVVM never infers ld.global.nc (it does so only for a kernel's own const
+    __restrict__ parameters), so the outlined bodies load read-only inputs with __ldg; buffers the kernel
+    writes (a cache updated in place) and arena slots keep plain loads."""
+    from tkx.codegen.outline import read_only_loads
+
+    params = ["const int item", "const tkx_bf16* __restrict__ tkx_p0", "tkx_bf16* __restrict__ tkx_p1",
+              "unsigned char* tkx_a0"]
+    text = "\n".join([
+        "const float w = tkx_ld_bf16(tkx_p0, i) + tkx_ld_bf16(tkx_p1, i);  // mul: mul",
+        "const unsigned short* src = reinterpret_cast<const unsigned short*>((tkx_p0 + (k0 + l * 64)));",
+        "if (aligned) raw[c] = *reinterpret_cast<const uint4*>(src);",
+        "else raw[c] = make_uint4(src[0] | ((unsigned int)src[1] << 16), 0u, 0u, 0u);",
+        "const unsigned short* src = (reinterpret_cast<const unsigned short*>(tkx_p1) + 8);",
+        "kraw = *reinterpret_cast<const uint4*>(src);  // 16-byte load",
+        "const float a = tkx_ld_f32(reinterpret_cast<float*>(tkx_a0), i);"])
+    out = read_only_loads(text, params).splitlines()
+    assert out[0] == "const float w = tkx_ldg_bf16(tkx_p0, i) + tkx_ld_bf16(tkx_p1, i);  // mul: mul"
+    assert out[2] == "if (aligned) raw[c] = __ldg(reinterpret_cast<const uint4*>(src));"
+    assert out[3] == "else raw[c] = make_uint4(__ldg(src + 0) | ((unsigned int)__ldg(src + 1) << 16), 0u, 0u, 0u);"
+    assert out[5] == text.splitlines()[5] and out[6] == text.splitlines()[6]  # the cache and the arena: plain
+    assert read_only_loads(text, params[2:]) == text
+
+
+@pytest.mark.skipif(not nvrtc_available(), reason="NVRTC is not installed")
+def test_outlined_weights_load_non_coherent_in_the_ptx():
+    """The PTX of an outlined decode step reads its weights through ld.global.nc: the GEMV bodies' 16-byte
+    loads and the point loads of norms and embedding (llama_1b_tiny: 77 of 205 global loads, 2 of them
+    16-byte; none of them before the bodies used __ldg)."""
+    from tkx.codegen.nvrtc import compile_ptx
+
+    src = _explore("llama_1b_tiny", outline="on", mode="grid").cuda
+    assert "tkx_ldg_bf16(" in src.text and "__ldg(reinterpret_cast<const uint4*>(src))" in src.text
+    loads = re.findall(r"^\s*(?:@%p\d+\s+)?(ld\.global\.[\w.]+)", compile_ptx(src.text, "sm_90"), re.M)
+    nc = [x for x in loads if x.startswith("ld.global.nc.")]
+    assert nc.count("ld.global.nc.v4.u32") >= 2 and len(nc) >= 50, (len(nc), len(loads))

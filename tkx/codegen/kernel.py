@@ -43,7 +43,7 @@ from .kernel_attention import AttentionGroups
 from .kernel_gemm import GemmGroups
 from .kernel_groups import GroupEmitter
 from .kernel_values import SPECIAL_POINTWISE, KernelPlan
-from .outline import REPEATED_SHARE, Body, Outliner, call_text, function_text
+from .outline import LDG_HELPERS, REPEATED_SHARE, Body, Outliner, call_text, function_text
 from .source_map import source_map
 from .text import block, indent
 
@@ -425,8 +425,9 @@ def generate(s: FusedSchedule, arena: ArenaPlan, *, plant: Any = None, audit: bo
         header = block(header, f"// Training loop: the step runs tkx_loop[0] times in this launch, a barrier "
                                f"after each step; {sync_reason}")
     sections = [header, pre, struct, functions]
+    ldg = LDG_HELPERS if any("tkx_ldg_" in text for _, text, _ in pieces) else None
     if outlined:
-        sections.append(block(shared_workspace(shared) if file_smem else None,
+        sections.append(block(ldg, shared_workspace(shared) if file_smem else None,
                               "\n\n".join(text for _, text, _ in pieces)))
     text = block(*sections, kernel) + "\n"
     starts = [1]  # 1-based first line of each section, then of the kernel
@@ -439,7 +440,7 @@ def generate(s: FusedSchedule, arena: ArenaPlan, *, plant: Any = None, audit: bo
     op_lines, group_lines, function_lines = source_map(
         lines, s, em.ops, ends,
         functions=(starts[3], starts[4] - 1) if functions else None, outlined=outlined, pieces=pieces,
-        outlined_at=starts[4] + (1 if file_smem else 0) if outlined else None)
+        outlined_at=starts[4] + int(file_smem) + (ldg.count("\n") + 1 if ldg else 0) if outlined else None)
     config = abi.KernelConfig(threads=s.threads, mode=mode, blocks=1 if mode == "block" else s.blocks,
                               shared_bytes=shared, max_registers=max_regs, spin_limit=int(s.options.spin_limit),
                               exact=bool(s.options.exact), max_blocks=s.options.max_blocks,

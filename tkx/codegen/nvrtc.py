@@ -635,3 +635,36 @@ def remembered_report(text: str, arch: str, exact: bool) -> Any:
     """The report :func:`remember_report` kept for this source, or ``None``."""
     import hashlib
     return _REPORTS.get((hashlib.sha256(text.encode()).hexdigest(), arch, bool(exact)))
+
+
+def compile_ptx(source: str, arch: str = "sm_90", *, exact: bool = False, name: str = SOURCE_NAME) -> str:
+    """The PTX NVRTC makes of ``source`` for ``arch`` (NVVM's output, before ptxas): what to read for the
+    instructions a load became (``ld.global.nc`` for a read-only input, say). Same flags as
+    :func:`compile_cuda` less ptxas's; raises :class:`CudaCompileError` with the log on failure,
+    :class:`NvrtcUnavailableError` when NVRTC cannot be loaded."""
+    check_arch(arch)
+    try:
+        from cuda.bindings import nvrtc
+    except ImportError:
+        raise NvrtcUnavailableError("cuda.bindings is not installed (pip install cuda-bindings)") from None
+    includes = include_dirs()
+    flags = [f for f in nvrtc_flags(arch, exact=exact, includes=includes) if not f.startswith("--ptxas")]
+    err, prog = nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], [])
+    if int(err) != 0:
+        raise CudaCompileError(f"nvrtcCreateProgram failed: {err}", arch=arch, options=tuple(flags))
+    try:
+        (err,) = nvrtc.nvrtcCompileProgram(prog, len(flags), [f.encode() for f in flags])
+        if int(err) != 0:
+            _, size = nvrtc.nvrtcGetProgramLogSize(prog)
+            log = b" " * size
+            nvrtc.nvrtcGetProgramLog(prog, log)
+            text = log.decode(errors="replace").strip("\x00")
+            raise CudaCompileError(f"NVRTC could not compile the kernel for {arch}:\n"
+                                   f"{quote_errors(text, source, name=name, includes=includes) or text}",
+                                   log=text, arch=arch, options=tuple(flags))
+        _, size = nvrtc.nvrtcGetPTXSize(prog)
+        ptx = b" " * size
+        nvrtc.nvrtcGetPTX(prog, ptx)
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+    return ptx.decode().rstrip("\x00")

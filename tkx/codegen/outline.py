@@ -17,6 +17,11 @@ What becomes a parameter, by first appearance in the code:
   ``tkx_sJ``;
 * ``item`` (the work item), ``status``, ``sync`` and ``tkx_tiles`` under their own names.
 
+Loads through a read-only parameter (a kernel input declared ``const T* __restrict__``) go through ``__ldg``
+(:func:`read_only_loads`): inside a kernel NVVM turns such loads into ``ld.global.nc`` itself, but only for the
+kernel's own parameters, never in a device function; the helpers ``tkx_ldg_<dtype>`` (:data:`LDG_HELPERS`)
+precede the functions.
+
 An inlined value read through a ``tkx_v_<op>`` function becomes a call of the parametrised function of
 the same text (``tkx_vf_J``), its addresses passed on. Code that reads the tensor maps, the barrier
 generation or the dataflow epoch, or that returns, stays in the kernel (:func:`parametrise` gives
@@ -31,7 +36,7 @@ from dataclasses import dataclass, field
 
 from .text import block, indent
 
-__all__ = ["Body", "Outliner", "REPEATED_SHARE", "op_lines_of"]
+__all__ = ["Body", "Outliner", "REPEATED_SHARE", "op_lines_of", "read_only_loads", "LDG_HELPERS"]
 
 #: ``Options.outline="auto"`` outlines the groups of a kernel whose group code is at least this share repeats
 #: (the lines of every body beyond its first use): the decode steps of 4 layers (0.72) and of Llama-3.2-1B's
@@ -48,6 +53,56 @@ _VALUE_CALL = re.compile(r"\btkx_v_(\w+)\(TKX_ARGS, ")
 _NAMED = {"item": "const int", "status": "int*", "sync": "unsigned int*", "tkx_tiles": "unsigned int* const"}
 #: Kernel-scope names that keep a group in the kernel.
 _STAY = {"tmaps", "tkx_gen", "tkx_epoch", "tkx_w", "TKX_ARGS", "TKX_POINTERS", "return", "timeline"}
+
+#: The read-only forms of the prelude's ``tkx_ld_<dtype>`` loads, through the non-coherent (texture) path.
+LDG_HELPERS = """\
+// Loads of read-only inputs in the device functions below: __ldg gives ld.global.nc, which NVVM infers by
+// itself only for a kernel's own const __restrict__ parameters.
+TKX_INLINE float tkx_ldg_f32(const float* p, long long i) { return __ldg(p + i); }
+TKX_INLINE float tkx_ldg_bf16(const void* p, long long i) {
+    return tkx_bf16_to_float(__ldg(static_cast<const unsigned short*>(p) + i));
+}
+TKX_INLINE float tkx_ldg_f16(const void* p, long long i) {
+    return tkx_f16_to_float(__ldg(static_cast<const unsigned short*>(p) + i));
+}
+TKX_INLINE long long tkx_ldg_i64(const long long* p, long long i) { return __ldg(p + i); }
+TKX_INLINE long long tkx_ldg_i32(const int* p, long long i) { return (long long)__ldg(p + i); }
+TKX_INLINE long long tkx_ldg_i8(const signed char* p, long long i) { return (long long)__ldg(p + i); }
+TKX_INLINE long long tkx_ldg_u8(const unsigned char* p, long long i) { return (long long)__ldg(p + i); }
+TKX_INLINE float tkx_ldg_bool(const bool* p, long long i) {
+    return __ldg(reinterpret_cast<const unsigned char*>(p) + i) ? 1.0f : 0.0f;
+}"""
+_LDG_SUFFIXES = ("f32", "bf16", "f16", "i64", "i32", "i8", "u8", "bool")
+#: A local pointer into a parameter (the GEMV's and attention's raw 16-byte loads read through one).
+_LOCAL_POINTER = re.compile(r"\bconst (?:unsigned short|unsigned char|signed char|float|uint4)\* (\w+) = ([^;]*);")
+
+
+def read_only_loads(text: str, params: list[str]) -> str:
+    """``text`` (a parametrised body) with its loads through read-only pointer parameters (``const T*
+    __restrict__``, from :data:`params`' declarations) as ``__ldg``: ``tkx_ld_<dtype>(p, i)`` ->
+    ``tkx_ldg_<dtype>(p, i)``, and through a local ``const T* src = <address in p>``,
+    ``*reinterpret_cast<const uint4*>(src)`` -> ``__ldg(reinterpret_cast<const uint4*>(src))`` and
+    ``src[k]`` -> ``__ldg(src + k)``. Other parameters (written by the kernel, or arena slots) keep plain
+    loads: a buffer the kernel writes is never read through the non-coherent path."""
+    ro = [d.rsplit(" ", 1)[1] for d in params if d.startswith("const ") and "* __restrict__ " in d]
+    if not ro:
+        return text
+    mentions = re.compile(r"\b(?:" + "|".join(map(re.escape, ro)) + r")\b")
+    point = re.compile(r"\btkx_ld_(" + "|".join(_LDG_SUFFIXES) + r")\((" + "|".join(map(re.escape, ro)) + r"),")
+    local: dict[str, bool] = {}  # local pointer -> it points into a read-only parameter (its latest declaration)
+    out = []
+    for line in text.splitlines():
+        src, comment = _split(line)
+        src = point.sub(lambda m: f"tkx_ldg_{m.group(1)}({m.group(2)},", src)
+        for name, on in local.items():
+            if on:
+                src = re.sub(rf"\*reinterpret_cast<const uint4\*>\({name}\)",
+                             f"__ldg(reinterpret_cast<const uint4*>({name}))", src)
+                src = re.sub(rf"\b{name}\[(\d+)\]", rf"__ldg({name} + \1)", src)
+        for m in _LOCAL_POINTER.finditer(src):
+            local[m.group(1)] = bool(mentions.search(m.group(2)))
+        out.append(src + comment)
+    return "\n".join(out)
 
 
 def _split(line: str) -> tuple[str, str]:
@@ -172,7 +227,7 @@ class Outliner:
         # the parameters' types belong to the key: two bodies of one text over a `const float*` and a
         # `float*` (or a float and a bfloat16 pointer) are two functions
         key_lines.append("// " + ", ".join(params))
-        return Body("\n".join(key_lines), "\n".join(text_lines), params, args)
+        return Body("\n".join(key_lines), read_only_loads("\n".join(text_lines), params), params, args)
 
     def value_function(self, name: str) -> tuple[str, list[str]] | None:
         """(the parametrised function of ``tkx_v_<op>`` ``name``, the argument values its call passes)."""

@@ -55,7 +55,7 @@ LINEARS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 
 __all__ = ["DecodeConfig", "DecodeExample", "CONFIGS", "QUANTS", "get", "names", "make_decode_step",
            "quantize_int8", "quantize_int4", "dequantize", "generate", "weight_bytes", "cache_bytes",
-           "compare_greedy", "GreedyComparison"]
+           "compare_greedy", "GreedyComparison", "float32_inputs", "logits_errors", "LogitsErrors"]
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,9 @@ class DecodeConfig:
     """Sizes of a decode model. ``group``: input columns sharing one quantisation scale; ``kv_heads``:
     K/V heads of grouped-query attention (``None``: as many as query heads); ``tied_head``: the LM head is
     the embedding matrix (as in Llama-3.2-1B); ``prefill``: cache positions holding (random) keys and
-    values before the first step, which then runs at ``pos = prefill``."""
+    values before the first step, which then runs at ``pos = prefill``; ``embed_std``: the standard deviation of
+    the random embedding (with a tied head, 1.0 makes the residual stream mostly the current token's row, so the
+    greedy step repeats its input token forever; Llama's initialiser range, 0.02, gives varied tokens)."""
 
     layers: int = 4
     width: int = 512
@@ -78,6 +80,7 @@ class DecodeConfig:
     kv_heads: int | None = None
     tied_head: bool = False
     prefill: int = 0
+    embed_std: float = 1.0
 
     @property
     def head_dim(self) -> int:
@@ -156,9 +159,12 @@ def rope_at(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
     return x * emb.cos().to(x.dtype) + rotated * emb.sin().to(x.dtype)
 
 
-def make_decode_step(cfg: DecodeConfig, quant: str = "bf16", *, return_logits: bool = False) -> Callable:
+def make_decode_step(cfg: DecodeConfig, quant: str = "bf16", *, return_logits: bool = False,
+                     dtype: torch.dtype = BF16) -> Callable:
     """The decode step of ``cfg`` with weights stored as ``quant`` (``"bf16"``, ``"int8"``, ``"int4"``);
-    with ``return_logits`` it returns ``(next_tokens, logits)`` (fp32 ``[B, V]``) instead of the tokens."""
+    with ``return_logits`` it returns ``(next_tokens, logits)`` (fp32 ``[B, V]``) instead of the tokens.
+    ``dtype``: the activations' dtype (bf16, as the weights); ``torch.float32`` with the float32 weights and
+    caches of :func:`float32_inputs` (and ``quant="bf16"``) is the float32 reference of a model."""
     if quant not in QUANTS:
         raise ValueError(f"quant must be one of {QUANTS}, got {quant!r}")
     L, H, D, S, HKV = cfg.layers, cfg.heads, cfg.head_dim, cfg.cache, cfg.kv
@@ -188,7 +194,7 @@ def make_decode_step(cfg: DecodeConfig, quant: str = "bf16", *, return_logits: b
             qg = q.unsqueeze(2) if G == 1 else q.view(b, HKV, G, D)
             scores = (qg @ kc.transpose(-2, -1)).float() / math.sqrt(D)  # [B, HKV, G, S]
             scores = torch.where(keep, scores, float("-inf"))
-            att = scores.softmax(-1).to(BF16) @ vc                     # [B, HKV, G, D]
+            att = scores.softmax(-1).to(dtype) @ vc                     # [B, HKV, G, D]
             x = x + F.linear(att.reshape(b, H * D), p["wo"])
             h = rms_norm(x, params[f"l{layer}.mlp_norm"], cfg.eps)
             x = x + F.linear(F.silu(F.linear(h, p["w_gate"])) * F.linear(h, p["w_up"]), p["w_down"])
@@ -199,7 +205,7 @@ def make_decode_step(cfg: DecodeConfig, quant: str = "bf16", *, return_logits: b
         logits = F.linear(h.float(), head.float())                    # [B, V] fp32
         return (logits.argmax(-1), logits) if return_logits else logits.argmax(-1)
 
-    decode_step.__name__ = f"decode_step_{quant}"
+    decode_step.__name__ = f"decode_step_{quant}" + ("" if dtype == BF16 else "_" + str(dtype).split(".")[-1])
     decode_step.__qualname__ = decode_step.__name__
     return decode_step
 
@@ -212,7 +218,7 @@ def make_params(cfg: DecodeConfig, quant: str = "bf16", seed: int = 0, device="c
     if cfg.parameter_count() > 2 ** 28 and torch.device(device).type not in ("cpu", "meta"):
         gen = torch.Generator(device=device).manual_seed(int(seed))
     c = cfg.width
-    params = {"embed": randn(gen, cfg.vocab, c, scale=1.0, dtype=BF16, device=device)}
+    params = {"embed": randn(gen, cfg.vocab, c, scale=cfg.embed_std, dtype=BF16, device=device)}
     for layer in range(cfg.layers):
         params[f"l{layer}.attn_norm"] = (1 + randn(gen, c, scale=0.1, device=device)).to(dtype=BF16)
         params[f"l{layer}.mlp_norm"] = (1 + randn(gen, c, scale=0.1, device=device)).to(dtype=BF16)
@@ -322,6 +328,63 @@ def compare_greedy(step: Callable, ex: DecodeExample, n: int = 20, device="cpu",
     return GreedyComparison(torch.stack(want), torch.stack(got), tuple(diffs), rel, tuple(tols))
 
 
+def float32_inputs(ex: DecodeExample, inputs: tuple) -> tuple:
+    """The float32 copy of ``ex``'s inputs ``(params, k_cache, v_cache, tokens, pos)`` for
+    ``make_decode_step(ex.config, "bf16", dtype=torch.float32)``: every weight widened (a quantised one
+    dequantised first, as the step does), the caches widened; tokens and position shared."""
+    params, kc, vc, tokens, pos = inputs
+    wide = {}
+    for name, t in params.items():
+        if name.endswith(".s"):
+            continue
+        if name.endswith(".q"):
+            base = name[:-2]
+            wide[base] = dequantize(t, params[base + ".s"], ex.quant, ex.config.group).float()
+        else:
+            wide[name] = t.float()
+    return wide, tuple(c.float() for c in kc), tuple(c.float() for c in vc), tokens, pos
+
+
+@dataclass(frozen=True)
+class LogitsErrors:
+    """Per decode step, the relative error ``||logits - ref||_2 / ||ref||_2`` (over the batch and the
+    vocabulary) of a compiled step's fp32 logits (``compiled``) and of eager's own (``eager``, the same model in
+    bf16: the rounding any bf16 implementation has), both against the float32 reference ``ref``; all three are
+    fed the same tokens (eager's greedy ones) on their own caches."""
+
+    compiled: tuple[float, ...]
+    eager: tuple[float, ...]
+
+    def __str__(self) -> str:
+        return (f"logits' relative error against eager float32 over {len(self.compiled)} steps: at most "
+                f"{max(self.compiled):.3g} (eager bf16: at most {max(self.eager):.3g})")
+
+
+def logits_errors(step: Callable, ex: DecodeExample, n: int = 8, device="cpu") -> LogitsErrors:
+    """Run ``step`` (``(params, k_cache, v_cache, tokens, pos) -> (tokens, logits)``, e.g. a tkx runner of
+    ``make_decode_step(ex.config, ex.quant, return_logits=True)``), eager and eager in float32 for ``n`` steps
+    from ``ex.make_inputs(0, device)``, each fed eager's greedy tokens, and compare their logits
+    (:class:`LogitsErrors`)."""
+    eager_step = make_decode_step(ex.config, ex.quant, return_logits=True)
+    ref_step = make_decode_step(ex.config, "bf16", return_logits=True, dtype=torch.float32)
+    mine, eager = ex.make_inputs(0, device), ex.make_inputs(0, device)
+    ref = float32_inputs(ex, ex.make_inputs(0, device))
+    tok, pos = eager[3], eager[4]
+    compiled, own = [], []
+
+    def rel(x: torch.Tensor, want: torch.Tensor) -> float:
+        return float((x.float() - want).norm() / want.norm().clamp_min(1e-30))
+
+    for i in range(n):
+        e_tok, e_logits = eager_step(eager[0], eager[1], eager[2], tok, pos + i)
+        _, r_logits = ref_step(ref[0], ref[1], ref[2], tok, pos + i)
+        _, m_logits = step(mine[0], mine[1], mine[2], tok, pos + i)
+        compiled.append(rel(m_logits, r_logits))
+        own.append(rel(e_logits, r_logits))
+        tok = e_tok
+    return LogitsErrors(tuple(compiled), tuple(own))
+
+
 def weight_bytes(cfg: DecodeConfig, quant: str = "bf16") -> int:
     """Bytes of weights one step reads: every projection (with its scales), the norms, the LM head and
     ``batch`` embedding rows."""
@@ -365,7 +428,8 @@ class DecodeExample:
 # heads of 64, intermediate size 8192, vocabulary 128,256, RMSNorm eps 1e-5, rope theta 500,000, word
 # embeddings tied to the LM head); random weights, batch 1, a cache of 2,048 positions filled to 1,024.
 LLAMA_1B = DecodeConfig(layers=16, width=2048, heads=32, kv_heads=8, hidden=8192, vocab=128256, cache=2048,
-                        batch=1, group=128, eps=1e-5, theta=500000.0, tied_head=True, prefill=1024)
+                        batch=1, group=128, eps=1e-5, theta=500000.0, tied_head=True, prefill=1024,
+                        embed_std=0.02)
 
 CONFIGS = {"decode": DecodeConfig(),
            "decode_tiny": DecodeConfig(layers=2, width=64, heads=2, hidden=128, vocab=256, cache=32, batch=2,
