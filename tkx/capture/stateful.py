@@ -100,12 +100,31 @@ def _state_objects(state: Any) -> tuple[list[tuple[str, torch.nn.Module]], list[
     return modules, optims
 
 
+#: Keys ``torch.optim.lr_scheduler`` and ``swa_utils`` keep in a parameter group for their own
+#: bookkeeping: no optimizer reads them, so a scheduler created or stepped after the capture does
+#: not make the step stale.
+SCHEDULER_KEYS = frozenset({"initial_lr", "max_lr", "min_lr", "base_momentum", "max_momentum", "swa_lr"})
+
+
 def _freeze(v: Any) -> Any:
     if isinstance(v, torch.Tensor):
         return ("tensor", tuple(v.shape), str(v.dtype))
     if isinstance(v, (list, tuple)):
         return tuple(_freeze(x) for x in v)
     return v
+
+
+def _changed_hyperparameter(now: tuple, then: tuple) -> str:
+    """The message of :meth:`Stateful.stale` for a changed group: names the first key that differs."""
+    for gi, (g_now, g_then) in enumerate(zip(now, then)):
+        a, b = dict(g_now), dict(g_then)
+        for key in sorted(set(a) | set(b)):
+            if a.get(key) != b.get(key):
+                why = (" (a scheduler that cycles momentum, such as OneCycleLR or CyclicLR with "
+                       "cycle_momentum=True, changes it at every step)" if key in ("betas", "momentum") else "")
+                return (f"a hyperparameter other than the learning rate changed: param_groups[{gi}]"
+                        f"[{key!r}] {b.get(key)!r} -> {a.get(key)!r}{why}")
+    return "a hyperparameter other than the learning rate changed"
 
 
 @contextlib.contextmanager
@@ -208,7 +227,8 @@ class StatefulStep:
         """What the traced step specialised on: every module's ``training`` flag and each parameter
         group's hyperparameters other than the learning rate (a change needs a new capture)."""
         training = tuple(sub.training for _, m in self.modules for sub in m.modules())
-        hypers = tuple(tuple(sorted((k, _freeze(v)) for k, v in g.items() if k not in ("params", "lr")))
+        skip = SCHEDULER_KEYS | {"params", "lr"}
+        hypers = tuple(tuple(sorted((k, _freeze(v)) for k, v in g.items() if k not in skip))
                        for _, opt in self.optimizers for g in opt.param_groups)
         return training, hypers
 
@@ -597,7 +617,7 @@ class StatefulStep:
         if training != self.captured_structure[0]:
             return "a module switched between train() and eval()"
         if hypers != self.captured_structure[1]:
-            return "a hyperparameter other than the learning rate changed"
+            return _changed_hyperparameter(hypers, self.captured_structure[1])
         extra = self.unlifted()
         if extra:
             return f"{extra[0]} exists but was not there when the step was captured"
@@ -645,7 +665,10 @@ class StatefulStep:
 
     def finish(self) -> None:
         """After a compiled call: device copies written back, gradients the step leaves at ``None``
-        set to ``None``."""
+        set to ``None``, and each optimizer marked as stepped as its ``step()`` marks it (an LR
+        scheduler stepped after the call then does not warn that it ran before ``optimizer.step()``)."""
+        for _, opt in self.optimizers:
+            opt._opt_called = True  # what torch.optim.lr_scheduler's wrapper of opt.step sets
         with torch.no_grad():
             for s in self.slots:
                 if s.kind in ("learning rate", "parameter"):
