@@ -1,6 +1,6 @@
 """Common ops a training step meets, each through every CPU stage against eager (and NVRTC where
 available): cross-entropy on ``[B, C, T]`` logits, grouped and depthwise ``conv2d``,
-``avg_pool2d(count_include_pad=False)``, ``fmax``/``fmin``, ``hardsigmoid``/``hardswish``, ``round``,
+``avg_pool2d(count_include_pad=False)``, ``max_pool2d``/``avg_pool2d`` with ``ceil_mode=True``, ``fmax``/``fmin``, ``hardsigmoid``/``hardswish``, ``round``,
 ``nan_to_num``, and writing into a slice inside a differentiated function."""
 
 from __future__ import annotations
@@ -57,6 +57,21 @@ CASES = {
     "avg_pool2d-exclude-pad": (
         _grad_step(lambda x: F.avg_pool2d(x, 3, 2, padding=1, count_include_pad=False).square().sum()),
         lambda: (f(2, 3, 7, 7),)),
+    # ceil_mode=True: 7 -> 4 windows of 2 by stride 2 (the last one half outside); 8 -> 3 of 3 by stride 3
+    "max_pool2d-ceil": (_grad_step(lambda x: F.max_pool2d(x, 2, 2, ceil_mode=True).square().sum()),
+                        lambda: (f(2, 3, 7, 7),)),
+    "max_pool2d-ceil-pad-dilation-indices": (
+        lambda x: F.max_pool2d(x, 3, 3, padding=1, dilation=2, ceil_mode=True, return_indices=True),
+        lambda: (f(2, 2, 9, 8),)),
+    "max_pool2d-ceil-module-stride": (
+        _grad_step(lambda x: torch.nn.MaxPool2d(3, stride=2, padding=1, ceil_mode=True)(x).sin().sum()),
+        lambda: (f(2, 3, 8, 6),)),
+    "avg_pool2d-ceil": (_grad_step(lambda x: F.avg_pool2d(x, 3, 3, ceil_mode=True).square().sum()),
+                        lambda: (f(2, 3, 8, 7),)),
+    "avg_pool2d-ceil-pad-exclude": (
+        _grad_step(lambda x: (F.avg_pool2d(x, 3, 2, padding=1, ceil_mode=True).square().sum()
+                              + F.avg_pool2d(x, 3, 2, padding=1, ceil_mode=True, count_include_pad=False).sum())),
+        lambda: (f(2, 3, 8, 8),)),
     "fmax-fmin": (_grad_step(lambda x, y: torch.fmax(x, y).square().sum() + torch.fmin(x, y).sum(), argnums=(0, 1)),
                   lambda: (f(6), f(6))),
     "hardsigmoid-hardswish": (_grad_step(lambda x: (F.hardsigmoid(x) * F.hardswish(x)).sum()),
@@ -90,3 +105,21 @@ def test_slice_write_into_a_transposed_tensor_under_grad():
         return y.square().sum()
 
     check_step(_grad_step(loss), (f(3, 4),), nvrtc=False)
+
+
+@pytest.mark.parametrize("size, k, s, p, d", [(7, 2, 2, 0, 1), (8, 3, 2, 1, 1), (6, 3, 3, 1, 2), (5, 2, 3, 0, 1)])
+def test_ceil_mode_pooling_has_eagers_shape_and_gradient(size, k, s, p, d):
+    """The windows ceil_mode adds (torch drops one that would start in the right-hand padding) give
+    eager's output shape, values and gradient, in float64 on the capture's math."""
+    from tkx.capture.convolution import avg_pool2d_math, max_pool2d_math
+
+    x = torch.randn(2, 2, size, size + 1, dtype=torch.float64, generator=g).requires_grad_()
+    pairs = [(F.max_pool2d(x, k, s, p, d, ceil_mode=True), max_pool2d_math(x, k, s, p, d, ceil_mode=True))]
+    if d == 1:
+        pairs += [(F.avg_pool2d(x, k, s, p, ceil_mode=True, count_include_pad=c),
+                   avg_pool2d_math(x, k, s, p, ceil_mode=True, count_include_pad=c)) for c in (True, False)]
+    for want, got in pairs:
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want)
+        up = torch.randn(want.shape, dtype=torch.float64, generator=g)
+        torch.testing.assert_close(torch.autograd.grad(got, x, up)[0], torch.autograd.grad(want, x, up)[0])

@@ -113,15 +113,31 @@ def conv2d_math(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     return out.reshape(n, oh, ow, o).permute(0, 3, 1, 2)
 
 
+def _ceil_extra(size: int, k: int, s: int, p: int, d: int) -> int:
+    """Rows past the padded input that ``ceil_mode=True`` adds on the far side: torch rounds the
+    window count up but drops a last window that would start in the right-hand padding."""
+    span = size + 2 * p - d * (k - 1) - 1
+    out = -(-span // s) + 1
+    if (out - 1) * s >= size + p:
+        out -= 1
+    return max(0, (out - 1) * s + d * (k - 1) + 1 - (size + 2 * p))
+
+
 def _pool_windows(x: torch.Tensor, kernel_size: Any, stride: Any, padding: Any, dilation: Any,
-                  ceil_mode: bool, pad_value: float, what: str) -> torch.Tensor:
-    """``[N, C, OH, OW, KH * KW]`` windows of ``x [N, C, H, W]`` (or ``[C, H, W]``)."""
-    if ceil_mode:
-        refuse(f"{what}(ceil_mode=True)", "use ceil_mode=False (pad the input so the windows fit)")
+                  ceil_mode: bool, pad_value: float, what: str, ceil_value: float | None = None
+                  ) -> torch.Tensor:
+    """``[N, C, OH, OW, KH * KW]`` windows of ``x [N, C, H, W]``, padded with ``pad_value``; with
+    ``ceil_mode`` the windows that run past the padded input see ``ceil_value`` there (default
+    ``pad_value``)."""
     k = _pair(kernel_size, "kernel_size")
     s = k if stride is None or stride == [] or stride == () else _pair(stride, "stride")
     p, d = _pair(padding, "padding"), _pair(dilation, "dilation")
-    win = _windows(_pad2d(x, p[0], p[0], p[1], p[1], pad_value), k, s, d)
+    xp = _pad2d(x, p[0], p[0], p[1], p[1], pad_value)
+    if ceil_mode:
+        eh = _ceil_extra(x.shape[-2], k[0], s[0], p[0], d[0])
+        ew = _ceil_extra(x.shape[-1], k[1], s[1], p[1], d[1])
+        xp = _pad2d(xp, 0, eh, 0, ew, pad_value if ceil_value is None else ceil_value)
+    win = _windows(xp, k, s, d)
     n, c, oh, kh, ow, kw = win.shape
     return win.permute(0, 1, 2, 4, 3, 5).reshape(n, c, oh, ow, kh * kw)
 
@@ -130,7 +146,8 @@ def max_pool2d_math(input: torch.Tensor, kernel_size: Any, stride: Any = None, p
                     dilation: Any = 1, ceil_mode: bool = False, return_indices: bool = False) -> Any:
     """``F.max_pool2d`` as a max over gathered windows (``-inf`` padding). The gradient goes to the
     first maximum of each window in row-major window order, as eager's. ``return_indices=True``
-    returns flat indices into each ``H x W`` plane, as eager."""
+    returns flat indices into each ``H x W`` plane, as eager. ``ceil_mode=True`` rounds the window
+    count up as torch does (the extra windows see ``-inf`` past the input)."""
     squeeze = input.dim() == 3
     x = input.unsqueeze(0) if squeeze else input
     win = _pool_windows(x, kernel_size, stride, padding, dilation, ceil_mode, float("-inf"), "max_pool2d")
@@ -155,16 +172,20 @@ def avg_pool2d_math(input: torch.Tensor, kernel_size: Any, stride: Any = None, p
     """``F.avg_pool2d`` as a mean over gathered windows: the zero padding counted (the default), or with
     ``count_include_pad=False`` the sum divided by the number of the window's elements inside the input
     (the same windows gathered from a plane of ones, a constant of the step); ``divisor_override``
-    divides by that number instead."""
+    divides by that number instead. ``ceil_mode=True`` rounds the window count up as torch does; a
+    window running past the padded input divides by its elements inside it, as eager."""
     squeeze = input.dim() == 3
     x = input.unsqueeze(0) if squeeze else input
     win = _pool_windows(x, kernel_size, stride, padding, 1, ceil_mode, 0.0, "avg_pool2d")
     if divisor_override:
         out = win.sum(-1) / divisor_override
-    elif count_include_pad or _pair(padding, "padding") == (0, 0):
+    elif (count_include_pad or _pair(padding, "padding") == (0, 0)) and not ceil_mode:
         out = win.mean(-1)
     else:
+        # the divisor of each window: its elements inside the input (count_include_pad=False), or inside
+        # the padded input (a ceil_mode window is not charged for what runs past it), as eager counts
         ones = torch.ones(x.shape[-2:], dtype=x.dtype, device=x.device).expand(1, 1, *x.shape[-2:])
-        count = _pool_windows(ones, kernel_size, stride, padding, 1, ceil_mode, 0.0, "avg_pool2d").sum(-1)
+        count = _pool_windows(ones, kernel_size, stride, padding, 1, ceil_mode, float(count_include_pad),
+                              "avg_pool2d", ceil_value=0.0).sum(-1)
         out = win.sum(-1) / count
     return out.squeeze(0) if squeeze else out
