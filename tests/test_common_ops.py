@@ -1,7 +1,9 @@
 """Common ops a training step meets, each through every CPU stage against eager (and NVRTC where
 available): cross-entropy on ``[B, C, T]`` logits, grouped and depthwise ``conv2d``,
 ``avg_pool2d(count_include_pad=False)``, ``max_pool2d``/``avg_pool2d`` with ``ceil_mode=True``, ``fmax``/``fmin``, ``hardsigmoid``/``hardswish``, ``round``,
-``nan_to_num``, and writing into a slice inside a differentiated function."""
+``nan_to_num``, writing into a slice inside a differentiated function; ``nn.LSTM``/``nn.GRU``,
+``F.interpolate`` (nearest, nearest-exact, bilinear), ``adaptive_avg_pool2d`` to any size, ``weight_norm``,
+PReLU and Mish, reflection padding, ``F.unfold``, integer division rounding toward zero."""
 
 from __future__ import annotations
 
@@ -29,6 +31,28 @@ def _slice_write(x):
     y[:, 0] = x[:, 1] * 2.0      # an in-place write into a slice, then differentiated
     y[1, 2:] = 0.5               # a number written into a slice
     return y.square().sum()
+
+
+def _module_step(module, *inputs_of):
+    """A gradient step over ``module``'s parameters (``functional_call``): returns the loss and gradients."""
+    names = [n for n, _ in module.named_parameters()]
+
+    def loss(params, x):
+        out = torch.func.functional_call(module, dict(zip(names, params)), (x,))
+        out = out[0] if isinstance(out, tuple) else out
+        return out.square().mean()
+
+    def step(params, x):
+        grads, value = torch.func.grad_and_value(loss)(params, x)
+        return value, grads
+    return step, lambda: ([p.detach().clone() for p in module.parameters()], *(m() for m in inputs_of))
+
+
+torch.manual_seed(5)
+_LSTM = _module_step(torch.nn.LSTM(4, 3, num_layers=2, batch_first=True), lambda: f(2, 5, 4))
+_GRU = _module_step(torch.nn.GRU(4, 3, batch_first=False), lambda: f(5, 2, 4))
+_WN = _module_step(torch.nn.utils.parametrizations.weight_norm(torch.nn.Linear(4, 3)), lambda: f(6, 4))
+_PRELU = _module_step(torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.PReLU(5), torch.nn.Mish()), lambda: f(6, 4))
 
 
 def _fill_col(x):
@@ -72,6 +96,24 @@ CASES = {
         _grad_step(lambda x: (F.avg_pool2d(x, 3, 2, padding=1, ceil_mode=True).square().sum()
                               + F.avg_pool2d(x, 3, 2, padding=1, ceil_mode=True, count_include_pad=False).sum())),
         lambda: (f(2, 3, 8, 8),)),
+    "lstm-two-layers": _LSTM,
+    "gru-seq-first": _GRU,
+    "weight-norm": _WN,
+    "prelu-mish": _PRELU,
+    "interpolate-nearest-bilinear": (
+        _grad_step(lambda x: (F.interpolate(x, scale_factor=2, mode="nearest").square().sum()
+                              + F.interpolate(x, size=(5, 7), mode="bilinear").sin().sum()
+                              + F.interpolate(x, size=(4, 9), mode="nearest-exact").sum()
+                              + F.interpolate(x, scale_factor=1.5, mode="bilinear", align_corners=True).sum())),
+        lambda: (f(2, 3, 4, 6),)),
+    "adaptive-avg-pool-uneven": (
+        _grad_step(lambda x: F.adaptive_avg_pool2d(x, 3).square().sum() + F.adaptive_avg_pool2d(x, (2, None)).sum()),
+        lambda: (f(2, 3, 7, 5),)),
+    "reflection-pad-unfold": (
+        _grad_step(lambda x: F.pad(x, (1, 2, 2, 1), mode="reflect").square().sum() + F.unfold(x, 2, stride=1).sin().sum()),
+        lambda: (f(2, 3, 5, 4),)),
+    "int-div-trunc": (lambda a, b: (torch.div(a, b, rounding_mode="trunc"), torch.div(a, 3, rounding_mode="trunc")),
+                      lambda: (torch.tensor([7, -7, 6, -6, 0, 5, -1]), torch.tensor([2, 2, -4, 3, 5, -5, 3]))),
     "fmax-fmin": (_grad_step(lambda x, y: torch.fmax(x, y).square().sum() + torch.fmin(x, y).sum(), argnums=(0, 1)),
                   lambda: (f(6), f(6))),
     "hardsigmoid-hardswish": (_grad_step(lambda x: (F.hardsigmoid(x) * F.hardswish(x)).sum()),
