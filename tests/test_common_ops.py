@@ -3,7 +3,9 @@ available): cross-entropy on ``[B, C, T]`` logits, grouped and depthwise ``conv2
 ``avg_pool2d(count_include_pad=False)``, ``max_pool2d``/``avg_pool2d`` with ``ceil_mode=True``, ``fmax``/``fmin``, ``hardsigmoid``/``hardswish``, ``round``,
 ``nan_to_num``, writing into a slice inside a differentiated function; ``nn.LSTM``/``nn.GRU``,
 ``F.interpolate`` (nearest, nearest-exact, bilinear), ``adaptive_avg_pool2d`` to any size, ``weight_norm``,
-PReLU and Mish, reflection padding, ``F.unfold``, integer division rounding toward zero."""
+PReLU and Mish, reflection padding, ``F.unfold``, integer division rounding toward zero, ``conv1d`` and
+1-d pooling, ``pixel_shuffle``, ``glu``, bicubic interpolation; and ``spectral_norm`` in a stateful step
+(its power-iteration buffers updated as eager updates them)."""
 
 from __future__ import annotations
 
@@ -112,6 +114,17 @@ CASES = {
     "reflection-pad-unfold": (
         _grad_step(lambda x: F.pad(x, (1, 2, 2, 1), mode="reflect").square().sum() + F.unfold(x, 2, stride=1).sin().sum()),
         lambda: (f(2, 3, 5, 4),)),
+    "conv1d-pool1d": (
+        _grad_step(lambda x, w, b: (F.max_pool1d(F.conv1d(x, w, b, padding="same", dilation=2), 3, 2, ceil_mode=True)
+                                    .square().sum()
+                                    + F.avg_pool1d(F.conv1d(x, w[:, :2], stride=2, padding=1, groups=2), 2,
+                                                   padding=1, count_include_pad=False).sum()), argnums=(0, 1, 2)),
+        lambda: (f(2, 4, 9), f(6, 4, 3), f(6))),
+    "max-pool1d-indices": (lambda x: F.max_pool1d(x, 3, 2, padding=1, return_indices=True), lambda: (f(2, 3, 8),)),
+    "pixel-shuffle-glu-bicubic": (
+        _grad_step(lambda x: (F.glu(F.pixel_unshuffle(F.pixel_shuffle(x, 2), 2), 1).square().sum()
+                              + F.interpolate(x, size=(5, 7), mode="bicubic").sin().sum())),
+        lambda: (f(2, 8, 3, 4),)),
     "int-div-trunc": (lambda a, b: (torch.div(a, b, rounding_mode="trunc"), torch.div(a, 3, rounding_mode="trunc")),
                       lambda: (torch.tensor([7, -7, 6, -6, 0, 5, -1]), torch.tensor([2, 2, -4, 3, 5, -5, 3]))),
     "fmax-fmin": (_grad_step(lambda x, y: torch.fmax(x, y).square().sum() + torch.fmin(x, y).sum(), argnums=(0, 1)),
@@ -165,3 +178,33 @@ def test_ceil_mode_pooling_has_eagers_shape_and_gradient(size, k, s, p, d):
         torch.testing.assert_close(got, want)
         up = torch.randn(want.shape, dtype=torch.float64, generator=g)
         torch.testing.assert_close(torch.autograd.grad(got, x, up)[0], torch.autograd.grad(want, x, up)[0])
+
+
+def test_spectral_norm_in_a_stateful_step_updates_its_buffers_as_eager():
+    """nn.utils.parametrizations.spectral_norm: the power iteration's ``_u``/``_v`` buffers are updated in
+    place in training (lifted state); five steps match eager on a deep copy, buffers included."""
+    import copy
+
+    import tkx
+    torch.manual_seed(3)
+    model = torch.nn.Sequential(torch.nn.utils.parametrizations.spectral_norm(torch.nn.Linear(6, 5)),
+                                torch.nn.Tanh(), torch.nn.Linear(5, 2))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    ref_model, ref_opt = copy.deepcopy((model, opt))
+
+    def make(m, o):
+        def train_step(x, y):
+            loss = F.mse_loss(m(x), y)
+            loss.backward()
+            o.step()
+            o.zero_grad()
+            return loss
+        return train_step
+
+    batches = [(f(8, 6), f(8, 2)) for _ in range(5)]
+    exp = tkx.explore(make(model, opt), batches[0], state=(model, opt))
+    assert any(n.endswith("._u") for n in exp.captured.input_names)
+    for x, y in batches:
+        torch.testing.assert_close(exp.run(x, y).detach(), make(ref_model, ref_opt)(x, y).detach())
+    for (name, a), (_, b) in zip(model.state_dict().items(), ref_model.state_dict().items()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)

@@ -4,8 +4,8 @@
 table): autograd then differentiates the ops written here, so no backward kernel of the original
 (``upsample_nearest2d_backward``, ``_weight_norm_interface_backward``) is needed.
 
-* ``F.interpolate`` with ``mode="nearest"``, ``"nearest-exact"`` or ``"bilinear"`` on ``[N, C, H, W]``:
-  torch's own decompositions (index gathers, and for bilinear a weighted sum of four gathers).
+* ``F.interpolate`` with ``mode="nearest"``, ``"nearest-exact"``, ``"bilinear"`` or ``"bicubic"`` on
+  ``[N, C, H, W]``: torch's own decompositions (index gathers, and weighted sums of gathers).
 * ``torch._weight_norm`` (``nn.utils.parametrizations.weight_norm``): ``v * (g / ||v||)``, the norm over
   every dimension but ``dim``.
 * ``nn.LSTM`` (``torch.lstm``): cells of matmuls and pointwise math, with oneDNN's fused layer
@@ -49,6 +49,13 @@ def upsample_nearest_exact2d(input: torch.Tensor, output_size: Any, scale_factor
     return _torch_decomposition(aten._upsample_nearest_exact2d.vec)(input, output_size, scale_factors)
 
 
+def upsample_bicubic2d(input: torch.Tensor, output_size: Any, align_corners: bool, scale_factors: Any
+                       ) -> torch.Tensor:
+    """``torch._C._nn.upsample_bicubic2d`` (``mode="bicubic"``): each output a weighted sum of 16
+    gathered inputs."""
+    return _torch_decomposition(aten.upsample_bicubic2d.vec)(input, output_size, align_corners, scale_factors)
+
+
 def upsample_bilinear2d(input: torch.Tensor, output_size: Any, align_corners: bool, scale_factors: Any
                         ) -> torch.Tensor:
     """``torch._C._nn.upsample_bilinear2d`` (``mode="bilinear"``): ``[N, C, H, W]`` -> ``[N, C, OH, OW]``,
@@ -71,10 +78,10 @@ def _nn_swapped(swaps: dict[str, Callable]) -> Iterator[None]:
 
 
 def interpolate(*args: Any, **kwargs: Any) -> torch.Tensor:
-    """``F.interpolate`` with its 2-d nearest, nearest-exact and bilinear kernels written as gathers
+    """``F.interpolate`` with its 2-d nearest, nearest-exact, bilinear and bicubic kernels written as gathers
     (:func:`upsample_nearest2d`, :func:`upsample_bilinear2d`); other modes reach their own ops."""
     with _nn_swapped({"upsample_nearest2d": upsample_nearest2d, "_upsample_nearest_exact2d": upsample_nearest_exact2d,
-                      "upsample_bilinear2d": upsample_bilinear2d}):
+                      "upsample_bilinear2d": upsample_bilinear2d, "upsample_bicubic2d": upsample_bicubic2d}):
         return _INTERPOLATE(*args, **kwargs)
 
 

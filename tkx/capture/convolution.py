@@ -189,3 +189,50 @@ def avg_pool2d_math(input: torch.Tensor, kernel_size: Any, stride: Any = None, p
                               "avg_pool2d", ceil_value=0.0).sum(-1)
         out = win.sum(-1) / count
     return out.squeeze(0) if squeeze else out
+
+
+def _single(v: Any, what: str) -> int:
+    if isinstance(v, int):
+        return v
+    if isinstance(v, (tuple, list)) and len(v) == 1 and isinstance(v[0], int):
+        return int(v[0])
+    refuse(f"{what}={v!r}", f"give {what} as an int")
+    raise AssertionError  # unreachable
+
+
+def conv1d_math(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, stride: Any = 1,
+                padding: Any = 0, dilation: Any = 1, groups: int = 1) -> torch.Tensor:
+    """``F.conv1d`` (``nn.Conv1d``) as :func:`conv2d_math` over a height of one: ``input [N, C, L]`` (or
+    ``[C, L]``), ``weight [O, C / groups, K]``, ``bias [O]`` -> ``[N, O, OL]``; ``padding`` may be an
+    int, ``"valid"`` or ``"same"``."""
+    pad = padding if isinstance(padding, str) else (0, _single(padding, "padding"))
+    out = conv2d_math(input.unsqueeze(-2), weight.unsqueeze(-2), bias, (1, _single(stride, "stride")), pad,
+                      (1, _single(dilation, "dilation")), groups)
+    return out.squeeze(-2)
+
+
+def _stride1d(kernel_size: Any, stride: Any) -> int:
+    return _single(kernel_size, "kernel_size") if stride is None or stride == [] or stride == () \
+        else _single(stride, "stride")
+
+
+def max_pool1d_math(input: torch.Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0,
+                    dilation: Any = 1, ceil_mode: bool = False, return_indices: bool = False) -> Any:
+    """``F.max_pool1d`` (``nn.MaxPool1d``) as :func:`max_pool2d_math` over a height of one:
+    ``[N, C, L]`` (or ``[C, L]``) -> ``[N, C, OL]``; ``return_indices=True`` also gives indices into
+    ``L``, as eager."""
+    out = max_pool2d_math(input.unsqueeze(-2), (1, _single(kernel_size, "kernel_size")),
+                          (1, _stride1d(kernel_size, stride)), (0, _single(padding, "padding")),
+                          (1, _single(dilation, "dilation")), ceil_mode, return_indices)
+    if return_indices:
+        return out[0].squeeze(-2), out[1].squeeze(-2)
+    return out.squeeze(-2)
+
+
+def avg_pool1d_math(input: torch.Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0,
+                    ceil_mode: bool = False, count_include_pad: bool = True) -> torch.Tensor:
+    """``F.avg_pool1d`` (``nn.AvgPool1d``) as :func:`avg_pool2d_math` over a height of one:
+    ``[N, C, L]`` (or ``[C, L]``) -> ``[N, C, OL]``."""
+    return avg_pool2d_math(input.unsqueeze(-2), (1, _single(kernel_size, "kernel_size")),
+                           (1, _stride1d(kernel_size, stride)), (0, _single(padding, "padding")),
+                           ceil_mode, count_include_pad).squeeze(-2)

@@ -32,8 +32,9 @@ import torch
 from torch._decomp import get_decompositions
 
 from .attention import sdpa_composite
-from .convolution import avg_pool2d_math, conv2d_math, max_pool2d_math
 from . import composites
+from .convolution import (avg_pool1d_math, avg_pool2d_math, conv1d_math, conv2d_math, max_pool1d_math,
+                          max_pool2d_math)
 from .convolution import refuse as _refuse
 
 aten = torch.ops.aten
@@ -89,7 +90,8 @@ TORCH_DECOMPOSED = [
     aten.eye, aten.reflection_pad2d, aten.reflection_pad2d_backward, aten.replication_pad2d,
     aten.upsample_nearest2d, aten._upsample_nearest_exact2d, aten.upsample_bilinear2d,
     aten._adaptive_avg_pool2d, aten.im2col, aten.col2im,
-    aten._unsafe_masked_index, aten._unsafe_masked_index_put_accumulate,
+    aten._unsafe_masked_index, aten._unsafe_masked_index_put_accumulate, aten.upsample_bicubic2d,
+    aten.pixel_shuffle, aten.pixel_unshuffle, aten.glu, aten.glu_backward, aten.vdot,
 ]
 
 _REDUCTION_NONE, _REDUCTION_MEAN, _REDUCTION_SUM = 0, 1, 2
@@ -229,6 +231,11 @@ FUNCTION_OVERRIDES: dict[Callable, Callable] = {
     torch.nn.functional.max_pool2d: _max_pool2d_dispatch, torch.max_pool2d: _max_pool2d_dispatch,
     torch.nn.functional.max_pool2d_with_indices: lambda *a, **k: max_pool2d_math(*a, **{**k, "return_indices": True}),
     torch.nn.functional.avg_pool2d: avg_pool2d_math,
+    torch.nn.functional.conv1d: conv1d_math,
+    torch.nn.functional.max_pool1d: max_pool1d_math, torch.max_pool1d: max_pool1d_math,
+    torch.nn.functional.max_pool1d_with_indices: lambda *a, **k: max_pool1d_math(*a, **{**k, "return_indices": True}),
+    torch.max_pool1d_with_indices: lambda *a, **k: max_pool1d_math(*a, **{**k, "return_indices": True}),
+    torch.nn.functional.avg_pool1d: avg_pool1d_math,
     torch.nn.functional.interpolate: composites.interpolate,
     torch.nn.functional.adaptive_avg_pool2d: composites.adaptive_avg_pool2d,
     torch._weight_norm: composites.weight_norm, torch.lstm: composites.lstm,
