@@ -482,3 +482,32 @@ def test_a_scheduler_cycling_momentum_names_the_changed_key():
     assert_same_state(mine, ref)
     assert len(exp.recomputed) == 2
     assert "param_groups[0]['betas']" in exp.recomputed[0] and "cycle_momentum" in exp.recomputed[0]
+
+
+def test_sparse_adam_is_refused_naming_the_line_and_saying_what_to_use():
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 4, sparse=True), torch.nn.Flatten(), torch.nn.Linear(12, 2))
+    opt = torch.optim.SparseAdam(list(model[0].parameters()))
+
+    def train_step(x):
+        loss = model(x).square().mean()
+        loss.backward(); opt.step(); opt.zero_grad()
+        return loss
+
+    with pytest.raises(tkx.UnsupportedError) as info:
+        tkx.capture(train_step, (torch.randint(0, 10, (5, 3)),), state=(model, opt))
+    text = str(info.value)
+    assert "SparseAdam" in text and "use Adam" in text
+    assert "test_stateful.py" in text.split("source:")[1].splitlines()[0]
+
+
+def test_loss_item_inside_the_step_says_to_call_it_outside():
+    (model, opt), _ = twin(MLP, lambda ps: torch.optim.SGD(ps, lr=0.1))
+
+    def train_step(x, y):
+        loss = F.cross_entropy(model(x), y)
+        loss.backward(); opt.step(); opt.zero_grad()
+        return loss.item()
+
+    with pytest.raises(tkx.UnsupportedError, match="data-dependent") as info:
+        tkx.capture(train_step, BATCHES[0], state=(model, opt))
+    assert "return loss.item()" in str(info.value) and "outside the step" in str(info.value)

@@ -218,6 +218,7 @@ class StatefulStep:
         self.mirrors: dict[str, torch.Tensor] = {}
         self.captured_structure: Any = None
         self.draws = False  # whether the traced step draws random numbers (a trailing Philox state input)
+        self.caller: Any = None  # the line that captured the step (named by refusals found after tracing)
 
     # -- naming and structure ----------------------------------------------------------------------
     def _state_name(self, oname: str, p: torch.Tensor, key: str) -> str:
@@ -393,6 +394,7 @@ class StatefulStep:
         params = list(self.params.values())
         self.device = (flat[0].device if flat else params[0].device if params else torch.device("cpu"))
         self.slots = self._base_slots()
+        self.caller = caller
         created, exit_none = self._discover(example_inputs, caller)
         names = {s.name for s in self.slots}
         for pid, p in self.params.items():
@@ -525,12 +527,17 @@ class StatefulStep:
                         state[p][key] = torch.zeros_like(p)  # 0 * momentum + grad == clone(grad), eager's first step
                         continue
                     oname = next(n for n, o in self.optimizers if o is opt)
+                    if isinstance(opt, torch.optim.SparseAdam):
+                        hint = ("SparseAdam needs sparse gradients (nn.Embedding(sparse=True)), which tkx does not "
+                                "compute: use Adam (or AdamW) with a dense embedding")
+                    else:
+                        hint = ("run one eager step (or create the state) before capturing; for SGD with "
+                                "dampening the first step copies the gradient into the buffer")
                     raise UnsupportedError(
                         "state-not-liftable",
                         f"{self._state_name(oname, p, key)} is created at the first {type(opt).__name__}.step() "
-                        f"in a way tkx cannot reproduce before the step",
-                        hint="run one eager step (or create the state) before capturing; for SGD with "
-                             "dampening the first step copies the gradient into the buffer")
+                        f"in a way tkx cannot reproduce before the step", source=self.caller,
+                        hint=hint)
         return state
 
     # -- the functional step -----------------------------------------------------------------------
