@@ -3,8 +3,8 @@ available): cross-entropy on ``[B, C, T]`` logits, grouped and depthwise ``conv2
 ``avg_pool2d(count_include_pad=False)``, ``max_pool2d``/``avg_pool2d`` with ``ceil_mode=True``, ``fmax``/``fmin``, ``hardsigmoid``/``hardswish``, ``round``,
 ``nan_to_num``, writing into a slice inside a differentiated function; ``nn.LSTM``/``nn.GRU``,
 ``F.interpolate`` (nearest, nearest-exact, bilinear), ``adaptive_avg_pool2d`` to any size, ``weight_norm``,
-PReLU and Mish, reflection padding, ``F.unfold``, integer division rounding toward zero, ``conv1d`` and
-1-d pooling, ``pixel_shuffle``, ``glu``, bicubic interpolation; and ``spectral_norm`` in a stateful step
+PReLU and Mish, reflection padding, ``F.unfold``, integer division rounding toward zero, ``conv1d``,
+``conv_transpose2d``/``conv_transpose1d`` and 1-d pooling, ``pixel_shuffle``, ``glu``, bicubic interpolation; and ``spectral_norm`` in a stateful step
 (its power-iteration buffers updated as eager updates them)."""
 
 from __future__ import annotations
@@ -120,6 +120,13 @@ CASES = {
                                     + F.avg_pool1d(F.conv1d(x, w[:, :2], stride=2, padding=1, groups=2), 2,
                                                    padding=1, count_include_pad=False).sum()), argnums=(0, 1, 2)),
         lambda: (f(2, 4, 9), f(6, 4, 3), f(6))),
+    "conv-transpose2d-stride-groups": (
+        _grad_step(lambda x, w, b: (F.conv_transpose2d(x, w, b, stride=2, padding=1, output_padding=1).square().sum()
+                                    + F.conv_transpose2d(x, w[:, :2], stride=3, padding=2, groups=2, dilation=2).sum()),
+                   argnums=(0, 1, 2)),
+        lambda: (f(2, 4, 5, 4), f(4, 3, 3, 3), f(3))),
+    "conv-transpose1d": (_grad_step(lambda x, w: F.conv_transpose1d(x, w, stride=2, padding=1).sin().sum(),
+                                    argnums=(0, 1)), lambda: (f(2, 4, 7), f(4, 5, 3))),
     "max-pool1d-indices": (lambda x: F.max_pool1d(x, 3, 2, padding=1, return_indices=True), lambda: (f(2, 3, 8),)),
     "pixel-shuffle-glu-bicubic": (
         _grad_step(lambda x: (F.glu(F.pixel_unshuffle(F.pixel_shuffle(x, 2), 2), 1).square().sum()

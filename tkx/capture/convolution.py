@@ -236,3 +236,66 @@ def avg_pool1d_math(input: torch.Tensor, kernel_size: Any, stride: Any = None, p
     return avg_pool2d_math(input.unsqueeze(-2), (1, _single(kernel_size, "kernel_size")),
                            (1, _stride1d(kernel_size, stride)), (0, _single(padding, "padding")),
                            ceil_mode, count_include_pad).squeeze(-2)
+
+
+def _spread(x: torch.Tensor, dim: int, s: int) -> torch.Tensor:
+    """``s - 1`` zeros between neighbours along ``dim`` (size ``L`` -> ``(L - 1) s + 1``), by concatenation."""
+    if s == 1:
+        return x
+    zeros = torch.zeros_like(x.unsqueeze(dim + 1)).expand(*x.shape[:dim + 1], s - 1, *x.shape[dim + 1:])
+    y = torch.cat([x.unsqueeze(dim + 1), zeros], dim=dim + 1).flatten(dim, dim + 1)
+    return y.narrow(dim, 0, (x.shape[dim] - 1) * s + 1)
+
+
+def _pad_or_crop(x: torch.Tensor, dim: int, before: int, after: int) -> torch.Tensor:
+    if before < 0:
+        x, before = x.narrow(dim, -before, x.shape[dim] + before), 0
+    if after < 0:
+        x, after = x.narrow(dim, 0, x.shape[dim] + after), 0
+    if before or after:
+        shape = list(x.shape)
+        parts = []
+        if before:
+            parts.append(x.new_zeros(shape[:dim] + [before] + shape[dim + 1:]))
+        parts.append(x)
+        if after:
+            parts.append(x.new_zeros(shape[:dim] + [after] + shape[dim + 1:]))
+        x = torch.cat(parts, dim=dim)
+    return x
+
+
+def conv_transpose2d_math(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                          stride: Any = 1, padding: Any = 0, output_padding: Any = 0, groups: int = 1,
+                          dilation: Any = 1) -> torch.Tensor:
+    """``F.conv_transpose2d`` (``nn.ConvTranspose2d``) as a convolution: the input spread by the stride
+    (zeros between its elements), padded by ``dilation (k - 1) - padding`` (cropped where that is
+    negative) plus ``output_padding`` at the end, convolved by :func:`conv2d_math` with the kernel
+    flipped and its two channel axes swapped per group. ``input [N, C, H, W]`` (or ``[C, H, W]``),
+    ``weight [C, O / groups, KH, KW]``, ``bias [O]`` -> ``[N, O, (H - 1) s - 2 p + d (KH - 1) + op + 1, ...]``."""
+    if input.dim() == 3:
+        return conv_transpose2d_math(input.unsqueeze(0), weight, bias, stride, padding, output_padding, groups,
+                                     dilation).squeeze(0)
+    if groups < 1 or input.shape[1] % groups or weight.shape[0] != input.shape[1]:
+        refuse(f"conv_transpose2d with groups={groups}: {input.shape[1]} input channels and a weight of "
+               f"{list(weight.shape)}", "give a weight [C, O / groups, KH, KW] whose C groups divides (torch refuses "
+                                        "it too)")
+    s, p = _pair(stride, "stride"), _pair(padding, "padding")
+    op, d = _pair(output_padding, "output_padding"), _pair(dilation, "dilation")
+    k = (weight.shape[2], weight.shape[3])
+    x = _spread(_spread(input, 2, s[0]), 3, s[1])
+    for dim, i in ((2, 0), (3, 1)):
+        edge = d[i] * (k[i] - 1) - p[i]
+        x = _pad_or_crop(x, dim, edge, edge + op[i])
+    c, og = weight.shape[0], weight.shape[1]
+    w = weight.flip(2, 3).reshape(groups, c // groups, og, *k).transpose(1, 2).reshape(groups * og, c // groups, *k)
+    return conv2d_math(x, w, bias, 1, 0, d, groups)
+
+
+def conv_transpose1d_math(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                          stride: Any = 1, padding: Any = 0, output_padding: Any = 0, groups: int = 1,
+                          dilation: Any = 1) -> torch.Tensor:
+    """``F.conv_transpose1d`` as :func:`conv_transpose2d_math` over a height of one: ``[N, C, L]`` ->
+    ``[N, O, OL]``."""
+    return conv_transpose2d_math(input.unsqueeze(-2), weight.unsqueeze(-2), bias, (1, _single(stride, "stride")),
+                                 (0, _single(padding, "padding")), (0, _single(output_padding, "output_padding")),
+                                 groups, (1, _single(dilation, "dilation"))).squeeze(-2)

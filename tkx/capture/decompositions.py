@@ -33,8 +33,8 @@ from torch._decomp import get_decompositions
 
 from .attention import sdpa_composite
 from . import composites
-from .convolution import (avg_pool1d_math, avg_pool2d_math, conv1d_math, conv2d_math, max_pool1d_math,
-                          max_pool2d_math)
+from .convolution import (avg_pool1d_math, avg_pool2d_math, conv1d_math, conv2d_math, conv_transpose1d_math,
+                          conv_transpose2d_math, max_pool1d_math, max_pool2d_math)
 from .convolution import refuse as _refuse
 
 aten = torch.ops.aten
@@ -232,6 +232,7 @@ FUNCTION_OVERRIDES: dict[Callable, Callable] = {
     torch.nn.functional.max_pool2d_with_indices: lambda *a, **k: max_pool2d_math(*a, **{**k, "return_indices": True}),
     torch.nn.functional.avg_pool2d: avg_pool2d_math,
     torch.nn.functional.conv1d: conv1d_math,
+    torch.nn.functional.conv_transpose2d: conv_transpose2d_math, torch.nn.functional.conv_transpose1d: conv_transpose1d_math,
     torch.nn.functional.max_pool1d: max_pool1d_math, torch.max_pool1d: max_pool1d_math,
     torch.nn.functional.max_pool1d_with_indices: lambda *a, **k: max_pool1d_math(*a, **{**k, "return_indices": True}),
     torch.max_pool1d_with_indices: lambda *a, **k: max_pool1d_math(*a, **{**k, "return_indices": True}),
