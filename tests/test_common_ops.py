@@ -3,7 +3,7 @@ available): cross-entropy on ``[B, C, T]`` logits, grouped and depthwise ``conv2
 ``avg_pool2d(count_include_pad=False)``, ``max_pool2d``/``avg_pool2d`` with ``ceil_mode=True``, ``fmax``/``fmin``, ``hardsigmoid``/``hardswish``, ``round``,
 ``nan_to_num``, writing into a slice inside a differentiated function; ``nn.LSTM``/``nn.GRU``,
 ``F.interpolate`` (nearest, nearest-exact, bilinear), ``adaptive_avg_pool2d`` to any size, ``weight_norm``,
-PReLU and Mish, reflection padding, ``F.unfold``, integer division rounding toward zero, ``conv1d``,
+PReLU and Mish, reflection padding, ``F.unfold``, integer division rounding toward zero, ``scatter_reduce`` (sum, mean), ``conv1d``,
 ``conv_transpose2d``/``conv_transpose1d`` and 1-d pooling, ``pixel_shuffle``, ``glu``, bicubic interpolation; and ``spectral_norm`` in a stateful step
 (its power-iteration buffers updated as eager updates them)."""
 
@@ -132,6 +132,12 @@ CASES = {
         _grad_step(lambda x: (F.glu(F.pixel_unshuffle(F.pixel_shuffle(x, 2), 2), 1).square().sum()
                               + F.interpolate(x, size=(5, 7), mode="bicubic").sin().sum())),
         lambda: (f(2, 8, 3, 4),)),
+    "scatter-reduce-sum-mean": (
+        _grad_step(lambda x, s, i: (x.scatter_reduce(1, i, s, "sum").square().sum()
+                                    + x.scatter_reduce(1, i, s, "sum", include_self=False).sin().sum()
+                                    + x.scatter_reduce(1, i, s, "mean").square().sum()
+                                    + x.scatter_reduce(1, i, s, "mean", include_self=False).sum()), argnums=(0, 1)),
+        lambda: (f(3, 6), f(3, 5), torch.randint(0, 6, (3, 5), generator=g))),
     "int-div-trunc": (lambda a, b: (torch.div(a, b, rounding_mode="trunc"), torch.div(a, 3, rounding_mode="trunc")),
                       lambda: (torch.tensor([7, -7, 6, -6, 0, 5, -1]), torch.tensor([2, 2, -4, 3, 5, -5, 3]))),
     "fmax-fmin": (_grad_step(lambda x, y: torch.fmax(x, y).square().sum() + torch.fmin(x, y).sum(), argnums=(0, 1)),

@@ -11,6 +11,7 @@ table): autograd then differentiates the ops written here, so no backward kernel
 * ``nn.LSTM`` (``torch.lstm``): cells of matmuls and pointwise math, with oneDNN's fused layer
   (``mkldnn_rnn_layer``, chosen on the CPU when the input needs no gradient) off while it traces.
 * ``F.adaptive_avg_pool2d`` for any output size: torch's decomposition (masked gathered windows).
+* ``scatter_reduce`` with ``"sum"``/``"mean"``: scatter-adds.
 * Integer division rounding toward zero (``torch.div(a, b, rounding_mode="trunc")`` on integers, as
   ``adaptive_avg_pool2d``'s decomposition computes its window bounds): floor division corrected
   where the signs differ and the division is inexact.
@@ -128,3 +129,19 @@ def div_mode(a: Any, b: Any, *, rounding_mode: str | None = None) -> Any:
     inexact = (q * b) != a
     negative = (a < 0) != (b < 0)
     return torch.where(inexact & negative, q + 1, q)
+
+
+def scatter_reduce(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor, reduce: str, *,
+                   include_self: bool = True) -> Any:
+    """``aten.scatter_reduce.two`` with ``reduce="sum"`` (or ``"mean"`` on floats) as deterministic
+    scatter-adds (``include_self=False``: the positions any index reaches start from zero, as eager);
+    ``"amax"``, ``"amin"``, ``"prod"`` and an integer mean are left to the op (``NotImplemented``)."""
+    if reduce not in ("sum", "mean") or (reduce == "mean" and not x.is_floating_point()):
+        return NotImplemented
+    hits = torch.zeros_like(x).scatter_add(dim, index, torch.ones_like(src))
+    base = x if include_self else torch.where(hits > 0, torch.zeros_like(x), x)
+    out = base.scatter_add(dim, index, src)
+    if reduce == "mean":
+        count = hits + 1 if include_self else hits
+        out = torch.where(count > 0, out / count.clamp(min=1), out)
+    return out

@@ -580,7 +580,8 @@ def decomposition_table() -> dict[torch._ops.OpOverload, Callable]:
                    (aten._amp_update_scale.default, _amp_update_scale),
                    (aten.embedding_dense_backward.default, _embedding_dense_backward),
                    (aten.constant_pad_nd.default, _constant_pad_nd),
-                   (aten.div.Tensor_mode, composites.div_mode), (aten.div.Scalar_mode, composites.div_mode)):
+                   (aten.div.Tensor_mode, composites.div_mode), (aten.div.Scalar_mode, composites.div_mode),
+                   (aten.scatter_reduce.two, composites.scatter_reduce)):
         table[op] = fn
     from .foreach import foreach_decompositions
     table.update({op: fn for op, fn in foreach_decompositions().items() if op not in table})
