@@ -40,6 +40,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .. import random as _random
 from ..errors import UnsupportedError
+from .param_groups import SCHEDULER_KEYS, changed_hyperparameter
 
 __all__ = ["StatefulStep", "Slot", "STATE_HINT"]
 
@@ -100,31 +101,12 @@ def _state_objects(state: Any) -> tuple[list[tuple[str, torch.nn.Module]], list[
     return modules, optims
 
 
-#: Keys ``torch.optim.lr_scheduler`` and ``swa_utils`` keep in a parameter group for their own
-#: bookkeeping: no optimizer reads them, so a scheduler created or stepped after the capture does
-#: not make the step stale.
-SCHEDULER_KEYS = frozenset({"initial_lr", "max_lr", "min_lr", "base_momentum", "max_momentum", "swa_lr"})
-
-
 def _freeze(v: Any) -> Any:
     if isinstance(v, torch.Tensor):
         return ("tensor", tuple(v.shape), str(v.dtype))
     if isinstance(v, (list, tuple)):
         return tuple(_freeze(x) for x in v)
     return v
-
-
-def _changed_hyperparameter(now: tuple, then: tuple) -> str:
-    """The message of :meth:`Stateful.stale` for a changed group: names the first key that differs."""
-    for gi, (g_now, g_then) in enumerate(zip(now, then)):
-        a, b = dict(g_now), dict(g_then)
-        for key in sorted(set(a) | set(b)):
-            if a.get(key) != b.get(key):
-                why = (" (a scheduler that cycles momentum, such as OneCycleLR or CyclicLR with "
-                       "cycle_momentum=True, changes it at every step)" if key in ("betas", "momentum") else "")
-                return (f"a hyperparameter other than the learning rate changed: param_groups[{gi}]"
-                        f"[{key!r}] {b.get(key)!r} -> {a.get(key)!r}{why}")
-    return "a hyperparameter other than the learning rate changed"
 
 
 @contextlib.contextmanager
@@ -624,7 +606,7 @@ class StatefulStep:
         if training != self.captured_structure[0]:
             return "a module switched between train() and eval()"
         if hypers != self.captured_structure[1]:
-            return _changed_hyperparameter(hypers, self.captured_structure[1])
+            return changed_hyperparameter(hypers, self.captured_structure[1])
         extra = self.unlifted()
         if extra:
             return f"{extra[0]} exists but was not there when the step was captured"
