@@ -8,8 +8,9 @@ table): autograd then differentiates the ops written here, so no backward kernel
   ``[N, C, H, W]``: torch's own decompositions (index gathers, and weighted sums of gathers).
 * ``torch._weight_norm`` (``nn.utils.parametrizations.weight_norm``): ``v * (g / ||v||)``, the norm over
   every dimension but ``dim``.
-* ``nn.LSTM`` (``torch.lstm``): cells of matmuls and pointwise math, with oneDNN's fused layer
-  (``mkldnn_rnn_layer``, chosen on the CPU when the input needs no gradient) off while it traces.
+* ``nn.LSTM``, ``nn.GRU``, ``nn.RNN``: cells of matmuls and pointwise math, with oneDNN's and cuDNN's
+  fused layers (``mkldnn_rnn_layer``, chosen on the CPU when the input needs no gradient; ``_cudnn_rnn``)
+  off while they trace.
 * ``F.adaptive_avg_pool2d`` for any output size: torch's decomposition (masked gathered windows).
 * ``scatter_reduce`` with ``"sum"``/``"mean"``: scatter-adds.
 * Integer division rounding toward zero (``torch.div(a, b, rounding_mode="trunc")`` on integers, as
@@ -31,7 +32,6 @@ aten = torch.ops.aten
 _F = torch.nn.functional
 _INTERPOLATE = _F.interpolate
 _ADAPTIVE_AVG_POOL2D = _F.adaptive_avg_pool2d
-_LSTM = torch.lstm
 
 
 def _torch_decomposition(op: torch._ops.OpOverload) -> Any:
@@ -107,15 +107,25 @@ def weight_norm(v: torch.Tensor, g: torch.Tensor, dim: int = 0) -> torch.Tensor:
     return v * (g / torch.linalg.vector_norm(v, dim=others, keepdim=True))
 
 
-def lstm(*args: Any, **kwargs: Any) -> Any:
-    """``torch.lstm`` (``nn.LSTM``) with oneDNN's fused layer (``mkldnn_rnn_layer``) off while it
-    traces: torch then writes the cells with matmuls and pointwise math."""
-    enabled = torch._C._get_mkldnn_enabled()
-    torch._C._set_mkldnn_enabled(False)
-    try:
-        return _LSTM(*args, **kwargs)
-    finally:
-        torch._C._set_mkldnn_enabled(enabled)
+def _unfused_rnn(fn: Callable) -> Callable:
+    def run(*args: Any, **kwargs: Any) -> Any:
+        mkldnn, cudnn = torch._C._get_mkldnn_enabled(), torch._C._get_cudnn_enabled()
+        torch._C._set_mkldnn_enabled(False)
+        torch._C._set_cudnn_enabled(False)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            torch._C._set_mkldnn_enabled(mkldnn)
+            torch._C._set_cudnn_enabled(cudnn)
+    run.__doc__ = (f"``torch.{fn.__name__}`` with oneDNN's and cuDNN's fused layers (``mkldnn_rnn_layer``, "
+                   "``_cudnn_rnn``) off while it traces: torch then writes the cells with matmuls and pointwise math.")
+    return run
+
+
+#: ``torch.lstm``, ``torch.gru``, ``torch.rnn_tanh``, ``torch.rnn_relu`` (``nn.LSTM``, ``nn.GRU``, ``nn.RNN``)
+#: without the fused library layers.
+RNN_OVERRIDES: dict[Callable, Callable] = {f: _unfused_rnn(f) for f in (torch.lstm, torch.gru, torch.rnn_tanh,
+                                                                         torch.rnn_relu)}
 
 
 def div_mode(a: Any, b: Any, *, rounding_mode: str | None = None) -> Any:

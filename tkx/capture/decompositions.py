@@ -239,7 +239,7 @@ FUNCTION_OVERRIDES: dict[Callable, Callable] = {
     torch.nn.functional.avg_pool1d: avg_pool1d_math,
     torch.nn.functional.interpolate: composites.interpolate,
     torch.nn.functional.adaptive_avg_pool2d: composites.adaptive_avg_pool2d,
-    torch._weight_norm: composites.weight_norm, torch.lstm: composites.lstm,
+    torch._weight_norm: composites.weight_norm, **composites.RNN_OVERRIDES,
 }
 
 
