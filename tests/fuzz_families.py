@@ -245,7 +245,9 @@ def _attention(k: dict) -> tuple[list[str], list[str], list[str]]:
     lines = [f"    q, k, v = (x @ p['wqkv']).reshape({b}, {n}, 3, {h}, {d}).permute(2, 0, 3, 1, 4).unbind(0)",
              f"    s = (q @ k.transpose(-2, -1)) / {d ** 0.5:.4f}"]
     if mask in ("causal_inf", "causal_large"):
-        fill = "float('-inf')" if mask == "causal_inf" else "-1e9"
+        # a large negative fill as users write it for their dtype: -1e9 overflows float16 (eager refuses it)
+        large = "torch.finfo(s.dtype).min" if k.get("amp") in ("fp16", "fp16_scaler") else "-1e9"
+        fill = "float('-inf')" if mask == "causal_inf" else large
         lines.append(f"    s = s.masked_fill(torch.ones({n}, {n}, dtype=torch.bool).triu(1), {fill})")
     elif mask == "random_inf":
         init += [f"mask = torch.rand({b}, 1, {n}, {n}, generator=g) < 0.3",

@@ -94,6 +94,33 @@ def test_fully_masked_attention_row():
     assert o.status == "ok", o.line()
 
 
+@pytest.mark.parametrize("amp", ["fp16", "fp16_scaler", "none"])
+def test_attention_fills_a_causal_mask_with_its_dtypes_large_negative(amp):
+    """The attention family's "large negative" causal mask: -1e9 overflows float16, and eager refuses
+    ``masked_fill(-1e9)`` there (5 of 370 programs were invalid); under fp16 autocast it fills with
+    ``torch.finfo(s.dtype).min`` as users write it, and the program is checked against eager."""
+    simplest = {name: values[0] for name, values in fam.knob_space("attention").items()}
+    case = fam.Case("attention", 12, tuple(sorted(dict(simplest, heads=2, length=5, head_dim=4, mask="causal_large",
+                                                       amp=amp).items())))
+    src = fam.source_of(case)
+    assert ("-1e9" in src) == (amp == "none") and ("finfo" in src) == (amp != "none")
+    o = oracle.check(case, nvrtc=False)
+    assert o.status == "ok", o.line()
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_conv_max_pool_with_ceil_mode_compiles(seed):
+    """``max_pool2d(ceil_mode=True)``, every refusal of the committed campaign, now compiles and matches
+    eager (forward and backward) in the conv family."""
+    base = fam.random_case(seed, "conv", options=False)
+    knobs = dict(base.k, pool="max_ceil", pool_kernel=2, pool_stride=2, pool_padding=seed, height=7, width=5,
+                 kernel=1, stride=1, padding=0, dilation=1, amp="none")
+    case = fam.Case("conv", seed, tuple(sorted(knobs.items())))
+    assert "ceil_mode=True" in fam.source_of(case)
+    o = oracle.check(case, nvrtc=False)
+    assert o.status == "ok", o.line()
+
+
 def test_oracle_reports_nan_where_eager_is_finite(monkeypatch):
     import tkx.reference as R
     real = R.evaluate

@@ -5,6 +5,8 @@ train/eval, gradient clipping and accumulation; and what is refused."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -452,3 +454,60 @@ def test_attention_dropout_in_a_module_step_verifies_against_eager_on_the_same_n
     exp = tkx.explore(classify_step(model, opt), (x, y), state=(model, opt))
     result = exp.verify(show=False)
     assert result.passed and max(c.vs_eager for c in result.comparisons) < 1e-5
+
+
+def test_a_scheduler_created_after_the_capture_needs_no_new_capture():
+    """A scheduler writes its own bookkeeping (``initial_lr``, OneCycleLR's ``max_lr``...) into the
+    groups when it is created; no optimizer reads those keys, so the step is not captured again."""
+    mine, ref = twin(MLP, lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1))
+    exp = tkx.explore(classify_step(*mine), BATCHES[0], state=mine)
+    exp.run(*BATCHES[0])
+    classify_step(*ref)(*BATCHES[0])
+    scheds = [torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.05, total_steps=10, cycle_momentum=False)
+              for _, opt in (mine, ref)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # not "lr_scheduler.step() before optimizer.step()"
+        run_both(exp.run, classify_step(*ref), BATCHES[1:], between=lambda: [s.step() for s in scheds])
+    assert "initial_lr" in mine[1].param_groups[0] and not exp.recomputed
+    assert_same_state(mine, ref)
+
+
+def test_a_scheduler_cycling_momentum_names_the_changed_key():
+    """OneCycleLR's default cycle_momentum=True changes Adam's betas at every step: each step is
+    captured again (still eager's numbers), and the reason names the key and the scheduler."""
+    mine, ref = twin(MLP, lambda ps: torch.optim.Adam(ps, lr=1e-2))
+    scheds = [torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.05, total_steps=10) for _, opt in (mine, ref)]
+    exp = tkx.explore(classify_step(*mine), BATCHES[0], state=mine)
+    run_both(exp.run, classify_step(*ref), BATCHES[:3], between=lambda: [s.step() for s in scheds])
+    assert_same_state(mine, ref)
+    assert len(exp.recomputed) == 2
+    assert "param_groups[0]['betas']" in exp.recomputed[0] and "cycle_momentum" in exp.recomputed[0]
+
+
+def test_sparse_adam_is_refused_naming_the_line_and_saying_what_to_use():
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 4, sparse=True), torch.nn.Flatten(), torch.nn.Linear(12, 2))
+    opt = torch.optim.SparseAdam(list(model[0].parameters()))
+
+    def train_step(x):
+        loss = model(x).square().mean()
+        loss.backward(); opt.step(); opt.zero_grad()
+        return loss
+
+    with pytest.raises(tkx.UnsupportedError) as info:
+        tkx.capture(train_step, (torch.randint(0, 10, (5, 3)),), state=(model, opt))
+    text = str(info.value)
+    assert "SparseAdam" in text and "use Adam" in text
+    assert "test_stateful.py" in text.split("source:")[1].splitlines()[0]
+
+
+def test_loss_item_inside_the_step_says_to_call_it_outside():
+    (model, opt), _ = twin(MLP, lambda ps: torch.optim.SGD(ps, lr=0.1))
+
+    def train_step(x, y):
+        loss = F.cross_entropy(model(x), y)
+        loss.backward(); opt.step(); opt.zero_grad()
+        return loss.item()
+
+    with pytest.raises(tkx.UnsupportedError, match="data-dependent") as info:
+        tkx.capture(train_step, BATCHES[0], state=(model, opt))
+    assert "return loss.item()" in str(info.value) and "outside the step" in str(info.value)

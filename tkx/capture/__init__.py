@@ -251,7 +251,8 @@ def _tracing_error(e: BaseException, step_fn: Callable, example_inputs: Sequence
                                 source=user_frame_of_traceback(e.__traceback__),
                                 hint="replace Python if/while on tensor values with torch.where, or make the "
                                      "decision a Python value the step closes over (a default argument or a "
-                                     "closure)")
+                                     "closure); to log a value (loss.item(), float(loss)), return the tensor "
+                                     "and call .item() on it outside the step")
     if isinstance(e, TypeError) and (bad := _bad_call(step_fn, example_inputs, e)) is not None:
         return UnsupportedError("bad-call", bad[0], source=caller, hint=bad[1])
     src = user_frame_of_traceback(e.__traceback__)

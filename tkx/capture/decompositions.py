@@ -32,7 +32,9 @@ import torch
 from torch._decomp import get_decompositions
 
 from .attention import sdpa_composite
-from .convolution import avg_pool2d_math, conv2d_math, max_pool2d_math
+from . import composites
+from .convolution import (avg_pool1d_math, avg_pool2d_math, conv1d_math, conv2d_math, conv_transpose1d_math,
+                          conv_transpose2d_math, max_pool1d_math, max_pool2d_math)
 from .convolution import refuse as _refuse
 
 aten = torch.ops.aten
@@ -80,6 +82,16 @@ TORCH_DECOMPOSED = [
     aten.cudnn_batch_norm, aten.cudnn_batch_norm_backward,
     # GroupNorm (nn.GroupNorm, F.group_norm) and its backward
     aten.native_group_norm, aten.native_group_norm_backward,
+    # recurrent layers (nn.LSTM, nn.GRU: cells of matmuls and pointwise math; GRU's gates by unsafe_split)
+    aten.gru.input, aten.unsafe_split, aten.unsafe_split_with_sizes,
+    # parametrizations and activations written in Python by torch
+    aten._prelu_kernel, aten._prelu_kernel_backward, aten.mish_backward,
+    # constants, padding, resampling and patches (gathers and masks)
+    aten.eye, aten.reflection_pad2d, aten.reflection_pad2d_backward, aten.replication_pad2d,
+    aten.upsample_nearest2d, aten._upsample_nearest_exact2d, aten.upsample_bilinear2d,
+    aten._adaptive_avg_pool2d, aten.im2col, aten.col2im,
+    aten._unsafe_masked_index, aten._unsafe_masked_index_put_accumulate, aten.upsample_bicubic2d,
+    aten.pixel_shuffle, aten.pixel_unshuffle, aten.glu, aten.glu_backward, aten.vdot,
 ]
 
 _REDUCTION_NONE, _REDUCTION_MEAN, _REDUCTION_SUM = 0, 1, 2
@@ -219,6 +231,15 @@ FUNCTION_OVERRIDES: dict[Callable, Callable] = {
     torch.nn.functional.max_pool2d: _max_pool2d_dispatch, torch.max_pool2d: _max_pool2d_dispatch,
     torch.nn.functional.max_pool2d_with_indices: lambda *a, **k: max_pool2d_math(*a, **{**k, "return_indices": True}),
     torch.nn.functional.avg_pool2d: avg_pool2d_math,
+    torch.nn.functional.conv1d: conv1d_math,
+    torch.nn.functional.conv_transpose2d: conv_transpose2d_math, torch.nn.functional.conv_transpose1d: conv_transpose1d_math,
+    torch.nn.functional.max_pool1d: max_pool1d_math, torch.max_pool1d: max_pool1d_math,
+    torch.nn.functional.max_pool1d_with_indices: lambda *a, **k: max_pool1d_math(*a, **{**k, "return_indices": True}),
+    torch.max_pool1d_with_indices: lambda *a, **k: max_pool1d_math(*a, **{**k, "return_indices": True}),
+    torch.nn.functional.avg_pool1d: avg_pool1d_math,
+    torch.nn.functional.interpolate: composites.interpolate,
+    torch.nn.functional.adaptive_avg_pool2d: composites.adaptive_avg_pool2d,
+    torch._weight_norm: composites.weight_norm, **composites.RNN_OVERRIDES,
 }
 
 
@@ -588,7 +609,9 @@ def decomposition_table() -> dict[torch._ops.OpOverload, Callable]:
                    (aten._amp_foreach_non_finite_check_and_unscale.default, _amp_unscale),
                    (aten._amp_update_scale.default, _amp_update_scale),
                    (aten.embedding_dense_backward.default, _embedding_dense_backward),
-                   (aten.constant_pad_nd.default, _constant_pad_nd)):
+                   (aten.constant_pad_nd.default, _constant_pad_nd),
+                   (aten.div.Tensor_mode, composites.div_mode), (aten.div.Scalar_mode, composites.div_mode),
+                   (aten.scatter_reduce.two, composites.scatter_reduce)):
         table[op] = fn
     for op, training_at in _BATCH_NORM_TRAINING.items():
         table[op] = _float32_batch_statistics(table[op], training_at)

@@ -40,6 +40,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .. import random as _random
 from ..errors import UnsupportedError
+from .param_groups import SCHEDULER_KEYS, changed_hyperparameter
 
 __all__ = ["StatefulStep", "Slot", "STATE_HINT"]
 
@@ -199,6 +200,7 @@ class StatefulStep:
         self.mirrors: dict[str, torch.Tensor] = {}
         self.captured_structure: Any = None
         self.draws = False  # whether the traced step draws random numbers (a trailing Philox state input)
+        self.caller: Any = None  # the line that captured the step (named by refusals found after tracing)
 
     # -- naming and structure ----------------------------------------------------------------------
     def _state_name(self, oname: str, p: torch.Tensor, key: str) -> str:
@@ -208,7 +210,8 @@ class StatefulStep:
         """What the traced step specialised on: every module's ``training`` flag and each parameter
         group's hyperparameters other than the learning rate (a change needs a new capture)."""
         training = tuple(sub.training for _, m in self.modules for sub in m.modules())
-        hypers = tuple(tuple(sorted((k, _freeze(v)) for k, v in g.items() if k not in ("params", "lr")))
+        skip = SCHEDULER_KEYS | {"params", "lr"}
+        hypers = tuple(tuple(sorted((k, _freeze(v)) for k, v in g.items() if k not in skip))
                        for _, opt in self.optimizers for g in opt.param_groups)
         return training, hypers
 
@@ -373,6 +376,7 @@ class StatefulStep:
         params = list(self.params.values())
         self.device = (flat[0].device if flat else params[0].device if params else torch.device("cpu"))
         self.slots = self._base_slots()
+        self.caller = caller
         created, exit_none = self._discover(example_inputs, caller)
         names = {s.name for s in self.slots}
         for pid, p in self.params.items():
@@ -505,12 +509,17 @@ class StatefulStep:
                         state[p][key] = torch.zeros_like(p)  # 0 * momentum + grad == clone(grad), eager's first step
                         continue
                     oname = next(n for n, o in self.optimizers if o is opt)
+                    if isinstance(opt, torch.optim.SparseAdam):
+                        hint = ("SparseAdam needs sparse gradients (nn.Embedding(sparse=True)), which tkx does not "
+                                "compute: use Adam (or AdamW) with a dense embedding")
+                    else:
+                        hint = ("run one eager step (or create the state) before capturing; for SGD with "
+                                "dampening the first step copies the gradient into the buffer")
                     raise UnsupportedError(
                         "state-not-liftable",
                         f"{self._state_name(oname, p, key)} is created at the first {type(opt).__name__}.step() "
-                        f"in a way tkx cannot reproduce before the step",
-                        hint="run one eager step (or create the state) before capturing; for SGD with "
-                             "dampening the first step copies the gradient into the buffer")
+                        f"in a way tkx cannot reproduce before the step", source=self.caller,
+                        hint=hint)
         return state
 
     # -- the functional step -----------------------------------------------------------------------
@@ -597,7 +606,7 @@ class StatefulStep:
         if training != self.captured_structure[0]:
             return "a module switched between train() and eval()"
         if hypers != self.captured_structure[1]:
-            return "a hyperparameter other than the learning rate changed"
+            return changed_hyperparameter(hypers, self.captured_structure[1])
         extra = self.unlifted()
         if extra:
             return f"{extra[0]} exists but was not there when the step was captured"
@@ -645,7 +654,10 @@ class StatefulStep:
 
     def finish(self) -> None:
         """After a compiled call: device copies written back, gradients the step leaves at ``None``
-        set to ``None``."""
+        set to ``None``, and each optimizer marked as stepped as its ``step()`` marks it (an LR
+        scheduler stepped after the call then does not warn that it ran before ``optimizer.step()``)."""
+        for _, opt in self.optimizers:
+            opt._opt_called = True  # what torch.optim.lr_scheduler's wrapper of opt.step sets
         with torch.no_grad():
             for s in self.slots:
                 if s.kind in ("learning rate", "parameter"):
