@@ -55,7 +55,8 @@ LINEARS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 
 __all__ = ["DecodeConfig", "DecodeExample", "CONFIGS", "QUANTS", "get", "names", "make_decode_step",
            "quantize_int8", "quantize_int4", "dequantize", "generate", "weight_bytes", "cache_bytes",
-           "compare_greedy", "GreedyComparison", "float32_inputs", "logits_errors", "LogitsErrors"]
+           "compare_greedy", "GreedyComparison", "float32_inputs", "logits_errors", "LogitsErrors", "arbitrate",
+           "judge_difference", "margin_noise", "describe_greedy", "FLOAT32_FACTOR", "FLOAT32_RULE"]
 
 
 @dataclass(frozen=True)
@@ -271,6 +272,72 @@ def generate(step: Callable, inputs: tuple, n: int) -> torch.Tensor:
     return torch.stack(out)
 
 
+#: The float32 arbiter of a differing greedy token: accepted when float32's margin of eager's token over the
+#: other one is at most FLOAT32_FACTOR times the bf16 noise of a logit margin at that step (see :func:`arbitrate`).
+FLOAT32_FACTOR = 3.0
+FLOAT32_RULE = (f"a differing token is accepted when eager float32's logit margin of eager bf16's token over it "
+                f"is at most {FLOAT32_FACTOR:g} x the bf16 noise of a logit margin at that step (the larger of eager "
+                f"bf16's and tkx's RMS error against float32, over the vocabulary, of the margin of eager's token "
+                f"over every token)")
+
+
+def margin_noise(logits: torch.Tensor, ref: torch.Tensor, token: int) -> float:
+    """The RMS over the vocabulary of the error of ``logits``' margin of ``token`` over every token against
+    ``ref``'s: ``sqrt(mean_v(((l[token] - l[v]) - (r[token] - r[v]))^2))``; ``logits``, ``ref``: ``[V]`` (``ref``
+    fp32). The bf16 noise of a greedy choice at one step: how far rounding moves a logit margin."""
+    d = logits.float() - ref.float()
+    return float((d - d[token]).square().mean().sqrt())
+
+
+def judge_difference(d: dict, factor: float = FLOAT32_FACTOR) -> dict:
+    """The float32 rule on one recorded difference ``d`` (the keys :func:`arbitrate` writes: ``float32_logits``
+    ``[eager's token, the other]``, ``eager_noise``, ``tkx_noise`` (``None`` without tkx's logits)): ``d`` with
+    ``float32_margin``, ``allowance`` (``factor`` x the larger noise) and ``accepted`` set. ``KeyError`` when
+    ``d`` lacks ``float32_logits`` or ``eager_noise`` (a record made before they were kept)."""
+    r_e, r_t = d["float32_logits"]
+    noise = max(x for x in (d["eager_noise"], d.get("tkx_noise")) if x is not None)
+    margin, allowance = r_e - r_t, factor * noise
+    return {**d, "float32_margin": margin, "allowance": allowance, "accepted": bool(margin <= allowance)}
+
+
+def arbitrate(ref: torch.Tensor, eager: torch.Tensor, eager_token: int, token: int, tkx: torch.Tensor | None = None,
+              factor: float = FLOAT32_FACTOR) -> dict:
+    """Judge one greedy token ``token`` that differs from eager bf16's ``eager_token`` by eager float32's logits
+    ``ref`` (``[V]`` fp32; ``eager``, ``tkx``: eager bf16's and tkx's ``[V]`` logits at the same step, ``tkx``
+    optional): accepted when ``ref[eager_token] - ref[token]`` (``float32_margin``; negative when float32 prefers
+    ``token``) is at most ``factor`` x the larger of eager's and tkx's :func:`margin_noise` at that step. A
+    step-wide noise, not the two tokens' own errors: tkx's error at the two tokens bounds the float32 margin by
+    construction whenever its logits pick ``token``. Returns a JSON-ready dict (the logits at both tokens, the
+    noises, ``float32_margin``, ``allowance``, ``accepted``)."""
+    pair = [int(eager_token), int(token)]
+    d = {"float32_logits": [float(ref[i]) for i in pair], "eager_logits": [float(eager[i]) for i in pair],
+         "tkx_logits": None if tkx is None else [float(tkx[i]) for i in pair],
+         "eager_noise": margin_noise(eager, ref, eager_token),
+         "tkx_noise": None if tkx is None else margin_noise(tkx, ref, eager_token)}
+    return judge_difference(d, factor)
+
+
+def describe_greedy(n: int, batch: int, records: list[dict], rel: float, factor: float | None = None) -> str:
+    """One sentence on a teacher-forced comparison of ``n`` steps of ``batch`` tokens with the differences
+    ``records`` (dicts with ``eager_margin`` and ``tolerance``, and when float32 arbitrated ``float32_margin``,
+    ``allowance`` and ``accepted``; ``factor``: the arbiter's, ``None`` when eager's margin judged)."""
+    total = n * batch
+    if not records:
+        return f"all {n} x {batch} greedy tokens equal to eager"
+    head = (f"{total - len(records)} of {total} greedy tokens equal to eager (teacher-forced); {len(records)} differ "
+            f"with eager's logit margin up to {max(r['eager_margin'] for r in records):.4g}")
+    if factor is None:
+        ok = all(r["eager_margin"] <= r["tolerance"] for r in records)
+        return f"{head} ({'near-ties, within' if ok else 'BEYOND'} the tolerance {rel:g} x |best logit|)"
+    refused = sum(not r["accepted"] for r in records)
+    worst = max(records, key=lambda r: r["float32_margin"] - r["allowance"])
+    verdict = (f"{refused} of {len(records)} BEYOND the allowance" if refused
+               else f"all {len(records)} near-ties in float32, within the allowance")
+    return (f"{head}; judged by eager float32: {verdict} ({'worst' if refused else 'closest'}: float32 margin "
+            f"{worst['float32_margin']:.4g} against an allowance of {worst['allowance']:.4g} = {factor:g} x the "
+            f"bf16 noise at step {worst['step']})")
+
+
 @dataclass(frozen=True)
 class GreedyComparison:
     """Greedy tokens of a compiled step against eager, teacher-forced (both are fed eager's tokens).
@@ -278,8 +345,10 @@ class GreedyComparison:
     ``tokens``: eager's int64 ``[n, B]``; ``got``: the other step's; ``differences``: ``(step, sequence,
     eager's token, its token, margin)`` for each token that differs, where ``margin`` is eager's best logit
     minus eager's logit of the other token; ``tolerances``: for each difference, the largest margin that
-    counts as a near-tie (``rel x |eager's best logit|``: the summation-order noise of bf16 activations).
-    ``equal``: every token the same; ``ok``: every difference a near-tie.
+    counts as a near-tie by eager's logits alone (``rel x |eager's best logit|``); ``arbitration``: for each
+    difference, eager float32's verdict (:func:`arbitrate`), empty when no float32 reference ran; ``factor``: its
+    :data:`FLOAT32_FACTOR`. ``equal``: every token the same; ``ok``: every difference accepted by float32 when it
+    arbitrated, else every difference a near-tie in eager's logits.
     """
 
     tokens: torch.Tensor
@@ -287,45 +356,71 @@ class GreedyComparison:
     differences: tuple[tuple[int, int, int, int, float], ...]
     rel: float
     tolerances: tuple[float, ...] = ()
+    arbitration: tuple[dict, ...] = ()
+    factor: float | None = None
 
     @property
     def equal(self) -> bool:
         return not self.differences
 
     @property
+    def judged_by(self) -> str:
+        """``"float32"`` (eager float32 arbitrated) or ``"eager margin"`` (``rel`` x |eager's best logit|)."""
+        return "float32" if self.factor is not None else "eager margin"
+
+    @property
     def ok(self) -> bool:
+        if self.factor is not None:
+            return all(a["accepted"] for a in self.arbitration)
         return all(d[4] <= tol for d, tol in zip(self.differences, self.tolerances))
+
+    def records(self) -> list[dict]:
+        """One JSON-ready dict per difference: ``step``, ``sequence``, ``eager_token``, ``token``,
+        ``eager_margin``, ``tolerance`` and, when float32 arbitrated, :func:`arbitrate`'s keys."""
+        out = []
+        for i, (d, tol) in enumerate(zip(self.differences, self.tolerances)):
+            rec = {"step": d[0], "sequence": d[1], "eager_token": d[2], "token": d[3], "eager_margin": d[4],
+                   "tolerance": tol}
+            out.append({**rec, **(self.arbitration[i] if self.arbitration else {})})
+        return out
 
     def __str__(self) -> str:
         n, b = self.tokens.shape
-        if self.equal:
-            return f"all {n} x {b} greedy tokens equal to eager"
-        worst = max(d[4] for d in self.differences)
-        return (f"{n * b - len(self.differences)} of {n * b} greedy tokens equal to eager (teacher-forced); "
-                f"{len(self.differences)} differ with eager's logit margin up to {worst:.4g} "
-                f"({'near-ties, within' if self.ok else 'BEYOND'} the tolerance {self.rel:g} x |best logit|)")
+        return describe_greedy(n, b, self.records(), self.rel, self.factor)
 
 
-def compare_greedy(step: Callable, ex: DecodeExample, n: int = 20, device="cpu", rel: float = 2 ** -7):
+def compare_greedy(step: Callable, ex: DecodeExample, n: int = 20, device="cpu", rel: float = 2 ** -7, *,
+                   logits_step: Callable | None = None, factor: float | None = FLOAT32_FACTOR):
     """Run ``step`` (e.g. a tkx runner) and eager for ``n`` greedy steps from ``ex.make_inputs(0, device)``,
     both fed eager's tokens (so one near-tie does not change every later step), on separate caches.
-    Returns a :class:`GreedyComparison`; a token that differs counts as a near-tie when eager's logit of it
-    is within ``rel x |eager's best logit|`` of the best."""
+    Returns a :class:`GreedyComparison`. With ``factor`` (default), eager in float32 (:func:`float32_inputs`) runs
+    alongside and judges each token that differs (:func:`arbitrate`; ``logits_step``, e.g. a tkx runner of
+    ``make_decode_step(..., return_logits=True)``, adds tkx's logits, run on its own caches, to the noise); with
+    ``factor=None``, a token that differs counts as a near-tie when eager's logit of it is within
+    ``rel x |eager's best logit|`` of the best."""
     with_logits = make_decode_step(ex.config, ex.quant, return_logits=True)
     mine, eager = ex.make_inputs(0, device), ex.make_inputs(0, device)
+    ref = float32_inputs(ex, ex.make_inputs(0, device)) if factor is not None else None
+    ref_step = make_decode_step(ex.config, "bf16", return_logits=True, dtype=torch.float32)
+    theirs = ex.make_inputs(0, device) if factor is not None and logits_step is not None else None
     tok, pos = eager[3], eager[4]
-    want, got, diffs, tols = [], [], [], []
+    want, got, diffs, tols, arb = [], [], [], [], []
     for i in range(n):
         e_tok, logits = with_logits(eager[0], eager[1], eager[2], tok, pos + i)
         m_tok = step(mine[0], mine[1], mine[2], tok, pos + i)
+        r_logits = ref_step(ref[0], ref[1], ref[2], tok, pos + i)[1] if ref is not None else None
+        t_logits = logits_step(theirs[0], theirs[1], theirs[2], tok, pos + i)[1] if theirs is not None else None
         want.append(e_tok.cpu())
         got.append(m_tok.cpu())
         for b in torch.nonzero(e_tok != m_tok).flatten().tolist():
             best = float(logits[b, e_tok[b]])
             diffs.append((i, b, int(e_tok[b]), int(m_tok[b]), best - float(logits[b, m_tok[b]])))
             tols.append(rel * abs(best))
+            if r_logits is not None:
+                arb.append(arbitrate(r_logits[b], logits[b], int(e_tok[b]), int(m_tok[b]),
+                                     None if t_logits is None else t_logits[b], factor))
         tok = e_tok
-    return GreedyComparison(torch.stack(want), torch.stack(got), tuple(diffs), rel, tuple(tols))
+    return GreedyComparison(torch.stack(want), torch.stack(got), tuple(diffs), rel, tuple(tols), tuple(arb), factor)
 
 
 def float32_inputs(ex: DecodeExample, inputs: tuple) -> tuple:
