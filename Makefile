@@ -101,7 +101,7 @@ lab: venv
 
 # The documentation site (Sphinx + myst-nb, offline): executes the CPU notebooks, warnings are errors.
 docs: venv
-	cd docs && ../$(PY) -m sphinx -b html -W --keep-going -q . _build/html
+	cd docs && ../$(PY) -m sphinx -j 2 -b html -W --keep-going -q . _build/html
 	@echo "docs: open docs/_build/html/index.html"
 
 # The notebooks with every exercise's solution cleared (nbgrader's markers), for a class.
