@@ -42,13 +42,16 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 #: How much further from float64 than eager tkx may be, and the relative error always allowed.
-FACTOR = {"float32": 8.0, "bfloat16": 4.0, "float16": 4.0}
-FLOOR = {"float32": 1e-5, "bfloat16": 2e-2, "float16": 4e-3}
+#: ``tfloat32``: a float32 case whose kernel runs with ``fp32_math="tf32"`` (tensor cores round the GEMM
+#: operands to float16's 10 mantissa bits), judged on the GPU like a float16 computation; the interpreters
+#: compute in float32 and keep float32's rule.
+FACTOR = {"float32": 8.0, "bfloat16": 4.0, "float16": 4.0, "tfloat32": 4.0}
+FLOOR = {"float32": 1e-5, "bfloat16": 2e-2, "float16": 4e-3, "tfloat32": 4e-3}
 #: The relative size of rounding-sized noise on the inputs (a few units of rounding). Eager's spread runs
 #: add ``FACTOR`` times it: tkx may be ``FACTOR`` times further from float64 than eager, i.e. answer like
 #: eager on inputs rounded ``FACTOR`` times more coarsely (for a smooth value the same bound as ``FACTOR``
 #: times the spread under ``NOISE``; where rounding decides a sign, the larger noise shows the flip).
-NOISE = {"float32": 1e-6, "bfloat16": 4e-3, "float16": 5e-4}
+NOISE = {"float32": 1e-6, "bfloat16": 4e-3, "float16": 5e-4, "tfloat32": 5e-4}
 #: Independent noisy eager runs whose largest move counts as eager's spread. One draw is a coin toss where
 #: a rounding error decides a sign (Adam's first step is ``lr * sign(g)``: a float16 gradient element that
 #: weight decay cancels to 1e-5 flipped under 12 of 20 draws at ``FACTOR * NOISE``); six draws all miss
@@ -136,6 +139,12 @@ def _spread_runs(run: Any, dtype: str, seed: int) -> list[list[torch.Tensor]]:
     """``run(noise, seed)`` for :data:`SPREAD_RUNS` seeds: eager's values on inputs perturbed by ``FACTOR``
     times :data:`NOISE`."""
     return [run(FACTOR[dtype] * NOISE[dtype], seed + 7919 * j) for j in range(SPREAD_RUNS)]
+
+
+def _kernel_dtype(case: fam.Case, dtype: str) -> str:
+    """The dtype the kernel on the device is judged in: ``tfloat32`` for a float32 case built with
+    ``fp32_math="tf32"``, else ``dtype``."""
+    return "tfloat32" if dtype == "float32" and dict(case.options).get("fp32_math") == "tf32" else dtype
 
 
 def _eager(step: Any, inputs: tuple) -> list[torch.Tensor]:
@@ -352,6 +361,7 @@ def _check_functional(case: fam.Case, ns: dict, state: dict, errors: dict, nvrtc
         def on_device(tree: Any) -> list[Any]:  # eager on the device (its autocast policy and kernels)
             return _cpu(_eager(step, _to_device(tree, DEVICE)))
         want = _eager_on_device(lambda: on_device(inputs))
+        dtype = _kernel_dtype(case, dtype)
         noisy = _spread_runs(lambda size, seed: on_device(_perturbed(inputs, size, seed)), dtype, case.seed)
         runner = tkx.runtime.build(step, _to_device(inputs, DEVICE), options)
         args = _to_device(inputs, DEVICE)
@@ -407,6 +417,7 @@ def _check_stateful(case: fam.Case, ns: dict, state: dict, errors: dict, nvrtc: 
     if gpu:  # the kernel on the device updates a fresh model and optimizer moved there
         state["stage"] = "gpu"
         want = _eager_on_device(lambda: eager(False, device=DEVICE))
+        dtype = _kernel_dtype(case, dtype)
         noisy = _spread_runs(lambda size, seed: eager(False, size, seed, DEVICE), dtype, case.seed)
         s, (m, o), x = ns["make"](case.seed)
         m.to(DEVICE)
