@@ -12,6 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+
+import tkx
 from pipeline import check_step
 
 g = torch.Generator().manual_seed(11)
@@ -221,3 +223,21 @@ def test_spectral_norm_in_a_stateful_step_updates_its_buffers_as_eager():
         torch.testing.assert_close(exp.run(x, y).detach(), make(ref_model, ref_opt)(x, y).detach())
     for (name, a), (_, b) in zip(model.state_dict().items(), ref_model.state_dict().items()):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_fused_rms_norm_decomposes_with_its_backward():
+    """``F.rms_norm`` on CUDA (torch 2.11) records ``aten._fused_rms_norm``; its forward and backward decompose
+    (refused on the H200 before: found by the family fuzzer's GPU campaign)."""
+    def step(w, x):
+        def loss(w):
+            y, _ = torch.ops.aten._fused_rms_norm(x, [8], w, 1e-6)
+            return (y * y.tanh()).sum()
+        g, value = torch.func.grad_and_value(loss)(w)
+        return value, w - 0.1 * g
+
+    w, x = torch.randn(8), torch.randn(4, 8)
+    exp = tkx.explore(step, (w, x))
+    assert exp.program.ops and not [op.kind for op in exp.program.ops if "rms" in op.kind]
+    got = tkx.reference.run(exp.optimized, (w, x)).outputs
+    for g, want in zip(got, step(w, x)):
+        torch.testing.assert_close(g, want, rtol=1e-5, atol=1e-5)

@@ -64,6 +64,7 @@ TORCH_DECOMPOSED = [
     aten.slice_backward, aten.select_backward, aten.diagonal_backward, aten.select_scatter,
     # norms, masks, losses, products
     aten.linalg_vector_norm, aten.norm.ScalarOpt_dim, aten.tril, aten.triu,
+    aten._fused_rms_norm, aten._fused_rms_norm_backward,  # F.rms_norm on CUDA (torch 2.11)
     aten.binary_cross_entropy, aten.binary_cross_entropy_backward,
     aten._unsafe_index, aten.isposinf, aten.isneginf,
     aten.dot, aten.mv, aten.addmv, aten.baddbmm, aten.nan_to_num, aten.logit, aten.frac,
