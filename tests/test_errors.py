@@ -235,3 +235,17 @@ def test_scatter_with_a_float_index_is_refused_too():
     with pytest.raises(tkx.UnsupportedError, match="index tensor") as info:
         tkx.capture(step, (torch.zeros(4, 2), torch.tensor([[1.0, 2.0]]), torch.ones(1, 2)))
     assert info.value.kind == "bad-input" and "idx.long()" in str(info.value)
+
+
+def test_a_later_call_with_another_dtype_or_shape_says_what_to_pass():
+    def step(p, x):
+        return (x @ p["w"]).sum()
+
+    program = tkx.capture(step, ({"w": torch.randn(3, 2)}, torch.randn(4, 3))).lower()
+    with pytest.raises(tkx.TkxError, match=r"expected float32\[4, 3\], got float64\[4, 3\]; dtypes are fixed .* "
+                                           r"pass float32 \(e\.g\. `\.to\(torch\.float32\)`\)"):
+        tkx.reference.run(program, ({"w": torch.randn(3, 2)}, torch.randn(4, 3).double()))
+    with pytest.raises(tkx.TkxError, match=r"got float32\[5, 3\]; shapes are fixed .* pass the captured shape"):
+        tkx.reference.run(program, ({"w": torch.randn(3, 2)}, torch.randn(5, 3)))
+    with pytest.raises(tkx.TkxError, match=r"missing args\[1\] \(x\)$"):
+        tkx.reference.run(program, ({"w": torch.randn(3, 2)},))

@@ -43,15 +43,21 @@ class Execution:
         return tree_unflatten(list(self.outputs), self.program.out_tree)
 
 
-def _tree_difference(expected: Any, got: Any) -> str:
-    """The leaves one pytree structure has and the other lacks, by path (``[0]['w2']``), in a line."""
+def _tree_difference(expected: Any, got: Any, names: Sequence[str] = ()) -> str:
+    """The leaves one pytree structure has and the other lacks, by path (``[0]['w2']``), in a line; a missing
+    leaf also by its input name (``names``: the captured inputs' names in leaf order) where that differs."""
     def paths(spec: Any) -> list[str]:
         skeleton = tree_unflatten([0] * spec.num_leaves, spec)
         return [keystr(p) for p, _ in tree_flatten_with_path(skeleton)[0]]
+
+    def named(i: int, path: str) -> str:
+        name = names[i] if i < len(names) else ""
+        tail = path[path.index("]") + 1:] if "]" in path else ""  # the path inside the argument
+        return f"args{path}" + (f" ({name})" if name and not (tail and name.endswith(tail)) else "")
     want, have = paths(expected), paths(got)
-    missing = [p for p in want if p not in have]
+    missing = [named(i, p) for i, p in enumerate(want) if p not in have]
     extra = [p for p in have if p not in want]
-    parts = ([f"missing {', '.join('args' + p for p in missing[:8])}"] if missing else []) + \
+    parts = ([f"missing {', '.join(missing[:8])}"] if missing else []) + \
             ([f"unexpected {', '.join('args' + p for p in extra[:8])}"] if extra else [])
     return "; ".join(parts) or ("the containers differ (a tuple where a list was captured, or dict keys in "
                                 "another order)")
@@ -66,7 +72,8 @@ def flatten_inputs(program: Program, inputs: Sequence[Any]) -> list[torch.Tensor
     else:
         flat, tree = tree_flatten(tuple(inputs))
         if program.in_tree is not None and tree != program.in_tree:
-            raise TkxError("inputs do not match the captured signature: " + _tree_difference(program.in_tree, tree))
+            raise TkxError("inputs do not match the captured signature: "
+                           + _tree_difference(program.in_tree, tree, [i.name for i in program.inputs]))
         flat = with_state(program, flat)
     if len(flat) != len(program.inputs):
         raise TkxError(f"expected {len(program.inputs)} input tensors, got {len(flat)}")
@@ -75,9 +82,14 @@ def flatten_inputs(program: Program, inputs: Sequence[Any]) -> list[torch.Tensor
             raise TkxError(f"input {spec.name}: expected a tensor, got {type(t).__name__}")
         if tuple(t.shape) != spec.value.shape or TORCH[spec.value.dtype] != t.dtype:
             got = f"{t.dtype}{list(t.shape)}".replace("torch.", "")
-            raise TkxError(f"input {spec.name}: expected {spec.value.dtype}{list(spec.value.shape)}, got {got}; "
-                           "shapes and dtypes are fixed when the step is captured: capture it again "
-                           "(tkx.explore / tkx.runtime.build) with inputs of the new shape")
+            want = f"{spec.value.dtype}{list(spec.value.shape)}"
+            if tuple(t.shape) == spec.value.shape:
+                raise TkxError(f"input {spec.name}: expected {want}, got {got}; dtypes are fixed when the step is "
+                               f"captured: pass {spec.value.dtype} (e.g. `.to(torch.{spec.value.dtype})`), or capture "
+                               f"it again (tkx.explore / tkx.runtime.build) with {got.split('[')[0]} inputs")
+            raise TkxError(f"input {spec.name}: expected {want}, got {got}; shapes are fixed when the step is "
+                           "captured: pass the captured shape, or capture it again (tkx.explore / "
+                           "tkx.runtime.build) with inputs of the new shape")
     devices = {t.device for t in flat}
     if len(devices) > 1:
         raise TkxError(f"inputs on different devices: {sorted(map(str, devices))}; move them to one device")
