@@ -249,3 +249,28 @@ def test_a_later_call_with_another_dtype_or_shape_says_what_to_pass():
         tkx.reference.run(program, ({"w": torch.randn(3, 2)}, torch.randn(5, 3)))
     with pytest.raises(tkx.TkxError, match=r"missing args\[1\] \(x\)$"):
         tkx.reference.run(program, ({"w": torch.randn(3, 2)},))
+
+
+def test_bad_input_in_a_stateful_step_is_one_error_without_torchs_log(caplog):
+    """A module step whose example inputs do not fit its layers is one bad-input error naming the line; torch's
+    FakeTensor ERROR log of the failed meta kernel (about 20 lines with a traceback) is held back."""
+    import logging
+
+    import torch.nn.functional as F
+    model = torch.nn.Sequential(torch.nn.Linear(20, 4))
+    opt = torch.optim.AdamW(model.parameters())
+
+    def train_step(x, y):
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    x, y = torch.randn(32, 21), torch.randint(0, 4, (32,))
+    with caplog.at_level(logging.ERROR, logger="torch._subclasses.fake_tensor"):
+        exp = tkx.explore(train_step, (x, y), state=(model, opt))
+        with pytest.raises(tkx.UnsupportedError, match="bad-input") as info:
+            exp.run(x, y)
+    assert "train_step" in str(info.value) or "test_errors.py" in str(info.value)
+    assert [r for r in caplog.records if r.name.startswith("torch._subclasses")] == []

@@ -399,7 +399,7 @@ class StatefulStep:
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         from . import _tracing_error
-        from .trace import TorchStateGuard
+        from .trace import TorchStateGuard, quiet_fake_tensor_log
 
         mode = FakeTensorMode(allow_non_fake_inputs=False)
         values = {s.name: mode.from_tensor(self._example(s, self.device)) for s in self.slots}
@@ -412,7 +412,7 @@ class StatefulStep:
         guard = TorchStateGuard().__enter__()
         watched = _watch_groups(self.optimizers)
         try:
-            with mode, self.bind(values, trace=True) as live:
+            with quiet_fake_tensor_log(), mode, self.bind(values, trace=True) as live:
                 before = [[_group_values(g) for g in opt.param_groups] for _, opt in self.optimizers]
                 for g in watched:
                     g.armed = True
@@ -555,7 +555,7 @@ class StatefulStep:
 
         from . import _tracing_error
         from .decompositions import decomposition_table
-        from .trace import SourceTagMode, TorchStateGuard
+        from .trace import SourceTagMode, TorchStateGuard, quiet_fake_tensor_log
 
         user_flat, user_tree = tree_flatten(tuple(example_inputs))
         names = [s.name for s in self.slots]
@@ -577,7 +577,7 @@ class StatefulStep:
 
         guard = TorchStateGuard().__enter__()
         try:
-            with fx_traceback.preserve_node_meta():
+            with quiet_fake_tensor_log(), fx_traceback.preserve_node_meta():
                 gm = make_fx(lifted_step, decomposition_table=decomposition_table(), tracing_mode="fake")(
                     *(t.detach() for t in examples), *(t.detach() if isinstance(t, torch.Tensor) else t
                                                       for t in user_flat), _random.philox_state(device=self.device))

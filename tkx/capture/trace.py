@@ -9,7 +9,9 @@ and whether it was made while autograd ran the backward pass (inside
 
 from __future__ import annotations
 
+import contextlib
 import linecache
+import logging
 import os
 import sys
 import sysconfig
@@ -172,6 +174,19 @@ def node_tag(node: torch.fx.Node) -> dict[str, Any]:
     ...}`` (see :class:`SourceTagMode`)."""
     custom = node.meta.get("custom") or {}
     return custom.get(TAG, {})
+
+
+@contextlib.contextmanager
+def quiet_fake_tensor_log() -> Any:
+    """Hold back FakeTensor's ERROR log of a failed meta kernel (a traceback on stderr) while tracing: the
+    exception itself becomes tkx's one error naming the user's line."""
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 class TorchStateGuard:
