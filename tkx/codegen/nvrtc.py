@@ -455,10 +455,15 @@ def _compile_core(source: str, name: str, arch: str, exact: bool, includes: tupl
 
 
 def _compile_bindings(source: str, name: str, arch: str, exact: bool, includes: tuple[str, ...],
-                      max_registers: int | None, lineinfo: bool) -> tuple[bytes, str, tuple[str, ...]]:
+                      max_registers: int | None, lineinfo: bool,
+                      ptx: bool = False) -> tuple[bytes, str, tuple[str, ...]]:
+    """(cubin, log, flags) through the NVRTC bindings; ``ptx``: NVVM's PTX instead of the cubin (without
+    ptxas's flags)."""
     from cuda.bindings import nvrtc
 
     flags = nvrtc_flags(arch, exact=exact, includes=includes, max_registers=max_registers, lineinfo=lineinfo)
+    if ptx:
+        flags = tuple(f for f in flags if not f.startswith("--ptxas"))
 
     def check(result: tuple, what: str) -> tuple:
         if int(result[0]) != 0:
@@ -474,9 +479,14 @@ def _compile_bindings(source: str, name: str, arch: str, exact: bool, includes: 
         log = buf.decode(errors="replace").strip("\x00")
         if int(err) != 0:
             raise _Failure(log, flags)
-        (size,) = check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
-        cubin = b" " * size
-        check(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
+        if ptx:
+            (size,) = check(nvrtc.nvrtcGetPTXSize(prog), "nvrtcGetPTXSize")
+            cubin = b" " * size
+            check(nvrtc.nvrtcGetPTX(prog, cubin), "nvrtcGetPTX")
+        else:
+            (size,) = check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
+            cubin = b" " * size
+            check(nvrtc.nvrtcGetCUBIN(prog, cubin), "nvrtcGetCUBIN")
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
     return cubin, log, flags
@@ -566,6 +576,17 @@ def check_arch(arch: str) -> None:
                                f"it; it compiles for {listing}", arch=arch)
 
 
+def _compile_error(failure: _Failure, source: str, name: str, arch: str,
+                   includes: tuple[str, ...]) -> CudaCompileError:
+    """The :class:`CudaCompileError` of a failed compile: its log with the offending source lines quoted."""
+    quoted = quote_errors(failure.log, source, name=name, includes=includes)
+    message = (f"NVRTC could not compile the kernel for {arch} ({header_set().describe()}):\n"
+               f"{quoted or failure.log}")
+    if "could not open source file" in failure.log:
+        message += f"\nhint: {headers_hint()}"
+    return CudaCompileError(message, log=failure.log, arch=arch, options=failure.flags)
+
+
 def compile_cuda(source: str, arch: str = "sm_90", *, exact: bool = False, name: str = SOURCE_NAME,
                  max_registers: int | None = None, lineinfo: bool = False,
                  backend: str = "auto") -> CompileReport:
@@ -585,12 +606,7 @@ def compile_cuda(source: str, arch: str = "sm_90", *, exact: bool = False, name:
     try:
         cubin, log, flags = run(source, name, arch, exact, includes, max_registers, lineinfo)
     except _Failure as failure:
-        quoted = quote_errors(failure.log, source, name=name, includes=includes)
-        message = (f"NVRTC could not compile the kernel for {arch} ({header_set().describe()}):\n"
-                   f"{quoted or failure.log}")
-        if "could not open source file" in failure.log:
-            message += f"\nhint: {headers_hint()}"
-        raise CudaCompileError(message, log=failure.log, arch=arch, options=failure.flags) from None
+        raise _compile_error(failure, source, name, arch, includes) from None
     kernels = parse_ptxas_log(log)
     if not kernels and "__global__" in source:
         # A repeated compile of the same program can be answered from a cache whose log has no
@@ -643,28 +659,11 @@ def compile_ptx(source: str, arch: str = "sm_90", *, exact: bool = False, name: 
     :func:`compile_cuda` less ptxas's; raises :class:`CudaCompileError` with the log on failure,
     :class:`NvrtcUnavailableError` when NVRTC cannot be loaded."""
     check_arch(arch)
+    includes = include_dirs()
     try:
-        from cuda.bindings import nvrtc
+        ptx, _, _ = _compile_bindings(source, name, arch, exact, includes, None, False, ptx=True)
     except ImportError:
         raise NvrtcUnavailableError("cuda.bindings is not installed (pip install cuda-bindings)") from None
-    includes = include_dirs()
-    flags = [f for f in nvrtc_flags(arch, exact=exact, includes=includes) if not f.startswith("--ptxas")]
-    err, prog = nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], [])
-    if int(err) != 0:
-        raise CudaCompileError(f"nvrtcCreateProgram failed: {err}", arch=arch, options=tuple(flags))
-    try:
-        (err,) = nvrtc.nvrtcCompileProgram(prog, len(flags), [f.encode() for f in flags])
-        if int(err) != 0:
-            _, size = nvrtc.nvrtcGetProgramLogSize(prog)
-            log = b" " * size
-            nvrtc.nvrtcGetProgramLog(prog, log)
-            text = log.decode(errors="replace").strip("\x00")
-            raise CudaCompileError(f"NVRTC could not compile the kernel for {arch}:\n"
-                                   f"{quote_errors(text, source, name=name, includes=includes) or text}",
-                                   log=text, arch=arch, options=tuple(flags))
-        _, size = nvrtc.nvrtcGetPTXSize(prog)
-        ptx = b" " * size
-        nvrtc.nvrtcGetPTX(prog, ptx)
-    finally:
-        nvrtc.nvrtcDestroyProgram(prog)
-    return ptx.decode().rstrip("\x00")
+    except _Failure as failure:
+        raise _compile_error(failure, source, name, arch, includes) from None
+    return ptx.decode(errors="replace").rstrip("\x00")
