@@ -256,17 +256,10 @@ def test_bad_input_in_a_stateful_step_is_one_error_without_torchs_log(caplog):
     FakeTensor ERROR log of the failed meta kernel (about 20 lines with a traceback) is held back."""
     import logging
 
-    import torch.nn.functional as F
+    from stateful_steps import classify_step
     model = torch.nn.Sequential(torch.nn.Linear(20, 4))
     opt = torch.optim.AdamW(model.parameters())
-
-    def train_step(x, y):
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss
-
+    train_step = classify_step(model, opt)
     x, y = torch.randn(32, 21), torch.randint(0, 4, (32,))
     with caplog.at_level(logging.ERROR, logger="torch._subclasses.fake_tensor"):
         exp = tkx.explore(train_step, (x, y), state=(model, opt))
