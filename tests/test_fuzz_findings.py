@@ -12,7 +12,11 @@ shrunk case that failed and a direct check of the cause:
   it were row-major (its strides are ``(1, rows)``): wrong on the GPU only, found on the CPU now by
   :func:`tkx.codegen.read_check.check_reads`, which the oracle runs on every kernel;
 * BatchNorm over two elements under bf16 autocast (norm-700859): torch's rule rounded the saved mean and
-  1/std to bfloat16 on the CPU, and the input's gradient came out 25 times float64's, of the other sign.
+  1/std to bfloat16 on the CPU, and the input's gradient came out 25 times float64's, of the other sign;
+* LayerNorm over one element under AMSGrad (norm-900047, the GPU only): the compiler contracted
+  ``dy*g - sum(dy*g)`` into one FMA at one reader of the product while the sum read it rounded, so the
+  difference was a rounding residual instead of 0; a float32 product read by more than one op is now
+  rounded on its own (``__fmul_rn``).
 """
 
 from __future__ import annotations
@@ -291,17 +295,38 @@ def test_adam_on_a_transposed_parameter_on_the_gpu():
 
 #: norm-900047 of the GPU campaign, shrunk: LayerNorm over a single element (normalized_shape (1,)), AMSGrad
 #: with weight decay. In exact arithmetic the output is beta and w1's gradient 0; the kernel's backward
-#: leaves a rounding residual (~1e-8 of dy * gamma, FMA-contracted) that 1/sqrt(eps) = 316 magnifies, and
-#: the update lands 1.1e-4 from float64 where eager's fused CUDA kernel cancels exactly (1.4e-8).
+#: left a rounding residual (~1e-8 of dy * gamma: ``dy*g - sum(dy*g)`` with the product FMA-contracted at
+#: one reader and rounded at the other) that 1/sqrt(eps) = 316 magnified, and the update landed 1.1e-4 from
+#: float64 where eager's fused CUDA kernel cancels exactly (1.4e-8).
 NORM_900047 = fam.Case("norm", 900047, (
     ("amp", "none"), ("batch", 2), ("channels", 1), ("clip", "none"), ("eps", 1e-05), ("kind", "layer_norm"),
     ("length", None), ("maximize", False), ("optimizer", "amsgrad"), ("update", "functional"),
     ("weight_decay", 0.01), ("width", 3)), ())
 
 
+def test_a_product_read_twice_is_rounded_once_in_the_kernel():
+    """norm-900047's cause, on the CPU: the product ``dy * gamma`` (read by its row sum and by the
+    subtraction of that sum) is written ``__fmul_rn`` wherever it is computed, so no reader can fuse it into
+    an FMA; a product read once (the loss's ``(h - y) * (1/3)``) stays free to contract."""
+    import re
+    ns = oracle.load(NORM_900047)
+    exp = tkx.explore(ns["step"], ns["make_inputs"](NORM_900047.seed))
+    ops = {op.id: op for op in exp.schedule.program.ops}
+    readers = {k: sum(1 for op in exp.schedule.program.ops for x in op.inputs
+                      if getattr(x, "buffer", None) == k) for k in ops}
+    text = exp.cuda.text
+    twice = [k for k, op in ops.items() if op.kind == "mul" and readers[k] > 1 and f"v_{k} =" in text]
+    once = [k for k, op in ops.items() if op.kind == "mul" and readers[k] == 1 and f"v_{k} =" in text]
+    assert twice and once, (twice, once)
+    for k in twice:
+        for line in re.findall(rf"v_{k}(?:_\d+)? = [^;]*;", text):
+            assert line.split(" = ", 1)[1].startswith("__fmul_rn("), line
+    assert any(" * " in line and "__fmul_rn" not in line
+               for k in once for line in re.findall(rf"v_{k}(?:_\d+)? = [^;]*;", text))
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.xfail(strict=True, reason="open: norm-900047, a one-element LayerNorm's backward residual on the GPU")
 def test_one_element_layer_norm_backward_cancels_on_the_gpu():
     o = oracle.check(NORM_900047, gpu=True)
     assert o.status == "ok", o.line()

@@ -127,6 +127,27 @@ class ValueEmitter:
         self._index_only: dict = {}  # intfacts' cache of index-only values (divisors such as 16**j)
         self._index32: bool | None = None
         self._ranges: dict = {}  # intfacts' cache of integer value bounds
+        self._readers: dict[str, int] | None = None  # buffer -> how many ops (and program outputs) read it
+
+    def readers(self, buf: str) -> int:
+        """How many ops of the program, and program outputs, read root buffer ``buf``."""
+        if self._readers is None:
+            counts: dict[str, int] = {}
+            for op in self.p.ops:
+                for x in {x.buffer for x in op.inputs if isinstance(x, TensorSpec)}:
+                    counts[x] = counts.get(x, 0) + 1
+            for o in self.p.outputs:
+                counts[o.value.buffer] = counts.get(o.value.buffer, 0) + 1
+            self._readers = counts
+        return self._readers.get(buf, 0)
+
+    def rounds_once(self, op: Op) -> bool:
+        """A float32 product read by more than one op is rounded on its own (``__fmul_rn``): left to the
+        compiler, ``a * b - c`` at one reader contracts into ``fma(a, b, -c)`` (the product unrounded)
+        while another reader (a reduction, a recomputation elsewhere) sees the rounded product, so one
+        SSA value would hold two numbers. LayerNorm's backward over one element is where it shows: its
+        ``dy*g - sum(dy*g)`` left a rounding residual that ``1/sqrt(eps)`` magnified."""
+        return op.kind == "mul" and op.out.dtype == "float32" and self.readers(op.id) > 1
 
     def index32(self) -> bool:
         """Device functions take a 32-bit non-negative index (:func:`tkx.codegen.intfacts.index_fits_32` over
@@ -269,7 +290,8 @@ class ValueEmitter:
                     else x for x in op.inputs]  # scalars are formatted in the op's compute type
             exact_cast = (self.cheap and op.kind == "cast" and op.inputs
                           and intfacts.exact_in_half(op.inputs[0], self.ops, self._ranges))
-            text = cops.value(op, args, exact=self.exact, exact_cast=bool(exact_cast), cheap=self.cheap)
+            text = cops.value(op, args, exact=self.exact or self.rounds_once(op), exact_cast=bool(exact_cast),
+                              cheap=self.cheap)
         if memo is not None:
             memo[key] = var
         if text is not None:
