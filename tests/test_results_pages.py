@@ -95,3 +95,20 @@ def test_the_zoo_page_shows_where_the_time_goes(results_pages):
     page = results_pages.render(run)
     assert "## Where the time goes" in page and "measured timeline" in page
     assert "| 20.0 | 12.0 (60%) | 3.0 (15%) | 2.5 (12%) | 0.5 (2%) | 2.0 (10%) | GEMM-bound: GEMM groups are 60%" in page
+
+
+def test_a_continued_campaign_names_each_part(results_pages):
+    """A fuzzing campaign resumed at another commit or machine lists its parts (scripts/fuzz-campaign
+    --resume writes them under "segments"); one part alone adds no table."""
+    run = json.loads((RESULTS / "fuzzing.json").read_text(encoding="utf-8"))
+    res = run["results"]
+    res["segments"] = [
+        {"commit": "aaaaaaa", "machine": "x86_64 vm (2 CPUs)", "torch": "2.13.0+cpu", "programs": 3,
+         "seconds": 10.0, "command": None},
+        {"commit": "bbbbbbb", "machine": "NVIDIA H200 (132 SMs), host of 16 CPUs", "torch": "2.11.0+cu130",
+         "programs": res["programs"] - 3, "seconds": 20.0, "command": "scripts/fuzz-campaign --resume --out X"}]
+    page = results_pages.render(run)
+    assert "ran in 2 parts" in page
+    assert "| 2 | `bbbbbbb` | NVIDIA H200 (132 SMs), host of 16 CPUs | 2.11.0+cu130 |" in page
+    res["segments"] = res["segments"][:1]
+    assert "parts" not in results_pages.render(run)
