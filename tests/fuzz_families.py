@@ -248,7 +248,7 @@ def _attention(k: dict) -> tuple[list[str], list[str], list[str]]:
         # a large negative fill as users write it for their dtype: -1e9 overflows float16 (eager refuses it)
         large = "torch.finfo(s.dtype).min" if k.get("amp") in ("fp16", "fp16_scaler") else "-1e9"
         fill = "float('-inf')" if mask == "causal_inf" else large
-        lines.append(f"    s = s.masked_fill(torch.ones({n}, {n}, dtype=torch.bool).triu(1), {fill})")
+        lines.append(f"    s = s.masked_fill(torch.ones({n}, {n}, dtype=torch.bool, device=s.device).triu(1), {fill})")
     elif mask == "random_inf":
         init += [f"mask = torch.rand({b}, 1, {n}, {n}, generator=g) < 0.3",
                  f"mask[..., torch.arange({n}), torch.arange({n})] = False"]
@@ -394,7 +394,7 @@ def _random(k: dict) -> tuple[list[str], list[str], list[str]]:
     noise = {"dropout": f"F.dropout(h, {prob})", "dropout_eval": f"F.dropout(h, {prob}, training=False)",
              "randn_like": f"h + {prob} * torch.randn_like(h)",
              "bernoulli": f"h * torch.bernoulli(torch.full_like(h, {1 - prob}))",
-             "rand": f"h * (torch.rand({b}, {hid}) >= {prob}).to(h.dtype)",
+             "rand": f"h * (torch.rand({b}, {hid}, device=h.device) >= {prob}).to(h.dtype)",
              "alpha_dropout": f"F.dropout(F.relu(h), {prob}) + torch.rand_like(h)"}[op]
     lines = ["    h = torch.relu(x @ p['w1'])", f"    h = {noise}", "    loss = F.mse_loss(h @ p['w2'], y)"]
     return init, ["x", "y"], lines
@@ -463,7 +463,7 @@ def _step_lines(k: dict, data: list[str], random_ops: bool) -> list[str]:
     else:
         lines.append(f"    grads, loss = {call}")
     if scaler:
-        lines += ["    found_inf = torch.zeros((), dtype=torch.float32)",
+        lines += ["    found_inf = torch.zeros((), dtype=torch.float32, device=scale.device)",
                   "    torch._amp_foreach_non_finite_check_and_unscale_(list(grads.values()), found_inf, "
                   "(1.0 / scale).float())",
                   "    ok = found_inf == 0", "    loss = loss / scale"]

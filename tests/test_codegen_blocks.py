@@ -391,6 +391,9 @@ def test_choose_strategy():
     assert R.choose_strategy(256, 1000)[0] == "warp"
     assert R.choose_strategy(200, 100_000)[0] == "block"
     assert R.choose_strategy(2, 100_000)[0] == "partial"
+    # a few rows of at most 2048 (a batch-1 RMSNorm's statistics): a block per row, not one warp alone
+    assert R.choose_strategy(1, 2048)[0] == "block" and R.choose_strategy(4, 1024)[0] == "block"
+    assert R.choose_strategy(1, 256)[0] == "warp" and R.choose_strategy(132, 2048)[0] == "warp"
     # rows adjacent in memory, enough of them that 32 per work item fills half the grid: one phase
     assert R.choose_strategy(4096, 256, rows_contiguous=True)[0] == "columns"
     assert R.choose_strategy(1024, 256, rows_contiguous=True)[0] == "partial"  # 32 items: two phases

@@ -214,6 +214,31 @@ def test_streaming_gemv_is_chosen_for_decode_sized_weights_and_compiles(quant):
         assert exp.cuda.check("sm_90a").spill_bytes == 0
 
 
+@pytest.mark.parametrize("ahead", [0, 1, 2])
+def test_streaming_gemv_prefetches_the_weight_rows_of_later_items_to_l2(ahead):
+    """``Options.gemv_prefetch``: at the start of a work item the block asks L2 for the weight rows of its items
+    1..ahead rounds on (the first round), then of the item ``ahead`` rounds on: every 128-byte line of their
+    rows once (8192 columns x K 2048: per item 8 rows of 32 lines); the sums are untouched."""
+    n, k = 8192, 2048
+    x, w = rnd(1, k, dtype=BF16), rnd(n, k, scale=0.02).to(BF16)
+    exp = tkx.explore(lambda x, w: F.linear(x, w), [x, w], arch="sm_90a", gemv_prefetch=ahead)
+    (grp,) = [g for g in exp.schedule.groups.values() if g.kind == "gemm"]
+    note = exp.cuda.notes[grp.id]
+    assert note["l2_ahead"] == ahead
+    text = exp.cuda.text
+    if not ahead:
+        assert "prefetch.global.L2" not in text
+        return
+    per_item, lines = note["per_item"], k * 2 // 128
+    assert f"for (int d = first; d <= {ahead}; ++d)" in text
+    assert f"const int first = item < (int)gridDim.x ? 1 : {ahead};" in text
+    assert f"for (int x = threadIdx.x; x < {per_item * lines}; x += blockDim.x)" in text
+    assert f"const int nl = nitem * {per_item} + x / {lines};" in text
+    assert f"(x % {lines}) * 64 + nl * {k}" in text  # a line of 64 bf16 elements of weight row nl
+    if nvrtc_available():
+        assert exp.cuda.check("sm_90a").spill_bytes == 0
+
+
 def test_streaming_gemv_split_over_columns_and_k_fills_the_sms():
     """stream_split: the decode GEMVs' (columns per warp, K slices) make about one wave of 132 SMs: q/k/v/o
     (512 columns, K 512 in 2 vector steps) 4 columns per item over 2 K slices = 128 items; gate/up (1536

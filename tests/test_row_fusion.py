@@ -91,11 +91,13 @@ def test_softmax_over_a_leading_dim_is_not_row_fused():
     assert not _row_groups(exp)
 
 
-def test_a_row_too_long_for_registers_stays_apart():
-    exp = check_step(softmax_step, (_f(2, 2048),), rtol=1e-4, atol=1e-6, nvrtc=False)
+@pytest.mark.parametrize("shape", [(16, 2048), (2, 8192)])
+def test_a_row_too_long_for_registers_stays_apart(shape):
+    """16 rows of 2048: one warp per row holds at most 512; 2 rows of 8192: a block of 256 holds 4096."""
+    exp = check_step(softmax_step, (_f(*shape),), rtol=1e-4, atol=1e-6, nvrtc=False)
     assert not _row_groups(exp)
     row = [d for d in exp.schedule.decisions if d.kind == "row"]
-    assert row and all(not d.fused and d.code == "row-too-long" and "2048" in d.reason for d in row)
+    assert row and all(not d.fused and d.code == "row-too-long" and str(shape[1]) in d.reason for d in row)
 
 
 def test_transposed_input_row():
@@ -138,4 +140,51 @@ def test_row_fusion_verifies_on_the_gpu(fuse_rows):
                 torch.randint(0, 10, (64,), generator=g).to(device))
 
     runner = tkx.runtime.build(ce_step, make(0), tkx.Options(fuse_rows=fuse_rows))
+    assert runner.verify(make_inputs=make).passed
+
+
+def rms_norm_step(x, w):
+    """RMSNorm as a decode step writes it: float32 statistics of a bf16 row, the result back in bf16."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5)
+    return h.to(x.dtype) * w
+
+
+@pytest.mark.parametrize("rows,size,per_row", [(1, 2048, 256), (2, 2048, 256), (4, 2048, 256), (1, 256, 256),
+                                               (1, 128, 32), (8, 512, 32), (64, 512, 32)])
+def test_a_few_long_rows_take_a_block_each(rows, size, per_row):
+    """A batch-1 (or batch-4) RMSNorm over d = 2048 is one row per block, every thread holding 8 of its
+    elements, folded by a block reduction; many rows, or a short one, keep one warp per row."""
+    x = _f(rows, size).to(torch.bfloat16)
+    w = (1 + 0.1 * _f(size, seed=1)).to(torch.bfloat16)
+    exp = check_step(rms_norm_step, (x, w), rtol=1e-2, atol=1e-2, nvrtc=False)
+    (g,) = _row_groups(exp)
+    assert g.plan.row_threads == per_row and g.work_items == (rows if per_row > 32 else -(-rows // 8))
+    text = exp.cuda.text
+    if per_row > 32:
+        assert "one block of 256 threads per row" in text and "tkx_block_sum(acc_" in text
+        assert "const int r = lane + 256 * k;" in text and f"for (int k = 0; k < {size // 256}; ++k)" in text
+    else:
+        assert "one warp per row" in text and "tkx_warp_sum(acc_" in text
+
+
+@pytest.mark.skipif(not nvrtc_available(), reason="needs NVRTC")
+def test_a_block_per_row_compiles_without_spills():
+    exp = tkx.explore(rms_norm_step, (_f(1, 2048).to(torch.bfloat16), _f(2048, seed=1).to(torch.bfloat16)))
+    assert _row_groups(exp)[0].plan.row_threads == 256
+    for arch in ("sm_80", "sm_90a"):
+        report = exp.cuda.check(arch)
+        assert report.spill_bytes == 0, f"{arch}: {report}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("rows", [1, 3])
+def test_a_block_per_row_verifies_on_the_gpu(rows):
+    def make(seed=0, device="cuda"):
+        g = torch.Generator().manual_seed(seed)
+        return (torch.randn(rows, 2048, generator=g).to(torch.bfloat16).to(device),
+                (1 + 0.1 * torch.randn(2048, generator=g)).to(torch.bfloat16).to(device))
+
+    runner = tkx.runtime.build(rms_norm_step, make(0))
     assert runner.verify(make_inputs=make).passed

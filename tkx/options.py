@@ -150,6 +150,9 @@ class Options:
                                    "epilogue reads, before its k-loop", choices=_BOOL)
     tensormap_prefetch: bool = _opt(False, "prefetch every TMA tensor map into the descriptor cache at kernel "
                                     "entry (each copy's own prefetch stays)", choices=_BOOL)
+    gemv_prefetch: int = _opt(2, "the streaming GEMV asks L2 to prefetch the weight rows of the work items this "
+                              "many rounds of the block's grid-stride loop ahead, so HBM streams while an item "
+                              "reduces and stores (0: off)", choices=(0, 1, 2, 3, 4))
     gemm_cluster: str = _opt("off", "2-CTA thread-block clusters for TMA wgmma GEMMs: paired work items share the B "
                              "tile by multicast; on: GEMMs at least 8 k-tiles deep, all: any depth",
                              choices=("off", "on", "all"))
@@ -349,7 +352,7 @@ OPTION_GROUPS: dict[str, tuple[str, ...]] = {
     "compilation": ("arch", "backend", "timeline", "outline"),
     "code variants": ("grid_barrier", "cheap_int_math", "wgmma_min_macs", "wgmma_in_flight", "split_k_final",
                       "split_k_min_steps", "epilogue_vector", "epilogue_prefetch", "tensormap_prefetch",
-                      "gemm_cluster", "cluster_scope", "cluster_multicast"),
+                      "gemv_prefetch", "gemm_cluster", "cluster_scope", "cluster_multicast"),
 }
 
 

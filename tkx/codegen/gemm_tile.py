@@ -157,7 +157,8 @@ class GemvLoads:
     else the same bits are read two bytes at a time); ``ptr_short`` / ``aligned_short``: the same for the
     short operand's element ``(batch, k, s)``; ``prefetch``: raw buffers of the element-load path to prefetch
     per column; ``long8``: the long operand's element ``(k0 + t, l)`` for ``k0`` a multiple of 8 (the chain
-    path with 8 elements per lane)."""
+    path with 8 elements per lane); ``ahead``: rounds of the block's grid-stride loop whose long-operand rows
+    (16-byte path) are prefetched to L2 at the start of an item (``Options.gemv_prefetch``, 0: none)."""
 
     ptr_long: PtrLong | None = None
     aligned: str = "false"
@@ -165,6 +166,7 @@ class GemvLoads:
     aligned_short: str = "false"
     prefetch: tuple[Prefetch, ...] = ()
     long8: Long8 | None = None
+    ahead: int = 0
 
 
 def _align(n: int, to: int = SMEM_ALIGN) -> int:

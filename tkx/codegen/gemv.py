@@ -384,6 +384,36 @@ def _prefetch_rows(g: _Stream, prefetch: tuple[Prefetch, ...]) -> list[str]:
     return fetch + ["    }", "}"]
 
 
+def _prefetch_ahead(r: GemmRequest, g: _Stream) -> list[str]:
+    """``prefetch.global.L2`` of the long operand's rows of the work items ``1 .. ahead`` rounds of this block's
+    grid-stride loop ahead (16-byte path): the first round asks for all of them, every later one for the item
+    ``ahead`` rounds on. An item's rows are ``per_item`` weight rows of K elements; the block's threads share
+    their 128-byte lines. The weights do not depend on the step's values, so HBM streams the next items while
+    this one waits for its loads, reduces and stores (a hint: the loads read the same bytes either way)."""
+    ld, p = r.gemv_loads, r.problem
+    if not g.vec or ld.ptr_long is None or ld.ahead <= 0:
+        return []
+    per_line = LINE // 2  # 2-byte elements per line
+    lines = ceil_div(p.k, per_line)  # lines of one row
+    total = p.batch * g.per_batch
+    rows = g.per_item * lines
+    nbat = f"const int nbat = nitem / {g.per_batch}; " if p.batch > 1 else ""
+    nl = f"(nitem % {g.per_batch}) * {g.per_item} + x / {lines}" if p.batch > 1 else \
+        f"nitem * {g.per_item} + x / {lines}"
+    src = ld.ptr_long("nbat" if p.batch > 1 else "0", f"(x % {lines}) * {per_line}", "nl")
+    return [f"{{  // L2 prefetch of the weight rows of this block's items up to {ld.ahead} round(s) ahead",
+            f"    const int first = {r.item} < (int)gridDim.x ? 1 : {ld.ahead};",
+            f"    for (int d = first; d <= {ld.ahead}; ++d) {{",
+            f"        const int nitem = {r.item} + d * (int)gridDim.x;",
+            f"        if (nitem >= {total}) break;",
+            f"        for (int x = threadIdx.x; x < {rows}; x += blockDim.x) {{",
+            f"            {nbat}const int nl = {nl};",
+            f"            if (nl < {g.long_n}) asm volatile(\"prefetch.global.L2 [%0];\" :: \"l\"({src}));",
+            "        }",
+            "    }",
+            "}"]
+
+
 def _sum_loops(g: _Stream, statement: str) -> str:
     """``statement`` for every column ``c`` and short index ``s`` of this warp (both loops unrolled)."""
     return block(
@@ -442,6 +472,7 @@ def gemv_stream(r: GemmRequest) -> GemmCode:
     zero = block(f"float sum[{cpw}][{s_count}];", _sum_loops(g, "sum[c][s] = 0.0f;"))
     loop, unroll = (_vector_loop if g.vec else _chain_loop if g.lane8 else _element_loop)(r, g)
     fetch = _prefetch_rows(g, ld.prefetch)
+    ahead = _prefetch_ahead(r, g)
     out = block(f"const int l = l0 + c, row = {row}, col = {col};", "const float acc = sum[c][s];",
                 r.epilogue("bat", "row", "col", "acc"))
     store = block(
@@ -465,7 +496,7 @@ def gemv_stream(r: GemmRequest) -> GemmCode:
             "const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;",
             f"const int group = warp % {g.groups}, kslice = warp / {g.groups};",
             (f"const int l0 = ({item} % {per_batch}) * {g.per_item} + group * {cpw};" if p.batch > 1
-             else f"const int l0 = {item} * {g.per_item} + group * {cpw};")]
+             else f"const int l0 = {item} * {g.per_item} + group * {cpw};"), *ahead]
     if g.ksplit == 1:
         body = block(*head, f"if (l0 < {long_n}) {{  // the whole warp takes the same branch",
                      indent(block(zero, *fetch, loop, reduce, "if (lane == 0) {", indent(store), "}")), "}")
@@ -483,6 +514,7 @@ def gemv_stream(r: GemmRequest) -> GemmCode:
         shared = 4 * (r.threads // 32) * cpw * s_count
     params = {"mode": "stream", "short": "m" if g.small_m else "n", "short_size": s_count, "per_item": g.per_item,
               "columns_per_warp": cpw, "k_slices": g.ksplit, "unroll": unroll, "vector_loads": g.vec,
-              "prefetched": len(ld.prefetch) if not g.vec else 0, "lane_elements": 8 if g.vec or g.lane8 else 1}
+              "prefetched": len(ld.prefetch) if not g.vec else 0, "lane_elements": 8 if g.vec or g.lane8 else 1,
+              "l2_ahead": ld.ahead if ahead else 0}
     return GemmCode("gemv_stream", "{\n" + indent(body) + "\n}", p.batch * per_batch, shared, r.threads, False,
                     params)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import re
 from collections.abc import Callable
 from typing import Any
@@ -162,7 +164,8 @@ class GemmGroups(ValueEmitter):
             final = epilogue
         if spec_of(variant).streaming:  # the streaming GEMV's vector, chain and prefetch loads
             decisions = {"blocks": self.s.blocks, "cheap": self.cheap,
-                         "gemv_loads": self.gemv_stream_loads(a, b, prob, pointer_to, coords)}
+                         "gemv_loads": dataclasses.replace(self.gemv_stream_loads(a, b, prob, pointer_to, coords),
+                                                           ahead=int(self.s.options.gemv_prefetch))}
         else:
             decisions = dict(
                 tile=(plan.tile_m, plan.tile_n, plan.tile_k),

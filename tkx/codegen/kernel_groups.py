@@ -141,11 +141,12 @@ class GroupEmitter(ValueEmitter):
         return self.reduction_code(g)
 
     def row_code(self, g: Group) -> tuple[str, int, int]:
-        """A row-persistent group (:mod:`tkx.schedule.rows`): one warp per row; pass ``i`` reduces the
-        ``i``-th reduction's input over the row (each lane its ``K = ceil(size / 32)`` elements, the loads
-        kept in registers ``tkx_rc*[K]`` after their first pass), a warp all-reduce gives every lane the
+        """A row-persistent group (:mod:`tkx.schedule.rows`): one warp per row, or the whole block per row
+        when the plan says so (``row_threads``: a few long rows); pass ``i`` reduces the ``i``-th reduction's
+        input over the row (each thread its ``K = ceil(size / row_threads)`` elements, the loads kept in
+        registers ``tkx_rc*[K]`` after their first pass), a warp (block) all-reduce gives every thread the
         result, the row-level ops after it are computed at the row; a last pass computes and stores the
-        row-shaped (full) values. A work item is one row per warp."""
+        row-shaped (full) values. A work item is one row per warp (one row per block)."""
         from ..schedule.rows import member_kind
         from ..schedule.rowshape import row_key
         from .reduce import row_pass_close, row_pass_fold, row_pass_open
@@ -158,7 +159,8 @@ class GroupEmitter(ValueEmitter):
         assert isinstance(plan, ReductionPlan)
         rows, size = plan.rows, plan.size
         kept = [d for d in range(len(shape)) if d not in dims]
-        lanes_k = -(-size // 32)
+        per_row = self.threads if plan.row_threads > 32 else 32
+        lanes_k = -(-size // per_row)
         warps = self.threads // 32
         cs = ["0"] * len(shape)
         for d, c in zip(kept, _unravel("(long long)row", tuple(shape[d] for d in kept))):
@@ -176,7 +178,7 @@ class GroupEmitter(ValueEmitter):
         def element_loop(inner: list[str]) -> str:
             return block("#pragma unroll",
                          f"for (int k = 0; k < {lanes_k}; ++k) {{  // this lane's elements of the row",
-                         indent(block("const int r = lane + 32 * k;",
+                         indent(block(f"const int r = lane + {per_row} * k;",
                                       f"if (r < {size}) {{",
                                       indent(block(f"const long long tkx_lin = {lin};", inner)),
                                       "}")),
@@ -192,7 +194,7 @@ class GroupEmitter(ValueEmitter):
                     memo: dict = {}
                     x = self.element(op.inputs[0], "tkx_lin", inner, memo, registers, inl)
                     inner.append(row_pass_fold(op.kind, acc, x))
-                    close, result = row_pass_close(op.kind, acc, size)
+                    close, result = row_pass_close(op.kind, acc, size, whole_block=per_row > 32)
                     out += [f"// pass over the row: {m} = {op.kind}", row_pass_open(op.kind, acc),
                             element_loop(inner), close,
                             f"const float v_{m} = {round_to(op.out.dtype, result)};  // {m}: {op.kind}"]
@@ -214,18 +216,21 @@ class GroupEmitter(ValueEmitter):
                 out += ["// last pass: the row's own values", element_loop(inner)]
         finally:
             self._row = None
-        body = block("const int lane = threadIdx.x % 32;",
-                     f"const int row = item * {warps} + threadIdx.x / 32;",
-                     f"if (row < {rows}) {{  // the whole warp takes the same branch",
-                     indent(block("const long long tkx_e = row;", *ctx.declarations(), *out)),
-                     "}")
+        if per_row > 32:  # the block per row: a work item is a row, every thread a lane of it
+            head = ["const int lane = threadIdx.x;", "const int row = item;",
+                    f"if (row < {rows}) {{  // the whole block takes the same branch"]
+            who, items = f"one block of {per_row} threads per row", rows
+        else:
+            head = ["const int lane = threadIdx.x % 32;", f"const int row = item * {warps} + threadIdx.x / 32;",
+                    f"if (row < {rows}) {{  // the whole warp takes the same branch"]
+            who, items = "one warp per row", max(1, -(-rows // warps))
+        body = block(*head, indent(block("const long long tkx_e = row;", *ctx.declarations(), *out)), "}")
         reds = [m for m in g.ops if kinds[m] == "reduction"]
         code = "{\n" + indent(block(f"// {g.id}: row-persistent, {len(reds)} reductions "
-                                     f"({', '.join(reds)}) over {rows} rows of {size}: one warp per row", body)) \
-            + "\n}"
+                                     f"({', '.join(reds)}) over {rows} rows of {size}: {who}", body)) + "\n}"
         self.plan.notes[g.id] = {"strategy": "row", "passes": len(reds), "values_per_lane": lanes_k,
-                                 "cached_loads": len(ctx.slots)}
-        return code, max(1, -(-rows // warps)), 0
+                                 "threads_per_row": per_row, "cached_loads": len(ctx.slots)}
+        return code, items, 0
 
     def copy_code(self, g: Group) -> tuple[str, int, int]:
         task = self.s.copies[g.id]

@@ -369,9 +369,13 @@ def row_pass_fold(kind: str, acc: str, x: str) -> str:
     return _fold(kind, acc, x)
 
 
-def row_pass_close(kind: str, acc: str, size: int) -> tuple[str, str]:
+def row_pass_close(kind: str, acc: str, size: int, *, whole_block: bool = False) -> tuple[str, str]:
     """(C statement, C expression): the warp's all-reduce of ``acc`` (every lane gets the row's result:
-    a butterfly of ``__shfl_xor_sync``, the same order in every lane) and the reduced value (divided by
-    ``size`` for a mean)."""
+    a butterfly of ``__shfl_xor_sync``, the same order in every lane), or with ``whole_block`` the block's
+    (each warp's butterfly, the warps' partials folded in shared memory by every warp), and the reduced
+    value (divided by ``size`` for a mean)."""
+    if whole_block:
+        return f"{acc} = {_row(kind).block}({acc});  // every thread of the block gets the row's result", \
+            _result(kind, acc, size)
     return f"{acc} = {_row(kind).warp}({acc});  // every lane of the warp gets the row's result", \
         _result(kind, acc, size)

@@ -33,6 +33,7 @@ from ..target import (
     pointwise_cost,
     pointwise_per_thread,
     reduction_emitter,
+    row_threads,
 )
 from .fusion import group_reads
 from .model import FusionDecision, Group
@@ -76,7 +77,7 @@ def _plan(w: Work, a: Op, kind: str, row_groups: dict[str, Any], attention_plans
     if kind == "gemm":
         return gemm_plan(a, options, arch, w.inlined)
     if kind == "reduction" and a.id in row_groups:
-        return _row_plan(row_groups[a.id], w.graph)
+        return _row_plan(row_groups[a.id], w.graph, threads)
     if kind == "reduction":
         return _reduction_plan(a, threads)
     per = pointwise_per_thread(a.out.numel, threads, options.max_blocks or SM_COUNT * options.blocks_per_sm)
@@ -200,12 +201,15 @@ def _reduction_plan(op: Op, threads: int) -> ReductionPlan:
                             threads, SM_COUNT)
 
 
-def _row_plan(rg: Any, g: Graph) -> ReductionPlan:
-    """The plan of a row group: one warp per row, the row in registers, one pass per reduction."""
+def _row_plan(rg: Any, g: Graph, threads: int) -> ReductionPlan:
+    """The plan of a row group: a warp (or, for a few long rows, the block) per row, the row in registers,
+    one pass per reduction."""
     kinds = ", ".join(g.ops[r].kind for r in rg.reductions)
+    per_row = row_threads(rg.rows, rg.size, threads)
+    who = "one warp per row" if per_row == 32 else f"one block of {per_row} threads per row"
     why = (f"row-persistent: {len(rg.reductions)} reductions ({kinds}) over rows of {rg.size} in one work item, "
-           f"one warp per row keeping its {-(-rg.size // 32)} value(s) per lane in registers")
-    return ReductionPlan("row", why, rg.rows, rg.size, False, passes=len(rg.reductions))
+           f"{who} keeping its {-(-rg.size // per_row)} value(s) per thread in registers")
+    return ReductionPlan("row", why, rg.rows, rg.size, False, passes=len(rg.reductions), row_threads=per_row)
 
 
 def _group_cost(group: Group, program_ops: dict[str, Op], threads: int) -> Cost:

@@ -28,7 +28,7 @@ from typing import Any
 from .. import ops
 from ..errors import TkxError
 from ..ir import Op, Program, TensorSpec, ancestors
-from ..target import SKINNY_MAX
+from ..target import SKINNY_MAX, row_threads
 from ..watchdog import UserCodeTimeout, user_code
 
 #: Kinds the op table marks as transcendental (their cost class): recomputed only when needed.
@@ -120,20 +120,24 @@ def _skinny_long_operand(c: Candidate) -> bool:
 
 
 def _row_fits(c: Candidate) -> Verdict | None:
-    from .rowshape import MAX_ROW, row_key
+    from .rowshape import ROW_PER_LANE, row_key
 
     key = row_key(c.consumer) if c.consumer.family == "reduction" else None
     if key is not None:
         size = math.prod(key[0][d] for d in key[1])
+        rows = math.prod(key[0]) // max(size, 1)
     elif c.producer.out.numel < c.consumer.out.numel:
         size = c.consumer.out.numel // max(c.producer.out.numel, 1)
+        rows = c.producer.out.numel
     else:
         return fuse("row-persistent", f"fused: {c.consumer.kind} is computed in the row pass that holds "
                                       f"{c.producer.kind} in registers")
-    if size > MAX_ROW:
-        return keep("row-too-long", f"not fused: a row of {size} elements does not fit in one warp's registers "
-                                    f"(at most {MAX_ROW})")
-    return fuse("row-persistent", f"fused: one warp keeps the row of {size} in registers; {c.consumer.kind} is "
+    per_row = row_threads(rows, size, c.options.threads_per_block)
+    who = "one warp" if per_row == 32 else f"one block of {per_row} threads"
+    if size > ROW_PER_LANE * per_row:
+        return keep("row-too-long", f"not fused: a row of {size} elements does not fit in {who}'s registers "
+                                    f"(at most {ROW_PER_LANE * per_row})")
+    return fuse("row-persistent", f"fused: {who} keeps the row of {size} in registers; {c.consumer.kind} is "
                                   f"one more pass over it in the same work item, with no barrier")
 
 
@@ -245,7 +249,8 @@ BUILTIN_RULES: tuple[FusionRule, ...] = (
                "operand of a GEMV)"),
     FusionRule("multi-use", ("inline",), _multi_use, "recompute multi-use producers only when cheap"),
     FusionRule("expression-size", ("inline",), _deep_inline, "bound inline expression size"),
-    FusionRule("row-fits", ("row",), _row_fits, "row-persistent fusion only when the row fits in registers"),
+    FusionRule("row-fits", ("row",), _row_fits, "row-persistent fusion only when the row fits in registers (16 "
+                                                "values per thread of a warp, or of the block for a few long rows)"),
     FusionRule("sibling-gemms", ("epilogue",), _sibling_gemms,
                "an epilogue reading an independent GEMM moves into its consumer GEMV's short-operand load, so the "
                "two GEMMs share a stage"),

@@ -105,6 +105,7 @@ from .reduction import (  # noqa: F401 - the package's names
     pointwise_cost,
     pointwise_per_thread,
     reduction_emitter,
+    row_threads,
 )
 
 __all__ = [
@@ -154,6 +155,7 @@ __all__ = [
     "REDUCTION_EMITTERS",
     "choose_reduction",
     "reduction_emitter",
+    "row_threads",
     "pointwise_cost",
     "AttentionProblem",
     "AttentionPlan",

@@ -39,6 +39,20 @@ class ReductionPlan(Plan):
     parts: int | None = None
     partials: str | None = None
     passes: int = 1
+    #: threads that share one row of a row-persistent group: 32 (a warp per row, several rows per work item)
+    #: or the block's (a block per row, a work item per row: :func:`row_threads`)
+    row_threads: int = 32
+
+
+def row_threads(rows: int, size: int, threads: int) -> int:
+    """Threads per row of a row-persistent group of ``rows`` rows of ``size`` on blocks of ``threads``: the
+    whole block when the rows would leave at least half its warps idle and the row is long (at least 8
+    elements per lane of a warp): one warp alone would walk the row with dependent loads (an RMSNorm over
+    d = 2048 in a batch-1 decode step took 10-13 µs on one warp of an H200, measured by
+    ``scripts/decode-profile``); else one warp."""
+    if rows * 2 <= threads // 32 and size >= 8 * 32:
+        return threads
+    return 32
 
 
 @dataclass(frozen=True, eq=False)
@@ -109,8 +123,8 @@ class ReductionEmitter:
             items = rows
         elif self.name == "columns":
             items = ceil_div(rows, 32)
-        elif self.name == "row":  # one warp per row, every pass over the row in registers
-            items = ceil_div(rows, threads // 32)
+        elif self.name == "row":  # a warp (or the block) per row, every pass over the row in registers
+            items = rows if plan.row_threads > 32 else ceil_div(rows, threads // 32)
             return Cost(items, rows * size * max(plan.passes, 1), nbytes)
         else:
             items = ceil_div(rows, threads // 32)
@@ -124,8 +138,8 @@ REDUCTION_EMITTERS: tuple[ReductionEmitter, ...] = (
     ReductionEmitter("columns", "rows adjacent in memory: 32 rows per work item, the warps split the reduced "
                                 "index, folded in order in shared memory; one phase"),
     ReductionEmitter("partial", "two phases: chunks of rows into scratch, then one warp per row folds them"),
-    ReductionEmitter("row", "row-persistent: one warp per row, several reductions and the row's pointwise "
-                            "outputs in one work item, the row in registers"),
+    ReductionEmitter("row", "row-persistent: one warp (or, for a few long rows, the block) per row, several "
+                            "reductions and the row's pointwise outputs in one work item, the row in registers"),
 )
 
 
@@ -140,8 +154,10 @@ def _reduction_strategy(rows: int, size: int, rows_contiguous: bool, threads: in
         return "partial", "rows adjacent in memory but few: 32 rows x a chunk of each per work item"
     if size <= 32:
         return "thread", f"only {size} elements per row: a serial loop per thread"
-    if rows >= warps_total or size <= 2048:
+    if rows >= warps_total or size <= 8 * 32 or (size <= 2048 and rows >= blocks):
         return "warp", f"{rows} rows of {size}: one warp per row"
+    if size <= 2048:  # one warp would walk the row alone (64 dependent loads per lane for 2048)
+        return "block", f"{rows} rows of {size}, fewer than the {blocks} blocks: one block per row"
     if rows >= blocks:
         return "block", f"{rows} long rows ({size}): one block per row"
     return "partial", f"{rows} rows of {size} cannot fill {blocks} blocks: two-phase grid reduction"
