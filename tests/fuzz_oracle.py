@@ -253,15 +253,17 @@ def _alarm(_signum: int, _frame: Any) -> None:
 
 
 def check(case: fam.Case, *, nvrtc: bool = True, timeout_s: float = 0.0,
-          namespace: dict[str, Any] | None = None, gpu: bool = False) -> Outcome:
+          namespace: dict[str, Any] | None = None, gpu: bool = False, eager_only: bool = False) -> Outcome:
     """Run ``case`` through eager (float32, float64), tkx's two interpreters and NVRTC (``nvrtc``), within
     ``timeout_s`` seconds (0: no limit; SIGALRM, main thread only). Never raises. ``namespace``: the
     module of the case's source already executed (a reproduction passes its own globals). ``gpu``: build
     the kernel (:func:`tkx.runtime.build`) and run it on the CUDA device (stage ``gpu``), its values
     judged like the interpreters' but against eager on the device (its autocast policy and kernels; the
-    spread runs there too), arbitrated by float64, in place of the NVRTC compile."""
+    spread runs there too), arbitrated by float64, in place of the NVRTC compile. ``eager_only``: only eager's
+    runs (float32, float64, the spread runs, and with ``gpu`` eager on the device), nothing of tkx: the canary
+    that tells a program whose eager run kills the process (invalid) from one whose compiled run does."""
     start = time.perf_counter()
-    state = {"stage": "build"}
+    state = {"stage": "build", "eager_only": eager_only}
     errors: dict[str, float] = {}
 
     def done(status: str, detail: str = "", key: str = "") -> Outcome:
@@ -343,6 +345,10 @@ def _check_functional(case: fam.Case, ns: dict, state: dict, errors: dict, nvrtc
     originals = tree_flatten(inputs)[0]
     dtype = fam.compute_dtype(case)
     noisy = _spread_runs(lambda size, seed: _eager(step, _perturbed(inputs, size, seed)), dtype, case.seed)
+    if state.get("eager_only"):  # the canary of a program that killed its process: eager's runs alone
+        if gpu:
+            _eager_on_device(lambda: _cpu(_eager(step, _to_device(inputs, DEVICE))))
+        return
     state["stage"] = "capture"
     options = tkx.Options.make(**dict(case.options))
     exp = tkx.explore(step, inputs, options=options)
@@ -405,6 +411,10 @@ def _check_stateful(case: fam.Case, ns: dict, state: dict, errors: dict, nvrtc: 
     want, exact = _eager_pair(eager)
     dtype = fam.compute_dtype(case)
     noisy = _spread_runs(lambda size, seed: eager(False, size, seed), dtype, case.seed)
+    if state.get("eager_only"):  # the canary of a program that killed its process: eager's runs alone
+        if gpu:
+            _eager_on_device(lambda: eager(False, device=DEVICE))
+        return
     state["stage"] = "capture"
     exp = tkx.explore(step, inputs, options=tkx.Options.make(**dict(case.options)), state=(model, opt))
     state["stage"] = "run"
@@ -450,9 +460,10 @@ def _nvrtc_check(exp: Any, state: dict, nvrtc: bool) -> None:
 
 
 def check_seed(seed: int, family: str, options: bool = True, nvrtc: bool = True, timeout_s: float = 0.0,
-               gpu: bool = False) -> Outcome:
+               gpu: bool = False, eager_only: bool = False) -> Outcome:
     """:func:`check` of ``fam.random_case(seed, family, options=options)`` (a campaign worker's job)."""
-    return check(fam.random_case(seed, family, options=options), nvrtc=nvrtc, timeout_s=timeout_s, gpu=gpu)
+    return check(fam.random_case(seed, family, options=options), nvrtc=nvrtc, timeout_s=timeout_s, gpu=gpu,
+                 eager_only=eager_only)
 
 
 # -- the injected error (a check of the oracle itself) ---------------------------------------------------

@@ -344,3 +344,20 @@ def test_campaign_survives_a_worker_that_dies(tmp_path, monkeypatch):
     (entry,) = res["failures"].values()
     assert entry["seeds"] == [1001, 1003] and "worker process died" in entry["shrunk"]
     assert (tmp_path / entry["reproduction"]).exists()
+
+
+@pytest.mark.parametrize("family", ["conv", "module"])
+def test_the_eager_canary_runs_eager_alone(family, monkeypatch):
+    """``eager_only``: what the campaign runs in a fresh process when a program killed its worker, to tell
+    eager PyTorch dying (invalid) from tkx dying (crash): eager's runs complete, nothing of tkx runs."""
+    import tkx
+
+    def never(*args, **kwargs):
+        raise AssertionError("the canary must not reach tkx")
+    monkeypatch.setattr(tkx, "explore", never)
+    monkeypatch.setattr(tkx.runtime, "build", never)
+    seed = next(s for s in range(806682, 806682 + 40) if fam.random_case(s, family).family == family)
+    o = oracle.check_seed(seed, family, True, False, 0.0, False, True)
+    assert o.status == "ok" and o.stage == "", o.line()
+    # without the canary the same program reaches tkx (the patched explore raises: a crash of this test's making)
+    assert oracle.check_seed(seed, family, True, False, 0.0, False, False).status == "crash"
