@@ -16,7 +16,9 @@ def test_the_predicted_profile_accounts_for_the_whole_step(tmp_path):
     r = subprocess.run([sys.executable, str(REPO / "scripts" / "decode-profile"), "--predicted", "--config",
                         "decode_tiny", "--out", str(out)], capture_output=True, text=True, cwd=REPO, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
-    rec = json.loads(out.read_text())
+    record = json.loads(out.read_text())
+    assert {"date", "machine", "torch", "commit", "command", "title"} <= set(record)
+    rec = record["results"]
     stages = rec["stages"]
     assert rec["timeline"] == "predicted" and stages
     # the stage spans and the gaps between them tile the step: first start 0, last end the makespan
@@ -28,3 +30,9 @@ def test_the_predicted_profile_accounts_for_the_whole_step(tmp_path):
     assert any("gemm" in s["kinds"] for s in stages)
     assert sum(k["bytes"] for k in rec["by_kind"].values()) == rec["bytes"]
     assert "the 20 longest stages" in r.stdout
+    # its page, as scripts/results-pages writes it beside a committed record
+    import importlib.machinery
+    pages = importlib.machinery.SourceFileLoader("results_pages", str(REPO / "scripts" / "results-pages")).load_module()
+    page = pages.render(record, out.name)
+    assert page.startswith("# Where the decode_tiny decode step's time goes") and "| kind | stages |" in page
+    assert f"{rec['makespan_us']:.1f} µs" in page and "The longest stages:" in page
