@@ -330,3 +330,19 @@ def test_a_product_read_twice_is_rounded_once_in_the_kernel():
 def test_one_element_layer_norm_backward_cancels_on_the_gpu():
     o = oracle.check(NORM_900047, gpu=True)
     assert o.status == "ok", o.line()
+
+
+#: Two conv programs whose worker process died on the H200 machine (torch 2.11): conv-806682 in the CPU campaign
+#: (no CUDA in that process) and conv-911208 in the GPU campaign. Both under float16 autocast with GradScaler, a
+#: 1x1 kernel with dilation 2 and padding over an input one column wide, then average pooling. On this torch both
+#: pass every stage; whether eager PyTorch 2.11 or tkx killed the process is open (``fuzz-campaign --rejudge``
+#: on that machine runs each alone, then eager alone).
+DIED_ON_THE_H200_MACHINE = [fam.random_case(806682, "conv"), fam.random_case(911208, "conv")]
+
+
+@pytest.mark.parametrize("case", DIED_ON_THE_H200_MACHINE, ids=lambda c: c.label())
+def test_programs_that_killed_a_worker_on_the_h200_machine_pass_here(case):
+    knobs = dict(case.knobs)
+    assert (knobs["amp"], knobs["kernel"], knobs["dilation"], knobs["width"]) == ("fp16_scaler", 1, 2, 1)
+    o = oracle.check(case)
+    assert o.status == "ok", o.line()

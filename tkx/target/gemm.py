@@ -8,6 +8,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from ..dtypes import DTYPE_BYTES
 from ..ir import TensorSpec
 from .facts import (
     ARCHES,
@@ -181,7 +182,8 @@ class GemmEmitter:
             items = outs // per if outs % per == 0 else ceil_div(outs, plan.threads)  # as codegen batches them
             return Cost(items, outs * plan.split_k, outs * plan.split_k * 4)
         flops = 2 * plan.m * plan.n * plan.k * plan.batch
-        nbytes = (plan.m * plan.k + plan.k * plan.n) * plan.batch * 4
+        # the operands at their own dtype (a bf16 decode weight is 2 bytes an element); partials are fp32
+        nbytes = (plan.m * plan.k + plan.k * plan.n) * plan.batch * DTYPE_BYTES.get(plan.dtype, 4)
         if plan.split_k > 1:
             nbytes += plan.m * plan.n * plan.batch * plan.split_k * 4  # fp32 partials written
         if phase == "fused":
