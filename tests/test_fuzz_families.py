@@ -323,7 +323,15 @@ _CHECK_SEED = oracle.check_seed
 
 
 def _dies_on_odd_seeds(seed: int, *rest):
-    """A campaign job whose process dies (as on a fatal signal) for odd seeds."""
+    """A campaign job whose process dies (as on a fatal signal) for odd seeds, in tkx: eager alone (the
+    canary, ``eager_only``, the 7th argument) survives."""
+    if seed % 2 and not (len(rest) > 5 and rest[5]):
+        os._exit(3)
+    return _CHECK_SEED(seed, *rest)
+
+
+def _eager_dies_on_odd_seeds(seed: int, *rest):
+    """A campaign job whose process dies for odd seeds even with eager alone: eager PyTorch is what dies."""
     if seed % 2:
         os._exit(3)
     return _CHECK_SEED(seed, *rest)
@@ -344,6 +352,21 @@ def test_campaign_survives_a_worker_that_dies(tmp_path, monkeypatch):
     (entry,) = res["failures"].values()
     assert entry["seeds"] == [1001, 1003] and "worker process died" in entry["shrunk"]
     assert (tmp_path / entry["reproduction"]).exists()
+
+
+def test_a_program_whose_eager_run_kills_the_worker_is_invalid(tmp_path, monkeypatch):
+    """The canary: a program that kills its process with eager's runs alone is invalid, not a crash."""
+    import json
+
+    from script_module import load_script
+    campaign = load_script("fuzz-campaign")
+    monkeypatch.setattr(oracle, "check_seed", _eager_dies_on_odd_seeds)
+    argv = ["--out", str(tmp_path), "--count", "4", "--families", "views", "--no-nvrtc", "--quiet", "--workers", "2"]
+    assert campaign.main(argv) == 0
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert res["counts"]["crash"] == 0 and res["counts"]["invalid"] == 2 and res["counts"]["ok"] == 2, res["counts"]
+    assert res["invalid_by_message"] == {"eager killed its process": 2}
+    assert res["invalid_seeds"]["eager killed its process"] == [1001, 1003]
 
 
 @pytest.mark.parametrize("family", ["conv", "module"])

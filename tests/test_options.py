@@ -14,13 +14,13 @@ FIELDS = ["fuse_pointwise", "fuse_epilogues", "fuse_reductions", "fuse_rows", "f
           "mode", "fp32_math", "arch", "exact",
           "passes", "rules", "backend", "spin_limit", "sync", "timeline",
           "grid_barrier", "cheap_int_math", "wgmma_min_macs", "wgmma_in_flight", "split_k_final", "split_k_min_steps",
-          "epilogue_vector", "epilogue_prefetch", "tensormap_prefetch", "gemm_cluster", "cluster_scope",
-          "cluster_multicast", "outline"]
+          "epilogue_vector", "epilogue_prefetch", "tensormap_prefetch", "gemv_prefetch", "gemm_cluster",
+          "cluster_scope", "cluster_multicast", "outline"]
 #: The fields that select a variant of the generated code (each also checked by tests/test_codegen_identity.py).
 CODEGEN_SWITCHES = {"grid_barrier": "generation", "cheap_int_math": False, "wgmma_min_macs": 0, "wgmma_in_flight": 0,
                     "split_k_final": "last-slice", "split_k_min_steps": 4, "epilogue_vector": False,
                     "epilogue_prefetch": True, "tensormap_prefetch": True, "gemm_cluster": "on",
-                    "cluster_scope": "cta", "cluster_multicast": False, "outline": "on"}
+                    "cluster_scope": "cta", "cluster_multicast": False, "outline": "on", "gemv_prefetch": 2}
 
 
 def test_defaults_are_valid_and_documented():
@@ -48,7 +48,8 @@ def test_codegen_switches_are_validated_keyed_and_invalidate_the_schedule():
         assert pipeline.first_stage_of(name) == "schedule", name
     for name, bad in (("grid_barrier", "fast"), ("cheap_int_math", 1), ("wgmma_min_macs", -1),
                       ("wgmma_in_flight", 2), ("split_k_final", "last_slice"), ("split_k_min_steps", 0),
-                      ("gemm_cluster", True), ("cluster_scope", "gpu"), ("outline", True)):
+                      ("gemm_cluster", True), ("cluster_scope", "gpu"), ("outline", True),
+                      ("gemv_prefetch", 5)):
         with pytest.raises(OptionsError) as info:
             Options(**{name: bad})
         assert info.value.field == name
