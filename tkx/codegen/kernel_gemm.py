@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Callable
 from typing import Any
@@ -163,8 +162,7 @@ class GemmGroups(ValueEmitter):
             final = epilogue
         if spec_of(variant).streaming:  # the streaming GEMV's vector, chain and prefetch loads
             decisions = {"blocks": self.s.blocks, "cheap": self.cheap,
-                         "gemv_loads": dataclasses.replace(self.gemv_stream_loads(a, b, prob, pointer_to, coords),
-                                                           ahead=int(self.s.options.gemv_prefetch))}
+                         "gemv_loads": self.gemv_stream_loads(a, b, prob, pointer_to, coords)}
         else:
             decisions = dict(
                 tile=(plan.tile_m, plan.tile_n, plan.tile_k),
@@ -257,7 +255,8 @@ class GemmGroups(ValueEmitter):
             def ptr_long(bat: str, k: str, col: str) -> str:
                 return f"reinterpret_cast<const unsigned short*>({at(bat, k, col) if small_m else at(bat, col, k)})"
             at_s = pointer_to(short, 1 - fast) if short.dtype == "bfloat16" else None
-            return GemvLoads(ptr_long, _aligned(ptr), *self.short_loads(short, small_m, at_s), long8=long8)
+            return GemvLoads(ptr_long, _aligned(ptr), *self.short_loads(short, small_m, at_s), long8=long8,
+                             ahead=int(self.s.options.gemv_prefetch))
         if prob.batch != 1:
             return GemvLoads(long8=long8)
         at_s = pointer_to(short, 1 - fast) if self.cheap and short.dtype == "bfloat16" else None

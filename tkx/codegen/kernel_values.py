@@ -127,17 +127,15 @@ class ValueEmitter:
         self._index_only: dict = {}  # intfacts' cache of index-only values (divisors such as 16**j)
         self._index32: bool | None = None
         self._ranges: dict = {}  # intfacts' cache of integer value bounds
-        self._readers: dict[str, int] | None = None  # buffer -> how many ops (and program outputs) read it
+        self._readers: dict[str, int] | None = None  # buffer -> how many ops (and sinks) read it
 
     def readers(self, buf: str) -> int:
-        """How many ops of the program, and program outputs, read root buffer ``buf``."""
+        """How many ops of the program (:meth:`tkx.ir.Program.users`), outputs and state updates read root
+        buffer ``buf``."""
         if self._readers is None:
-            counts: dict[str, int] = {}
-            for op in self.p.ops:
-                for x in {x.buffer for x in op.inputs if isinstance(x, TensorSpec)}:
-                    counts[x] = counts.get(x, 0) + 1
-            for o in self.p.outputs:
-                counts[o.value.buffer] = counts.get(o.value.buffer, 0) + 1
+            counts = {b: len(ops) for b, ops in self.p.users().items()}
+            for v in self.p.sinks():
+                counts[v.buffer] = counts.get(v.buffer, 0) + 1
             self._readers = counts
         return self._readers.get(buf, 0)
 
