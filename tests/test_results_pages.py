@@ -19,7 +19,7 @@ RESULTS = REPO / "docs" / "results"
 PAGES = {"zoo", "gemm", "decode", "fuzzing", "training"}
 #: Pages named for the machine they were measured on: file stem -> the benchmark its JSON holds.
 MACHINE_PAGES = {"multistep-h200": "multistep", "zoo-h200": "zoo-h200", "decode-llama1b-h200": "decode-llama1b",
-                 "fuzzing-gpu": "fuzzing"}
+                 "fuzzing-gpu": "fuzzing", "decode-profile-h200": "decode-profile"}
 PAGES |= {stem for stem in MACHINE_PAGES if (RESULTS / f"{stem}.json").is_file()}
 #: Raw data the notebooks and tests read (notebooks 06 and 09, tests/test_report.py).
 NOTEBOOK_DATA = {"h200.json", "decode-h200.json", "decode-timeline-h200.json"}
