@@ -724,14 +724,23 @@ def test_flash_decoding_kernel_on_the_gpu():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("quant,n,k", [("bf16", 1536, 512), ("bf16", 512, 200), ("bf16", 300, 100),
-                                       ("int8", 512, 1536), ("int4", 4096, 512), ("int4", 512, 512)])
+                                       ("bf16_offset", 1000, 264), ("int8", 512, 1536), ("int4", 4096, 512),
+                                       ("int4", 512, 512)])
 def test_streaming_gemv_kernels_on_the_gpu(quant, n, k):
     """The streaming GEMV as compiled: 16-byte loads (bf16; K = 200 ends inside a 256-element step, K = 100
-    is not a multiple of 8 and takes the element loads), the int8 / int4 dequantising chains with their rows
-    prefetched, K split over warps; against AMK's fp32-accumulated column-tiled reference."""
+    is not a multiple of 8 and takes the element loads; ``bf16_offset``: a weight view one element into its
+    storage, not 16-byte aligned, read two bytes at a time, 1,000 columns ending inside a work item), the
+    int8 / int4 dequantising chains with their rows prefetched, K split over warps; against AMK's
+    fp32-accumulated column-tiled reference."""
     group = 128 if k % 128 == 0 else k
     w, x = rnd(n, k, scale=1 / math.sqrt(k)), rnd(4, k, dtype=BF16)
-    if quant == "bf16":
+    if quant == "bf16_offset":
+        storage = torch.empty(n * k + 1, dtype=BF16, device="cuda")
+        wd = storage[1:].view(n, k)
+        wd.copy_(w.to(BF16))
+        runner = tkx.runtime.build(lambda x, w: F.linear(x, w), (x.cuda(), wd))
+        got, want = runner(x.cuda(), wd), amk_linear(x, w.to(BF16), n_tile=64)
+    elif quant == "bf16":
         wb = w.to(BF16)
         runner = tkx.runtime.build(lambda x, w: F.linear(x, w), (x.cuda(), wb.cuda()))
         got, want = runner(x.cuda(), wb.cuda()), amk_linear(x, wb, n_tile=64)

@@ -290,32 +290,64 @@ def _fma_per_short(r: GemmRequest, g: _Stream, fma: str) -> str:
 
 
 def _vector_loop(r: GemmRequest, g: _Stream) -> tuple[str, int]:
-    """The K loop with 16-byte weight loads: ``(loop, unroll)``."""
+    """The K loop with 16-byte weight loads: ``(loop, unroll)``.
+
+    The loop body has no branch: ptxas schedules loads only within a basic block, so a branch around each
+    load (a column past the end, a base that is not 16-byte aligned) would leave one step's ``cpw`` loads in
+    flight instead of ``unroll x cpw``. A column past ``long_n`` reads the last row (its sums are never
+    stored); a lane's step past the slice's end (only when K is not ``ksplit x slice_steps x 256``) reads the
+    slice's first step and adds zeros; the alignment test is made once, outside the loop, and chooses
+    between a loop of ``uint4`` loads and the same loop reading two bytes at a time."""
     ld, cpw = r.gemv_loads, g.cpw
     assert ld.ptr_long is not None
     unroll = max(1, min(g.slice_steps, VEC_UNROLL // cpw))
+    exact = r.problem.k == g.ksplit * g.slice_steps * 256
     words = [f"raw[c].{w}" for w in "xyzw"]
-    loop = block(
-        f"#pragma unroll {unroll}",
-        f"for (int k0 = {g.k_lo} + lane * 8; k0 < {g.k_hi}; k0 += 256) {{",
-        indent(block(
-            f"uint4 raw[{cpw}];  // 8 weight elements per column: 16-byte loads, all in flight, then the FMAs",
-            "#pragma unroll",
-            f"for (int c = 0; c < {cpw}; ++c) {{",
-            "    const int l = l0 + c;",
-            "    raw[c] = make_uint4(0u, 0u, 0u, 0u);",
-            f"    if (l < {g.long_n}) {{",
-            f"        const unsigned short* src = {ld.ptr_long('bat', 'k0', 'l')};",
-            f"        if ({ld.aligned}) raw[c] = *reinterpret_cast<const uint4*>(src);",
-            f"        else raw[c] = {_pack8('src')};",
-            "    }",
-            "}",
-            _fma_per_short(r, g, indent(block(*(
-                f"sum[c][s] = fmaf(a[{2 * i}], __uint_as_float({w} << 16), sum[c][s]);\n"
-                f"sum[c][s] = fmaf(a[{2 * i + 1}], __uint_as_float({w} & 0xffff0000u), sum[c][s]);"
-                for i, w in enumerate(words))))))),
-        "}")
-    return loop, unroll
+    zero = "make_uint4(0u, 0u, 0u, 0u)"
+
+    def loop(vector: bool) -> str:
+        wload = (lambda src: f"__ldg(reinterpret_cast<const uint4*>({src}))") if vector else _pack8
+        aload = (lambda src: f"*reinterpret_cast<const uint4*>({src})") if vector else _pack8
+        kin = [] if exact else [f"const bool kin = k0 < {g.k_hi};  // this lane's step lies in the slice",
+                                f"const int kr = kin ? k0 : {g.k_lo} + lane * 8;  // else read a step that exists"]
+        kr = "k0" if exact else "kr"
+        keep = (lambda v: v) if exact else (lambda v: f"kin ? {v} : {zero}")
+        fma = indent(block(*(
+            f"sum[c][s] = fmaf(a[{2 * i}], __uint_as_float({w} << 16), sum[c][s]);\n"
+            f"sum[c][s] = fmaf(a[{2 * i + 1}], __uint_as_float({w} & 0xffff0000u), sum[c][s]);"
+            for i, w in enumerate(words))))
+        a_src = ld.ptr_short("bat", kr, "s") if ld.ptr_short is not None else None
+        if a_src is not None:
+            short = [f"const uint4 av = {keep(aload(a_src))};",
+                     *(f"a[{2 * i}] = __uint_as_float(av.{w} << 16); "
+                       f"a[{2 * i + 1}] = __uint_as_float(av.{w} & 0xffff0000u);" for i, w in enumerate("xyzw"))]
+        else:
+            short = ["#pragma unroll", f"for (int t = 0; t < 8; ++t) a[t] = "
+                     + (f"{_short_of(r, g, '(k0 + t)')};" if exact else f"kin ? {_short_of(r, g, '(kr + t)')} : 0.0f;")]
+        return block(
+            f"#pragma unroll {unroll}",
+            f"for (int j = 0; j < {g.slice_steps}; ++j) {{",
+            indent(block(
+                f"const int k0 = {g.k_lo} + lane * 8 + j * 256;",
+                *kin,
+                f"uint4 raw[{cpw}];  // 8 weight elements per column: the loads of {unroll} steps in flight, "
+                "then the FMAs",
+                "#pragma unroll",
+                f"for (int c = 0; c < {cpw}; ++c) {{",
+                f"    const int l = min(l0 + c, {g.long_n - 1});  // past the end: the last row, never stored",
+                f"    raw[c] = {keep(wload(ld.ptr_long('bat', kr, 'l')))};",
+                "}",
+                "#pragma unroll",
+                f"for (int s = 0; s < {g.s_count}; ++s) {{",
+                indent(block("float a[8];", *short, "#pragma unroll", f"for (int c = 0; c < {cpw}; ++c) {{", fma,
+                             "}")),
+                "}")),
+            "}")
+
+    test = ld.aligned if ld.ptr_short is None else f"({ld.aligned}) && ({ld.aligned_short})"
+    return block(f"if ({test}) {{  // 16-byte aligned bases: uint4 loads",
+                 indent(loop(True)), "} else {  // the same bits, two bytes at a time", indent(loop(False)), "}"), \
+        unroll
 
 
 def _chain_loop(r: GemmRequest, g: _Stream) -> tuple[str, int]:
