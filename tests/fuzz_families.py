@@ -541,17 +541,18 @@ _MODULE_OPT = {"SGD": "torch.optim.SGD(model.parameters(), lr=0.05{wd}{fe})",
 
 
 def _module_source(case: Case) -> str:
-    """``make(seed)`` -> (train_step, (model, optimizer), (x, y)): the stateful step people write."""
+    """``make(seed, device)`` -> (train_step, (model, optimizer), (x, y)): the stateful step people write, the
+    model moved to ``device`` before its optimizer is made (Adagrad makes its state in its constructor)."""
     k = case.k
     norm = {"none": "", "layer": f"torch.nn.LayerNorm({k['hidden']}), ",
             "batch": f"torch.nn.BatchNorm1d({k['hidden']}), "}[k["norm"]]
     wd = f", weight_decay={k['weight_decay']}" if k["weight_decay"] else ""
     opt = _MODULE_OPT[k["optimizer"]].format(wd=wd, fe=f", foreach={k['foreach']}")
     return "\n".join(_HEADER + [
-        "def make(seed=0):",
+        "def make(seed=0, device='cpu'):",
         "    torch.manual_seed(seed)",
         f"    model = torch.nn.Sequential(torch.nn.Linear({k['width']}, {k['hidden']}), {norm}torch.nn.GELU(), "
-        f"torch.nn.Linear({k['hidden']}, {k['classes']}))",
+        f"torch.nn.Linear({k['hidden']}, {k['classes']})).to(device)",
         f"    opt = {opt}",
         *(["    model.eval()"] if k["mode"] == "eval" else []),
         "",
@@ -563,8 +564,8 @@ def _module_source(case: Case) -> str:
         "        opt.zero_grad()",
         "        return loss",
         "",
-        f"    x = torch.randn({k['batch']}, {k['width']})",
-        f"    y = torch.randint(0, {k['classes']}, ({k['batch']},))",
+        f"    x = torch.randn({k['batch']}, {k['width']}).to(device)",
+        f"    y = torch.randint(0, {k['classes']}, ({k['batch']},)).to(device)",
         "    return train_step, (model, opt), (x, y)",
     ]) + "\n"
 

@@ -394,13 +394,10 @@ def _check_stateful(case: fam.Case, ns: dict, state: dict, errors: dict, nvrtc: 
     state["stage"] = "eager"
 
     def eager(double: bool, noise: float = 0.0, seed: int = 0, device: str = "cpu") -> list[torch.Tensor]:
-        s, (m, o), x = ns["make"](case.seed)
+        s, (m, o), x = ns["make"](case.seed, device)  # made on the device, as its optimizer's state
         if double:
             m.double()
             x = _double(x)
-        if device != "cpu":
-            m.to(device)  # the optimizer holds the same Parameter objects, now on the device
-            x = _to_device(x, device)
         if noise:  # the parameters and the batch moved by rounding-sized noise
             with torch.no_grad():
                 for j, p in enumerate(m.parameters()):
@@ -429,9 +426,7 @@ def _check_stateful(case: fam.Case, ns: dict, state: dict, errors: dict, nvrtc: 
         want = _eager_on_device(lambda: eager(False, device=DEVICE))
         dtype = _kernel_dtype(case, dtype)
         noisy = _spread_runs(lambda size, seed: eager(False, size, seed, DEVICE), dtype, case.seed)
-        s, (m, o), x = ns["make"](case.seed)
-        m.to(DEVICE)
-        x = _to_device(x, DEVICE)
+        s, (m, o), x = ns["make"](case.seed, DEVICE)
         runner = tkx.runtime.build(s, x, tkx.Options.make(**dict(case.options)), state=(m, o))
         got = _cpu([runner(*x)] + _module_values(m, o))
         if len(got) != len(want):
