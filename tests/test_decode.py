@@ -258,6 +258,43 @@ def test_streaming_gemv_split_over_columns_and_k_fills_the_sms():
         assert 1 <= cpw <= 8 and 8 % ks == 0 and ks <= steps
 
 
+def _gemv_notes(exp):
+    return {g.id: exp.cuda.notes[g.id] for g in exp.schedule.groups.values()
+            if g.kind == "gemm" and exp.cuda.notes.get(g.id, {}).get("variant") == "gemv_stream"}
+
+
+def test_streaming_gemv_reads_its_operands_sixteen_bytes_at_a_time():
+    """The decode MLP and LM head as users write them: SwiGLU's ``silu(gate) * up`` is computed once per work
+    item into shared memory (not per element in every warp) before the down projection streams its weight;
+    the LM head's ``F.linear(h.float(), w.float())`` reads the stored bfloat16 weight with 16-byte loads
+    (widening is exact) and the float32 activations two 16-byte loads per 8; the loop body has no branch
+    (ptxas keeps the loads of several steps in flight only within a basic block); the kernel compiles without
+    spills."""
+    d, f, v = 256, 1024, 3000
+    h = rnd(1, d, dtype=BF16)
+    wg, wu, wd, we = (rnd(*s, scale=0.05).to(BF16) for s in ((f, d), (f, d), (d, f), (v, d)))
+
+    def step(h, wg, wu, wd, we):
+        x = h + F.linear(F.silu(F.linear(h, wg)) * F.linear(h, wu), wd)
+        return F.linear(x.float(), we.float())
+
+    (out,), exp = tkx_run(step, [h, wg, wu, wd, we], exact=False)
+    notes = _gemv_notes(exp)
+    assert len(notes) == 4 and all(n["vector_loads"] for n in notes.values()), notes
+    assert sorted(n["staged_short"] for n in notes.values()) == [False, False, False, True], notes
+    text = exp.cuda.text
+    assert "act[i] = " in text and "reinterpret_cast<const float4*>(act + s * K" in text
+    head = text[text.index("N = 3000"):]
+    assert "const float4 lo = *reinterpret_cast<const float4*>" in head[:4000]
+    loops = [loop for loop in text.split("for (int j = 0; j < ")[1:] if "const int k0 = " in loop.split("\n")[1]]
+    assert len(loops) == 8, len(loops)  # 4 GEMVs, each an aligned and an unaligned loop
+    for loop in loops:
+        body = loop[:loop.index("sum[c][s] = fmaf")]
+        assert "if (" not in body, body
+    if nvrtc_available():
+        assert exp.cuda.check("sm_90").spill_bytes == 0
+
+
 @pytest.mark.parametrize("quant", ["int8", "int4"])
 def test_dequantising_chain_reads_one_raw_row_per_output_column(quant):
     """tkx.codegen.leaves.column_spans follows the GEMV operand's inlined dequant chain with index maps:

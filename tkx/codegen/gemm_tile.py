@@ -158,7 +158,10 @@ class GemvLoads:
     short operand's element ``(batch, k, s)``; ``prefetch``: raw buffers of the element-load path to prefetch
     per column; ``long8``: the long operand's element ``(k0 + t, l)`` for ``k0`` a multiple of 8 (the chain
     path with 8 elements per lane); ``ahead``: rounds of the block's grid-stride loop whose long-operand rows
-    (16-byte path) are prefetched to L2 at the start of an item (``Options.gemv_prefetch``, 0: none)."""
+    (16-byte path) are prefetched to L2 at the start of an item (``Options.gemv_prefetch``, 0: none);
+    ``short_f32``: ``ptr_short`` points to float32 elements (two 16-byte loads per 8), not bfloat16;
+    ``stage_short``: the short operand is an inlined chain, computed once per work item into shared memory
+    by the 16-byte path (when it fits, :data:`tkx.codegen.gemv.STAGE_BYTES`)."""
 
     ptr_long: PtrLong | None = None
     aligned: str = "false"
@@ -167,6 +170,8 @@ class GemvLoads:
     prefetch: tuple[Prefetch, ...] = ()
     long8: Long8 | None = None
     ahead: int = 0
+    short_f32: bool = False
+    stage_short: bool = False
 
 
 def _align(n: int, to: int = SMEM_ALIGN) -> int:

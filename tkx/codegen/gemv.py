@@ -50,6 +50,9 @@ CHAIN_UNROLL = 16
 MAX_CPW = 8
 #: Bytes one prefetch covers (a cache line of sm_80 and sm_90).
 LINE = 128
+#: Most bytes of shared memory the 16-byte path stages the short operand in (float32, ``S x K``) when it has no
+#: 16-byte loads of its own (an inlined chain such as SwiGLU's ``silu(gate) * up``, or float32 activations).
+STAGE_BYTES = 32 * 1024
 
 def _pack8(src: str) -> str:
     """C expression: the 8 two-byte elements at ``src`` (any alignment) as one ``uint4``, the same bits."""
@@ -226,6 +229,7 @@ class _Stream:
     per_batch: int
     slice_steps: int
     per_step: int
+    staged: bool  # the short operand computed once per item into shared memory (float32 [S][K])
 
     @property
     def k_lo(self) -> str:
@@ -252,8 +256,9 @@ def _stream_of(r: GemmRequest) -> _Stream:
     cpw, ksplit = stream_split(long_n, p.batch, steps, warps, r.blocks)
     groups = warps // ksplit
     per_item = groups * cpw
+    staged = vec and r.gemv_loads.stage_short and s_count * p.k * 4 <= STAGE_BYTES
     return _Stream(small_m, s_count, long_n, vec, lane8, cpw, ksplit, groups, per_item, ceil_div(long_n, per_item),
-                   ceil_div(steps, ksplit), per_step)
+                   ceil_div(steps, ksplit), per_step, staged)
 
 
 def _short_of(r: GemmRequest, g: _Stream, k: str) -> str:
@@ -317,7 +322,22 @@ def _vector_loop(r: GemmRequest, g: _Stream) -> tuple[str, int]:
             f"sum[c][s] = fmaf(a[{2 * i + 1}], __uint_as_float({w} & 0xffff0000u), sum[c][s]);"
             for i, w in enumerate(words))))
         a_src = ld.ptr_short("bat", kr, "s") if ld.ptr_short is not None else None
-        if a_src is not None:
+        if g.staged:  # two 16-byte shared-memory loads of the values the block computed for this item
+            zero4 = "make_float4(0.0f, 0.0f, 0.0f, 0.0f)"
+            pick = (lambda v: v) if exact else (lambda v: f"kin ? {v} : {zero4}")
+            short = [f"const float4 lo = {pick(f'*reinterpret_cast<const float4*>(act + s * K + {kr})')};",
+                     f"const float4 hi = {pick(f'*reinterpret_cast<const float4*>(act + s * K + {kr} + 4)')};",
+                     "a[0] = lo.x; a[1] = lo.y; a[2] = lo.z; a[3] = lo.w;",
+                     "a[4] = hi.x; a[5] = hi.y; a[6] = hi.z; a[7] = hi.w;"]
+        elif a_src is not None and ld.short_f32:  # float32 activations: two 16-byte loads
+            zero4 = "make_float4(0.0f, 0.0f, 0.0f, 0.0f)"
+            pick = (lambda v: v) if exact else (lambda v: f"kin ? {v} : {zero4}")
+            f4 = (lambda src: f"*reinterpret_cast<const float4*>({src})") if vector else \
+                (lambda src: f"make_float4(({src})[0], ({src})[1], ({src})[2], ({src})[3])")
+            short = [f"const float4 lo = {pick(f4(a_src))};", f"const float4 hi = {pick(f4(f'{a_src} + 4'))};",
+                     "a[0] = lo.x; a[1] = lo.y; a[2] = lo.z; a[3] = lo.w;",
+                     "a[4] = hi.x; a[5] = hi.y; a[6] = hi.z; a[7] = hi.w;"]
+        elif a_src is not None:
             short = [f"const uint4 av = {keep(aload(a_src))};",
                      *(f"a[{2 * i}] = __uint_as_float(av.{w} << 16); "
                        f"a[{2 * i + 1}] = __uint_as_float(av.{w} & 0xffff0000u);" for i, w in enumerate("xyzw"))]
@@ -486,6 +506,21 @@ def _slice_reduction(g: _Stream, store: str) -> list[str]:
         "__syncthreads();  // the next work item reuses the workspace"]
 
 
+def _stage_short(r: GemmRequest, g: _Stream, at: int) -> list[str]:
+    """Lines computing the short operand once per work item into shared memory, ``act[s * K + k]`` (float32,
+    ``at`` bytes into the workspace), by every thread of the block: each warp then reads its 8 values per step
+    with two 16-byte shared loads instead of evaluating an inlined chain (or 8 float32 loads) per element, as
+    many times as the item has warps."""
+    total = g.s_count * r.problem.k
+    return [f"float* act = reinterpret_cast<float*>(tkx_smem + {at});  // [s][k]: the short operand of this item",
+            "__syncthreads();  // the last item's warps are done with act",
+            f"for (int i = threadIdx.x; i < {total}; i += blockDim.x) {{",
+            "    const int s = i / K, k = i - s * K;",
+            f"    act[i] = {_short_of(r, g, 'k')};",
+            "}",
+            "__syncthreads();"]
+
+
 @register_gemm("gemv_stream")
 def gemv_stream(r: GemmRequest) -> GemmCode:
     """C block for one work item of the streaming GEMV of ``r.problem`` (see the module text).
@@ -529,10 +564,14 @@ def gemv_stream(r: GemmRequest) -> GemmCode:
             f"const int group = warp % {g.groups}, kslice = warp / {g.groups};",
             (f"const int l0 = ({item} % {per_batch}) * {g.per_item} + group * {cpw};" if p.batch > 1
              else f"const int l0 = {item} * {g.per_item} + group * {cpw};"), *ahead]
+    red_bytes = 4 * (r.threads // 32) * cpw * s_count if g.ksplit > 1 else 0
+    stage_at = _align(red_bytes, 16)
+    if g.staged:
+        head += _stage_short(r, g, stage_at)
     if g.ksplit == 1:
         body = block(*head, f"if (l0 < {long_n}) {{  // the whole warp takes the same branch",
                      indent(block(zero, *fetch, loop, reduce, "if (lane == 0) {", indent(store), "}")), "}")
-        shared = 0
+        shared = stage_at + 4 * s_count * p.k if g.staged else 0
     else:
         body = block(
             *head,
@@ -543,10 +582,10 @@ def gemv_stream(r: GemmRequest) -> GemmCode:
             "}",
             reduce,
             *_slice_reduction(g, store))
-        shared = 4 * (r.threads // 32) * cpw * s_count
+        shared = stage_at + 4 * s_count * p.k if g.staged else red_bytes
     params = {"mode": "stream", "short": "m" if g.small_m else "n", "short_size": s_count, "per_item": g.per_item,
               "columns_per_warp": cpw, "k_slices": g.ksplit, "unroll": unroll, "vector_loads": g.vec,
               "prefetched": len(ld.prefetch) if not g.vec else 0, "lane_elements": 8 if g.vec or g.lane8 else 1,
-              "l2_ahead": ld.ahead if ahead else 0}
+              "l2_ahead": ld.ahead if ahead else 0, "staged_short": g.staged}
     return GemmCode("gemv_stream", "{\n" + indent(body) + "\n}", p.batch * per_batch, shared, r.threads, False,
                     params)

@@ -247,16 +247,22 @@ class GemmGroups(ValueEmitter):
         view = b if small_m else a
         fast = 0 if small_m else 1  # the long operand is contiguous along K
         long8 = self.chain8(view, small_m, coords)
-        at = pointer_to(view, fast) if view.dtype == "bfloat16" else None
+        stored = self.stored_bf16(view)
+        at = self.vector_pointer(stored, fast, coords) if stored is not None else None
         short = a if small_m else b
         if at is not None:
-            ptr, _ = self.pointer(view.buffer)
+            ptr, _ = self.pointer(stored.buffer)
 
             def ptr_long(bat: str, k: str, col: str) -> str:
                 return f"reinterpret_cast<const unsigned short*>({at(bat, k, col) if small_m else at(bat, col, k)})"
-            at_s = pointer_to(short, 1 - fast) if short.dtype == "bfloat16" else None
-            return GemvLoads(ptr_long, _aligned(ptr), *self.short_loads(short, small_m, at_s), long8=long8,
-                             ahead=int(self.s.options.gemv_prefetch))
+            short_stored = self.stored_bf16(short)
+            f32 = short_stored is None and short.dtype == "float32" and short.buffer not in self.s.inlined
+            if f32:
+                short_stored = short
+            at_s = self.vector_pointer(short_stored, 1 - fast, coords) if short_stored is not None else None
+            return GemvLoads(ptr_long, _aligned(ptr), *self.short_loads(short_stored or short, small_m, at_s),
+                             long8=long8, ahead=int(self.s.options.gemv_prefetch), short_f32=f32 and at_s is not None,
+                             stage_short=short.buffer in self.s.inlined)
         if prob.batch != 1:
             return GemvLoads(long8=long8)
         at_s = pointer_to(short, 1 - fast) if self.cheap and short.dtype == "bfloat16" else None
@@ -268,6 +274,41 @@ class GemmGroups(ValueEmitter):
             fetch.append(Prefetch(ptr, sp.row_stride * size, sp.start * size, sp.span * size))
         return GemvLoads(None, "false", *self.short_loads(short, small_m, at_s), tuple(fetch), long8)
 
+    def stored_bf16(self, view: TensorSpec) -> TensorSpec | None:
+        """``view`` when it reads a stored bfloat16 buffer; when it reads an inlined float32 cast of one laid out
+        as the cast's output (``w.float()`` of a contiguous weight, ``h.float()`` of a stored activation), the
+        same view of the bfloat16 buffer: widening bfloat16 to float32 is exact, so the GEMV's 16-byte loads
+        of the stored bits give the cast's values. Else ``None``."""
+        if view.buffer not in self.s.inlined:
+            return view if view.dtype == "bfloat16" else None
+        op = self.ops.get(view.buffer)
+        if op is None or op.kind != "cast" or op.out.dtype != "float32":
+            return None
+        src = [x for x in op.inputs if isinstance(x, TensorSpec)]
+        if len(src) != 1:
+            return None
+        x = src[0]
+        if (x.dtype != "bfloat16" or x.buffer in self.s.inlined or x.shape != op.out.shape
+                or x.strides != op.out.strides or x.offset != op.out.offset):
+            return None
+        return TensorSpec(view.shape, "bfloat16", view.strides, x.buffer, view.offset)
+
+    def vector_pointer(self, view: TensorSpec, fast_dim: int, coords: Callable[[str, str, str, TensorSpec], str]
+                       ) -> Any:
+        """``(batch, r, c) -> C pointer`` to an element of stored ``view`` (2- or 4-byte elements) for 16-byte
+        loads of 8 elements: contiguous along ``fast_dim`` (0: rows, 1: columns), every other stride and the
+        offset multiples of 8 elements; else ``None``."""
+        if view.buffer in self.s.inlined or DTYPE_BYTES.get(view.dtype) not in (2, 4):
+            return None
+        other = [st for d, st in enumerate(view.strides) if d != view.ndim - 2 + fast_dim]
+        if view.strides[view.ndim - 2 + fast_dim] != 1 or any(st % 8 for st in other) or view.offset % 8:
+            return None
+        ptr, _ = self.pointer(view.buffer)
+
+        def at(bat: str, r: str, c: str) -> str:
+            return f"({ptr} + {coords(bat, r, c, view)})"
+        return at
+
     def short_loads(self, short: TensorSpec, small_m: bool, at_s: Any) -> tuple[Any, str]:
         """``(ptr_short, aligned_short)``: 16-byte loads of the streaming GEMV's short operand (the
         activations) through ``at_s`` (a pointer callback, or ``None``: element loads)."""
@@ -275,9 +316,11 @@ class GemmGroups(ValueEmitter):
             return None, "false"
         sptr, _ = self.pointer(short.buffer)
 
+        c_type = "float" if short.dtype == "float32" else "unsigned short"
+
         def ptr_short(bat: str, k: str, row: str) -> str:
             elem = at_s(bat, row, k) if small_m else at_s(bat, k, row)
-            return f"reinterpret_cast<const unsigned short*>({elem})"
+            return f"reinterpret_cast<const {c_type}*>({elem})"
         return ptr_short, _aligned(sptr)
 
     def chain8(self, long_view: TensorSpec, small_m: bool, coords: Callable[[str, str, str, TensorSpec], str]
