@@ -144,6 +144,7 @@ SWITCHES: dict[str, dict] = {
     "split_k_min_steps=4": {"split_k_min_steps": 4},
     "outline=on": {"outline": "on"},
     "gemv_prefetch=2": {"gemv_prefetch": 2},
+    "weight_prefetch=True": {"weight_prefetch": True},
 }
 SWITCH_EXAMPLES = ("online", "small", "medium", "mixed_precision", "llama_block", "decode_tiny",
                    "decode_tiny_int8", "decode")

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -256,6 +257,33 @@ def test_streaming_gemv_split_over_columns_and_k_fills_the_sms():
     for n, steps in ((512, 2), (1536, 2), (512, 48), (4096, 16), (100, 3)):
         cpw, ks = stream_split(n, 1, steps, 8, 132)
         assert 1 <= cpw <= 8 and 8 % ks == 0 and ks <= steps
+
+
+def test_weight_prefetch_asks_l2_for_the_next_streaming_stages_weights():
+    """``Options.weight_prefetch``: at the first stage after a streaming GEMV's stage, the grid asks L2 for the
+    stored weights of the next streaming stage (the decode step's q/k/v during the norm before them, wo during
+    RoPE and attention, gate/up during the norm before them, the LM head during the final norm), every byte of
+    them once; the down projection follows gate/up directly and is not prefetched; off by default; the kernel
+    compiles without spills."""
+    ex = D.get("decode")
+    off = tkx.explore(ex.step_fn, ex.make_inputs(0))
+    on = tkx.explore(ex.step_fn, ex.make_inputs(0), weight_prefetch=True)
+    assert "weight_prefetch:" not in off.cuda.text
+    text = on.cuda.text
+    blocks = text.split("// weight_prefetch: stage ")[1:]
+    cfg = ex.config
+    d, kv = cfg.width, cfg.kv * cfg.head_dim
+    qkv, wo, gate_up, head = 2 * (d * d + 2 * d * kv), 2 * d * d, 2 * 2 * d * cfg.hidden, 2 * d * cfg.vocab
+    assert len(blocks) == 3 * cfg.layers + 1, len(blocks)
+    sizes = sorted({sum(int(n) * 128 for n in re.findall(r"x < (\d+)LL", b.split("\n    }")[0])) for b in blocks})
+    assert sizes == sorted({qkv, wo, gate_up, head}), (sizes, qkv, wo, gate_up, head)
+    for b in blocks:
+        stage = int(b.split("'")[0])
+        before = text[:text.index(f"// weight_prefetch: stage {stage}'")]
+        here = int(before.rsplit("// ==== stage ", 1)[1].split(":")[0])
+        assert here < stage
+    if nvrtc_available():
+        assert on.cuda.check("sm_90").spill_bytes == 0
 
 
 def _gemv_notes(exp):
@@ -730,6 +758,20 @@ def test_decode_kernel_gives_eagers_20_tokens_on_the_gpu(name):
     runner = tkx.runtime.build(ex.step_fn, ex.make_inputs(0, device="cuda"))
     cmp = D.compare_greedy(runner, ex, TOKENS, device="cuda")
     print(name, cmp)
+    assert cmp.ok, str(cmp)
+    assert len(cmp.differences) <= 2, str(cmp)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_decode_kernel_with_weight_prefetch_and_512_threads_gives_eagers_tokens_on_the_gpu():
+    """The decode step built as the 1B benchmark builds it (``weight_prefetch=True``, 512 threads per block: the
+    L2 prefetch of the next GEMV stage's weights, the staged SwiGLU product, the float32 LM head from the
+    stored bfloat16 embedding): eager's 20 greedy tokens, teacher-forced as above."""
+    ex = D.get("decode")
+    runner = tkx.runtime.build(ex.step_fn, ex.make_inputs(0, device="cuda"),
+                               tkx.Options(weight_prefetch=True, threads_per_block=512))
+    cmp = D.compare_greedy(runner, ex, TOKENS, device="cuda")
     assert cmp.ok, str(cmp)
     assert len(cmp.differences) <= 2, str(cmp)
 

@@ -153,6 +153,10 @@ class Options:
     gemv_prefetch: int = _opt(0, "the streaming GEMV asks L2 to prefetch the weight rows of the work items this "
                               "many rounds of the block's grid-stride loop ahead (0: off; 2 measured 2% slower on "
                               "the Llama-3.2-1B decode step on an H200)", choices=(0, 1, 2, 3, 4))
+    weight_prefetch: bool = _opt(False, "at the first stage after a streaming GEMV's stage, every block asks L2 "
+                                 "for its share of the stored weights the next streaming GEMV stage reads (when "
+                                 "they fit in half the L2), so HBM streams them while norms, RoPE and attention "
+                                 "run", choices=_BOOL)
     gemm_cluster: str = _opt("off", "2-CTA thread-block clusters for TMA wgmma GEMMs: paired work items share the B "
                              "tile by multicast; on: GEMMs at least 8 k-tiles deep, all: any depth",
                              choices=("off", "on", "all"))
@@ -352,7 +356,7 @@ OPTION_GROUPS: dict[str, tuple[str, ...]] = {
     "compilation": ("arch", "backend", "timeline", "outline"),
     "code variants": ("grid_barrier", "cheap_int_math", "wgmma_min_macs", "wgmma_in_flight", "split_k_final",
                       "split_k_min_steps", "epilogue_vector", "epilogue_prefetch", "tensormap_prefetch",
-                      "gemv_prefetch", "gemm_cluster", "cluster_scope", "cluster_multicast"),
+                      "gemv_prefetch", "weight_prefetch", "gemm_cluster", "cluster_scope", "cluster_multicast"),
 }
 
 

@@ -506,13 +506,33 @@ def _slice_reduction(g: _Stream, store: str) -> list[str]:
         "__syncthreads();  // the next work item reuses the workspace"]
 
 
+def _prefetch_item(r: GemmRequest, g: _Stream) -> list[str]:
+    """``prefetch.global.L2`` of every 128-byte line of this warp's weight rows over its K slice, before the
+    block stages its short operand: the weights do not depend on it, so HBM streams them while the block
+    computes it and waits at its barriers, and the loop's loads find them in L2."""
+    ld = r.gemv_loads
+    assert ld.ptr_long is not None
+    per_line = LINE // 2  # 2-byte elements per line
+    slice_k = g.slice_steps * g.per_step
+    row_lines = ceil_div(min(slice_k, r.problem.k), per_line)
+    lines = g.cpw * row_lines
+    src = ld.ptr_long("bat", f"{g.k_lo} + (x % {row_lines}) * {per_line}", f"min(l0 + x / {row_lines}, {g.long_n - 1})")
+    return [f"if (l0 < {g.long_n}) {{  // this warp's weight lines to L2 while the block stages the short operand",
+            f"    for (int x = lane; x < {lines}; x += 32) {{",
+            f"        if ({g.k_lo} + (x % {row_lines}) * {per_line} < K) "
+            f"asm volatile(\"prefetch.global.L2 [%0];\" :: \"l\"({src}));",
+            "    }",
+            "}"]
+
+
 def _stage_short(r: GemmRequest, g: _Stream, at: int) -> list[str]:
     """Lines computing the short operand once per work item into shared memory, ``act[s * K + k]`` (float32,
     ``at`` bytes into the workspace), by every thread of the block: each warp then reads its 8 values per step
     with two 16-byte shared loads instead of evaluating an inlined chain (or 8 float32 loads) per element, as
     many times as the item has warps."""
     total = g.s_count * r.problem.k
-    return [f"float* act = reinterpret_cast<float*>(tkx_smem + {at});  // [s][k]: the short operand of this item",
+    return [*_prefetch_item(r, g),
+            f"float* act = reinterpret_cast<float*>(tkx_smem + {at});  // [s][k]: the short operand of this item",
             "__syncthreads();  // the last item's warps are done with act",
             f"for (int i = threadIdx.x; i < {total}; i += blockDim.x) {{",
             "    const int s = i / K, k = i - s * K;",

@@ -287,8 +287,44 @@ def _emit_groups(s: FusedSchedule, arena: ArenaPlan) -> tuple[Any, list, int]:
     return em, stage_code, shared
 
 
+def weight_prefetch(s: FusedSchedule, stage_code: list, weights: dict[str, tuple[str, int, int]]) -> dict[int, str]:
+    """``Options.weight_prefetch``: stage index -> C text asking L2 for the next streaming GEMV stage's stored
+    weights, at the first stage after the streaming stage before it (a norm, RoPE, attention: stages that read
+    little from HBM), when they fit in half the L2 (:data:`tkx.target.facts.GPU` ``l2_bytes``). The weights do
+    not depend on the values those stages compute, so HBM streams them meanwhile and the GEMV's loads hit L2.
+    ``weights``: group id -> (pointer, first byte, bytes) of each streaming GEMV's weight
+    (``KernelPlan.stream_weights``). Every thread of the grid issues ``prefetch.global.L2`` for every
+    ``grid``-th 128-byte line: a hint, the GEMV reads the same bytes either way."""
+    from ..target import GPU
+
+    if not getattr(s.options, "weight_prefetch", False):
+        return {}
+    streaming = [si for si, parts in stage_code if any(g.id in weights for g, _, _ in parts)]
+    out: dict[int, str] = {}
+    for n in streaming:
+        before = [si for si in streaming if si < n]
+        at = before[-1] + 1 if before else 0
+        if at >= n:
+            continue
+        ranges = sorted({weights[g.id] for si, parts in stage_code if si == n for g, _, _ in parts
+                         if g.id in weights})
+        total = sum(nb for _, _, nb in ranges)
+        if total > GPU.l2_bytes // 2:
+            continue
+        lines = [f"{{  // weight_prefetch: stage {n}'s weights ({total / 1e6:.1f} MB) to L2 while this stage runs",
+                 "    const long long tkx_t = (long long)blockIdx.x * blockDim.x + threadIdx.x, "
+                 "tkx_n = (long long)gridDim.x * blockDim.x;"]
+        for ptr, first, nbytes in ranges:
+            lines.append(f"    for (long long x = tkx_t; x < {-(-nbytes // 128)}LL; x += tkx_n) "
+                         f"asm volatile(\"prefetch.global.L2 [%0];\" :: "
+                         f"\"l\"(reinterpret_cast<const unsigned char*>({ptr}) + {first}LL + x * 128));")
+        out[at] = block(*lines, "}")
+    return out
+
+
 def _stages(s: FusedSchedule, stage_code: list, outlined: dict, sync: str, dag: Any, timeline: bool,
-            audit_base: int | None, paired: set[str]) -> tuple[list[str], list[tuple[int, str | None]]]:
+            audit_base: int | None, paired: set[str], prefetch: dict[int, str] | None = None
+            ) -> tuple[list[str], list[tuple[int, str | None]]]:
     """The kernel's stages (each a comment, its grid-stride loop and, with barriers, the barrier before it;
     an outlined group's code is its call) and where each group starts or a stage ends: (0-based line of the
     stages' text, group id or ``None``), the last entry the end of the stages."""
@@ -308,6 +344,9 @@ def _stages(s: FusedSchedule, stage_code: list, outlined: dict, sync: str, dag: 
         body.append(f"// ==== stage {si}: {names} ====")
         bounds.append((lines, None))
         lines += 1
+        if prefetch and si in prefetch:
+            body.append(prefetch[si])
+            lines += prefetch[si].count("\n") + 1
         parts = [(g, call_text(*outlined[g.id], g.id) if g.id in outlined else code, n) for g, code, n in parts]
         if sync == "counters" or timeline:
             parts = [(g, _task_code(g, code, dag, sync == "counters", timeline, spin, audit_base), n)
@@ -376,7 +415,8 @@ def generate(s: FusedSchedule, arena: ArenaPlan, *, plant: Any = None, audit: bo
     if shared and not file_smem:
         body.append(shared_workspace(shared))
     head = body
-    body, bounds = _stages(s, stage_code, outlined, sync, dag, timeline, audit_base, em.plan.cluster_groups)
+    body, bounds = _stages(s, stage_code, outlined, sync, dag, timeline, audit_base, em.plan.cluster_groups,
+                           weight_prefetch(s, stage_code, em.plan.stream_weights))
     first_stage = body[0]
     if loop is not None:
         from .loop import loop_kernel_body

@@ -162,7 +162,7 @@ class GemmGroups(ValueEmitter):
             final = epilogue
         if spec_of(variant).streaming:  # the streaming GEMV's vector, chain and prefetch loads
             decisions = {"blocks": self.s.blocks, "cheap": self.cheap,
-                         "gemv_loads": self.gemv_stream_loads(a, b, prob, pointer_to, coords)}
+                         "gemv_loads": self.gemv_stream_loads(g.id, a, b, prob, pointer_to, coords)}
         else:
             decisions = dict(
                 tile=(plan.tile_m, plan.tile_n, plan.tile_k),
@@ -236,7 +236,7 @@ class GemmGroups(ValueEmitter):
         return (f"{{  // {g.id}: add the {split} split-K slices of {op.id}, then its epilogue\n"
                 + indent(body) + "\n}"), max(1, -(-total // t)), 0
 
-    def gemv_stream_loads(self, a: TensorSpec, b: TensorSpec, prob: GemmProblem, pointer_to: Any,
+    def gemv_stream_loads(self, gid: str, a: TensorSpec, b: TensorSpec, prob: GemmProblem, pointer_to: Any,
                           coords: Callable[[str, str, str, TensorSpec], str]) -> GemvLoads:
         """The streaming GEMV's long-operand loads (:mod:`tkx.codegen.gemv`): a pointer for 16-byte loads of a
         stored bf16 weight, or the raw rows an inlined (dequantising) chain reads, to prefetch, and that chain's
@@ -252,6 +252,8 @@ class GemmGroups(ValueEmitter):
         short = a if small_m else b
         if at is not None:
             ptr, _ = self.pointer(stored.buffer)
+            if stored.buffer in self.inputs and _dense(stored):
+                self.plan.stream_weights[gid] = (ptr, 2 * stored.offset, 2 * stored.numel)
 
             def ptr_long(bat: str, k: str, col: str) -> str:
                 return f"reinterpret_cast<const unsigned short*>({at(bat, k, col) if small_m else at(bat, col, k)})"
@@ -341,6 +343,14 @@ class GemmGroups(ValueEmitter):
             idx = coords(bat, k0, col, long_view) if small_m else coords(bat, col, k0, long_view)
             return f"{fn}(TKX_ARGS, ({idx} | {t}))"
         return long8
+
+
+def _dense(view: TensorSpec) -> bool:
+    """Whether ``view``'s elements are one run of memory (row-major or its transpose, no gaps)."""
+    if view.ndim != 2:
+        return False
+    rows, cols = view.shape
+    return view.strides in ((cols, 1), (1, rows))
 
 
 def _aligned(ptr: str) -> str:

@@ -105,6 +105,9 @@ class KernelPlan:
     #: ``Options.gemm_cluster``), and the groups that do.
     cluster: int = 1
     cluster_groups: set[str] = field(default_factory=set)
+    #: The stored weight a streaming GEMV reads: group id -> (C pointer in the kernel's scope, first byte,
+    #: bytes), for the L2 prefetch of the stage before it (``Options.weight_prefetch``).
+    stream_weights: dict[str, tuple[str, int, int]] = field(default_factory=dict)
 
 
 class ValueEmitter:

@@ -19,7 +19,8 @@ class GpuFacts:
 
     ``shared_per_block``: bytes of shared memory one block may use (dynamic, after opting
     in); ``shared_default``: without opting in (48 KB); ``registers_per_sm`` 32-bit
-    registers; ``max_registers_per_thread``: the ISA's cap.
+    registers; ``max_registers_per_thread``: the ISA's cap; ``l2_bytes``: the L2 cache (bytes; NVIDIA's
+    Hopper tuning guide: 50 MB on the H100 SXM5, the same die in the H200).
     """
 
     name: str
@@ -31,6 +32,7 @@ class GpuFacts:
     max_threads_per_sm: int
     peak_bf16_tflops: float
     peak_bytes_per_s: float
+    l2_bytes: int = 50 * 1024 * 1024
 
 
 #: NVIDIA H200 SXM (sm_90): 132 SMs, 227 KB of shared memory per block, 64K registers per SM.
