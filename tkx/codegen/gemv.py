@@ -41,7 +41,8 @@ __all__ = ["gemv", "gemv_stream", "columns_per_warp", "stream_split", "GemvLoads
 #: Most K steps (of 32 elements per warp) unrolled on the element-load path: loads in flight per lane =
 #: UNROLL x columns per warp.
 UNROLL = 16
-#: Most 16-byte loads one lane keeps in flight on the vector path (``unroll x cpw``).
+#: Most 16-byte loads one lane keeps in flight on the vector path (``unroll x cpw``) at 256 threads per block
+#: (half with 512, a quarter with 1,024: the register budget per thread halves).
 VEC_UNROLL = 16
 #: Most chain elements one lane computes per column and K pass on the 8-elements-per-lane chain path
 #: (``unroll x 8``).
@@ -305,7 +306,9 @@ def _vector_loop(r: GemmRequest, g: _Stream) -> tuple[str, int]:
     between a loop of ``uint4`` loads and the same loop reading two bytes at a time."""
     ld, cpw = r.gemv_loads, g.cpw
     assert ld.ptr_long is not None
-    unroll = max(1, min(g.slice_steps, VEC_UNROLL // cpw))
+    # the loads in flight take 4 registers each: VEC_UNROLL at 256 threads per block (255 registers a thread),
+    # fewer with more threads (512 threads get 128 registers; 16 loads spilled there, 8 do not)
+    unroll = max(1, min(g.slice_steps, VEC_UNROLL * 256 // max(r.threads, 256) // cpw))
     exact = r.problem.k == g.ksplit * g.slice_steps * 256
     words = [f"raw[c].{w}" for w in "xyzw"]
     zero = "make_uint4(0u, 0u, 0u, 0u)"
@@ -506,33 +509,13 @@ def _slice_reduction(g: _Stream, store: str) -> list[str]:
         "__syncthreads();  // the next work item reuses the workspace"]
 
 
-def _prefetch_item(r: GemmRequest, g: _Stream) -> list[str]:
-    """``prefetch.global.L2`` of every 128-byte line of this warp's weight rows over its K slice, before the
-    block stages its short operand: the weights do not depend on it, so HBM streams them while the block
-    computes it and waits at its barriers, and the loop's loads find them in L2."""
-    ld = r.gemv_loads
-    assert ld.ptr_long is not None
-    per_line = LINE // 2  # 2-byte elements per line
-    slice_k = g.slice_steps * g.per_step
-    row_lines = ceil_div(min(slice_k, r.problem.k), per_line)
-    lines = g.cpw * row_lines
-    src = ld.ptr_long("bat", f"{g.k_lo} + (x % {row_lines}) * {per_line}", f"min(l0 + x / {row_lines}, {g.long_n - 1})")
-    return [f"if (l0 < {g.long_n}) {{  // this warp's weight lines to L2 while the block stages the short operand",
-            f"    for (int x = lane; x < {lines}; x += 32) {{",
-            f"        if ({g.k_lo} + (x % {row_lines}) * {per_line} < K) "
-            f"asm volatile(\"prefetch.global.L2 [%0];\" :: \"l\"({src}));",
-            "    }",
-            "}"]
-
-
 def _stage_short(r: GemmRequest, g: _Stream, at: int) -> list[str]:
     """Lines computing the short operand once per work item into shared memory, ``act[s * K + k]`` (float32,
     ``at`` bytes into the workspace), by every thread of the block: each warp then reads its 8 values per step
     with two 16-byte shared loads instead of evaluating an inlined chain (or 8 float32 loads) per element, as
     many times as the item has warps."""
     total = g.s_count * r.problem.k
-    return [*_prefetch_item(r, g),
-            f"float* act = reinterpret_cast<float*>(tkx_smem + {at});  // [s][k]: the short operand of this item",
+    return [f"float* act = reinterpret_cast<float*>(tkx_smem + {at});  // [s][k]: the short operand of this item",
             "__syncthreads();  // the last item's warps are done with act",
             f"for (int i = threadIdx.x; i < {total}; i += blockDim.x) {{",
             "    const int s = i / K, k = i - s * K;",
