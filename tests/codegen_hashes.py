@@ -145,6 +145,7 @@ SWITCHES: dict[str, dict] = {
     "outline=on": {"outline": "on"},
     "gemv_prefetch=2": {"gemv_prefetch": 2},
     "weight_prefetch=True": {"weight_prefetch": True},
+    "gemv_ring=8": {"gemv_ring": 8},
 }
 SWITCH_EXAMPLES = ("online", "small", "medium", "mixed_precision", "llama_block", "decode_tiny",
                    "decode_tiny_int8", "decode")

@@ -286,6 +286,28 @@ def test_weight_prefetch_asks_l2_for_the_next_streaming_stages_weights():
         assert on.cuda.check("sm_90").spill_bytes == 0
 
 
+def test_gemv_ring_streams_the_weights_through_shared_memory():
+    """``Options.gemv_ring``: the 16-byte path's loads go ``cp.async`` into a ring of that many 16-byte slots
+    per thread (shared memory after the staged short operand), one commit group per load, the oldest awaited
+    with ``cp.async.wait_group ring - 1``; a step past the slice's end (K = 200) fills zeros; the ring shrinks
+    to what 192 KB of shared memory holds; the kernel compiles without spills."""
+    from tkx.codegen.gemv import RING_BYTES
+
+    x, w = rnd(2, 200, dtype=BF16), rnd(700, 200, scale=0.07).to(BF16)
+    (out,), exp = tkx_run(lambda x, w: F.linear(x, w), [x, w], gemv_ring=8)
+    (note,) = _gemv_notes(exp).values()
+    assert note["ring"] == 8 and note["vector_loads"], note
+    text = exp.cuda.text
+    assert 'cp.async.wait_group 7;' in text and "cp.async.cg.shared.global" in text
+    assert "? 16 : 0" in text  # K = 200 ends inside a step: zero fill
+    assert exp.cuda.shared_bytes >= 8 * 16 * 256
+    if nvrtc_available():
+        assert exp.cuda.check("sm_90").spill_bytes == 0
+    big = tkx.explore(lambda x, w: F.linear(x, w), [x, w], gemv_ring=16, threads_per_block=1024)
+    (note,) = _gemv_notes(big).values()
+    assert 2 <= note["ring"] < 16 and 16 * note["ring"] * 1024 <= RING_BYTES, note
+
+
 def _gemv_notes(exp):
     return {g.id: exp.cuda.notes[g.id] for g in exp.schedule.groups.values()
             if g.kind == "gemm" and exp.cuda.notes.get(g.id, {}).get("variant") == "gemv_stream"}
@@ -764,13 +786,14 @@ def test_decode_kernel_gives_eagers_20_tokens_on_the_gpu(name):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_decode_kernel_with_weight_prefetch_and_512_threads_gives_eagers_tokens_on_the_gpu():
-    """The decode step built as the 1B benchmark builds it (``weight_prefetch=True``, 512 threads per block: the
-    L2 prefetch of the next GEMV stage's weights, the staged SwiGLU product, the float32 LM head from the
-    stored bfloat16 embedding): eager's 20 greedy tokens, teacher-forced as above."""
+@pytest.mark.parametrize("options", [{"weight_prefetch": True}, {"gemv_ring": 12}])
+def test_decode_kernel_at_512_threads_gives_eagers_tokens_on_the_gpu(options):
+    """The decode step at 512 threads per block, as the 1B benchmark builds it (the staged SwiGLU product, the
+    float32 LM head from the stored bfloat16 embedding), with the L2 prefetch of the next GEMV stage's weights
+    or the GEMVs' loads through a ``cp.async`` ring: eager's 20 greedy tokens, teacher-forced as above."""
     ex = D.get("decode")
     runner = tkx.runtime.build(ex.step_fn, ex.make_inputs(0, device="cuda"),
-                               tkx.Options(weight_prefetch=True, threads_per_block=512))
+                               tkx.Options(threads_per_block=512, **options))
     cmp = D.compare_greedy(runner, ex, TOKENS, device="cuda")
     assert cmp.ok, str(cmp)
     assert len(cmp.differences) <= 2, str(cmp)
@@ -805,28 +828,31 @@ def test_flash_decoding_kernel_on_the_gpu():
 @pytest.mark.parametrize("quant,n,k", [("bf16", 1536, 512), ("bf16", 512, 200), ("bf16", 300, 100),
                                        ("bf16_offset", 1000, 264), ("int8", 512, 1536), ("int4", 4096, 512),
                                        ("int4", 512, 512)])
-def test_streaming_gemv_kernels_on_the_gpu(quant, n, k):
+@pytest.mark.parametrize("ring", [0, 8])
+def test_streaming_gemv_kernels_on_the_gpu(quant, n, k, ring):
     """The streaming GEMV as compiled: 16-byte loads (bf16; K = 200 ends inside a 256-element step, K = 100
     is not a multiple of 8 and takes the element loads; ``bf16_offset``: a weight view one element into its
     storage, not 16-byte aligned, read two bytes at a time, 1,000 columns ending inside a work item), the
-    int8 / int4 dequantising chains with their rows prefetched, K split over warps; against AMK's
-    fp32-accumulated column-tiled reference."""
+    int8 / int4 dequantising chains with their rows prefetched, K split over warps; ``ring``: the 16-byte loads
+    through a ``cp.async`` ring of shared memory (``Options.gemv_ring``); against AMK's fp32-accumulated
+    column-tiled reference."""
     group = 128 if k % 128 == 0 else k
+    opts = tkx.Options(gemv_ring=ring)
     w, x = rnd(n, k, scale=1 / math.sqrt(k)), rnd(4, k, dtype=BF16)
     if quant == "bf16_offset":
         storage = torch.empty(n * k + 1, dtype=BF16, device="cuda")
         wd = storage[1:].view(n, k)
         wd.copy_(w.to(BF16))
-        runner = tkx.runtime.build(lambda x, w: F.linear(x, w), (x.cuda(), wd))
+        runner = tkx.runtime.build(lambda x, w: F.linear(x, w), (x.cuda(), wd), opts)
         got, want = runner(x.cuda(), wd), amk_linear(x, w.to(BF16), n_tile=64)
     elif quant == "bf16":
         wb = w.to(BF16)
-        runner = tkx.runtime.build(lambda x, w: F.linear(x, w), (x.cuda(), wb.cuda()))
+        runner = tkx.runtime.build(lambda x, w: F.linear(x, w), (x.cuda(), wb.cuda()), opts)
         got, want = runner(x.cuda(), wb.cuda()), amk_linear(x, wb, n_tile=64)
     else:
         qw, sc = (D.quantize_int8 if quant == "int8" else D.quantize_int4)(w, group)
         runner = tkx.runtime.build(lambda x, qw, s: F.linear(x, D.dequantize(qw, s, quant, group)),
-                                   (x.cuda(), qw.cuda(), sc.cuda()))
+                                   (x.cuda(), qw.cuda(), sc.cuda()), opts)
         got = runner(x.cuda(), qw.cuda(), sc.cuda())
         want = (f32(x) @ amk_dequant(qw, sc, quant, group, k).t()).to(BF16)
     close(got.cpu(), want, f"GEMV {quant} {n}x{k}")

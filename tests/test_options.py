@@ -14,14 +14,14 @@ FIELDS = ["fuse_pointwise", "fuse_epilogues", "fuse_reductions", "fuse_rows", "f
           "mode", "fp32_math", "arch", "exact",
           "passes", "rules", "backend", "spin_limit", "sync", "timeline",
           "grid_barrier", "cheap_int_math", "wgmma_min_macs", "wgmma_in_flight", "split_k_final", "split_k_min_steps",
-          "epilogue_vector", "epilogue_prefetch", "tensormap_prefetch", "gemv_prefetch", "weight_prefetch",
+          "epilogue_vector", "epilogue_prefetch", "tensormap_prefetch", "gemv_prefetch", "gemv_ring", "weight_prefetch",
           "gemm_cluster", "cluster_scope", "cluster_multicast", "outline"]
 #: The fields that select a variant of the generated code (each also checked by tests/test_codegen_identity.py).
 CODEGEN_SWITCHES = {"grid_barrier": "generation", "cheap_int_math": False, "wgmma_min_macs": 0, "wgmma_in_flight": 0,
                     "split_k_final": "last-slice", "split_k_min_steps": 4, "epilogue_vector": False,
                     "epilogue_prefetch": True, "tensormap_prefetch": True, "gemm_cluster": "on",
                     "cluster_scope": "cta", "cluster_multicast": False, "outline": "on", "gemv_prefetch": 2,
-                    "weight_prefetch": True}
+                    "weight_prefetch": True, "gemv_ring": 8}
 
 
 def test_defaults_are_valid_and_documented():

@@ -153,6 +153,10 @@ class Options:
     gemv_prefetch: int = _opt(0, "the streaming GEMV asks L2 to prefetch the weight rows of the work items this "
                               "many rounds of the block's grid-stride loop ahead (0: off; 2 measured 2% slower on "
                               "the Llama-3.2-1B decode step on an H200)", choices=(0, 1, 2, 3, 4))
+    gemv_ring: int = _opt(0, "the streaming GEMV's 16-byte weight loads go through a ring of this many "
+                          "shared-memory slots per thread (cp.async, global to shared): that many loads in flight "
+                          "all the time, none holding a register (0: loads into registers, unroll x columns at "
+                          "a time)", choices=(0, 4, 8, 12, 16))
     weight_prefetch: bool = _opt(False, "at the first stage after a streaming GEMV's stage, every block asks L2 "
                                  "for its share of the stored weights the next streaming GEMV stage reads (when "
                                  "they fit in half the L2), so HBM streams them while norms, RoPE and attention "
@@ -357,7 +361,8 @@ OPTION_GROUPS: dict[str, tuple[str, ...]] = {
     "compilation": ("arch", "backend", "timeline", "outline"),
     "code variants": ("grid_barrier", "cheap_int_math", "wgmma_min_macs", "wgmma_in_flight", "split_k_final",
                       "split_k_min_steps", "epilogue_vector", "epilogue_prefetch", "tensormap_prefetch",
-                      "gemv_prefetch", "weight_prefetch", "gemm_cluster", "cluster_scope", "cluster_multicast"),
+                      "gemv_prefetch", "gemv_ring", "weight_prefetch", "gemm_cluster", "cluster_scope",
+                      "cluster_multicast"),
 }
 
 

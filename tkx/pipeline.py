@@ -165,8 +165,8 @@ STAGES: tuple[Stage, ...] = (
                    "fp32_math", "arch", "gemm_copy", "spin_limit", "exact", "backend", "sync", "timeline",
                    "grid_barrier", "cheap_int_math", "wgmma_min_macs", "wgmma_in_flight", "split_k_final",
                    "split_k_min_steps", "epilogue_vector", "epilogue_prefetch", "tensormap_prefetch",
-                   "gemv_prefetch", "weight_prefetch", "gemm_cluster", "cluster_scope", "cluster_multicast",
-                   "outline"),
+                   "gemv_prefetch", "gemv_ring", "weight_prefetch", "gemm_cluster", "cluster_scope",
+                   "cluster_multicast", "outline"),
           fingerprint=_rule_fingerprint, depends_on="the user fusion rules",
           about="Which ops are computed together in one loop (fusion groups), which values must be "
                 "written to memory, where a barrier separates stages, and why each candidate fusion did "

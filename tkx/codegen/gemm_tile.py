@@ -161,7 +161,8 @@ class GemvLoads:
     (16-byte path) are prefetched to L2 at the start of an item (``Options.gemv_prefetch``, 0: none);
     ``short_f32``: ``ptr_short`` points to float32 elements (two 16-byte loads per 8), not bfloat16;
     ``stage_short``: the short operand is an inlined chain, computed once per work item into shared memory
-    by the 16-byte path (when it fits, :data:`tkx.codegen.gemv.STAGE_BYTES`)."""
+    by the 16-byte path (when it fits, :data:`tkx.codegen.gemv.STAGE_BYTES`); ``ring``: 16-byte slots per
+    thread of the 16-byte path's ``cp.async`` ring (``Options.gemv_ring``, 0: loads into registers)."""
 
     ptr_long: PtrLong | None = None
     aligned: str = "false"
@@ -172,6 +173,7 @@ class GemvLoads:
     ahead: int = 0
     short_f32: bool = False
     stage_short: bool = False
+    ring: int = 0
 
 
 def _align(n: int, to: int = SMEM_ALIGN) -> int:

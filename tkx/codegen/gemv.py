@@ -29,6 +29,7 @@ and the K cache read as ``K^T``); :func:`tkx.target.choose_gemm` sends the rest 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ..target import SKINNY_MAX, GemmProblem
 from .gemm_registry import GemmRequest, register_gemm
@@ -54,6 +55,8 @@ LINE = 128
 #: Most bytes of shared memory the 16-byte path stages the short operand in (float32, ``S x K``) when it has no
 #: 16-byte loads of its own (an inlined chain such as SwiGLU's ``silu(gate) * up``, or float32 activations).
 STAGE_BYTES = 32 * 1024
+#: Most bytes of shared memory the 16-byte path's ``cp.async`` ring and what precedes it take (``Options.gemv_ring``).
+RING_BYTES = 192 * 1024
 
 def _pack8(src: str) -> str:
     """C expression: the 8 two-byte elements at ``src`` (any alignment) as one ``uint4``, the same bits."""
@@ -231,6 +234,9 @@ class _Stream:
     slice_steps: int
     per_step: int
     staged: bool  # the short operand computed once per item into shared memory (float32 [S][K])
+    stage_at: int  # bytes into the workspace: the staged short operand (after the K slices' partial sums)
+    ring: int  # 16-byte slots per thread of the cp.async ring (0: loads into registers)
+    ring_at: int  # bytes into the workspace: the ring, [slot][thread]
 
     @property
     def k_lo(self) -> str:
@@ -258,8 +264,13 @@ def _stream_of(r: GemmRequest) -> _Stream:
     groups = warps // ksplit
     per_item = groups * cpw
     staged = vec and r.gemv_loads.stage_short and s_count * p.k * 4 <= STAGE_BYTES
+    stage_at = _align(4 * warps * cpw * s_count if ksplit > 1 else 0, 16)
+    ring_at = _align(stage_at + (4 * s_count * p.k if staged else 0), 16)
+    # the ring's slots: as many as Options.gemv_ring asks, as far as RING_BYTES of shared memory holds them
+    ring = min(r.gemv_loads.ring, (RING_BYTES - ring_at) // (16 * r.threads)) if vec else 0
+    ring = ring if ring >= 2 else 0
     return _Stream(small_m, s_count, long_n, vec, lane8, cpw, ksplit, groups, per_item, ceil_div(long_n, per_item),
-                   ceil_div(steps, ksplit), per_step, staged)
+                   ceil_div(steps, ksplit), per_step, staged, stage_at, ring, ring_at)
 
 
 def _short_of(r: GemmRequest, g: _Stream, k: str) -> str:
@@ -313,40 +324,42 @@ def _vector_loop(r: GemmRequest, g: _Stream) -> tuple[str, int]:
     words = [f"raw[c].{w}" for w in "xyzw"]
     zero = "make_uint4(0u, 0u, 0u, 0u)"
 
+    kr = "k0" if exact else "kr"
+    keep = (lambda v: v) if exact else (lambda v: f"kin ? {v} : {zero}")
+
+    def short_lines(vector: bool) -> list[str]:
+        """Lines filling ``a[8]`` with short index ``s``'s elements of this lane's step (``k0`` / ``kr``)."""
+        aload = (lambda src: f"*reinterpret_cast<const uint4*>({src})") if vector else _pack8
+        a_src = ld.ptr_short("bat", kr, "s") if ld.ptr_short is not None else None
+        zero4 = "make_float4(0.0f, 0.0f, 0.0f, 0.0f)"
+        pick = (lambda v: v) if exact else (lambda v: f"kin ? {v} : {zero4}")
+        halves = ["a[0] = lo.x; a[1] = lo.y; a[2] = lo.z; a[3] = lo.w;",
+                  "a[4] = hi.x; a[5] = hi.y; a[6] = hi.z; a[7] = hi.w;"]
+        if g.staged:  # two 16-byte shared-memory loads of the values the block computed for this item
+            return [f"const float4 lo = {pick(f'*reinterpret_cast<const float4*>(act + s * K + {kr})')};",
+                    f"const float4 hi = {pick(f'*reinterpret_cast<const float4*>(act + s * K + {kr} + 4)')};",
+                    *halves]
+        if a_src is not None and ld.short_f32:  # float32 activations: two 16-byte loads
+            f4 = (lambda src: f"*reinterpret_cast<const float4*>({src})") if vector else \
+                (lambda src: f"make_float4(({src})[0], ({src})[1], ({src})[2], ({src})[3])")
+            return [f"const float4 lo = {pick(f4(a_src))};", f"const float4 hi = {pick(f4(f'{a_src} + 4'))};",
+                    *halves]
+        if a_src is not None:
+            return [f"const uint4 av = {keep(aload(a_src))};",
+                    *(f"a[{2 * i}] = __uint_as_float(av.{w} << 16); "
+                      f"a[{2 * i + 1}] = __uint_as_float(av.{w} & 0xffff0000u);" for i, w in enumerate("xyzw"))]
+        return ["#pragma unroll", "for (int t = 0; t < 8; ++t) a[t] = "
+                + (f"{_short_of(r, g, '(k0 + t)')};" if exact else f"kin ? {_short_of(r, g, '(kr + t)')} : 0.0f;")]
+
     def loop(vector: bool) -> str:
         wload = (lambda src: f"__ldg(reinterpret_cast<const uint4*>({src}))") if vector else _pack8
-        aload = (lambda src: f"*reinterpret_cast<const uint4*>({src})") if vector else _pack8
         kin = [] if exact else [f"const bool kin = k0 < {g.k_hi};  // this lane's step lies in the slice",
                                 f"const int kr = kin ? k0 : {g.k_lo} + lane * 8;  // else read a step that exists"]
-        kr = "k0" if exact else "kr"
-        keep = (lambda v: v) if exact else (lambda v: f"kin ? {v} : {zero}")
         fma = indent(block(*(
             f"sum[c][s] = fmaf(a[{2 * i}], __uint_as_float({w} << 16), sum[c][s]);\n"
             f"sum[c][s] = fmaf(a[{2 * i + 1}], __uint_as_float({w} & 0xffff0000u), sum[c][s]);"
             for i, w in enumerate(words))))
-        a_src = ld.ptr_short("bat", kr, "s") if ld.ptr_short is not None else None
-        if g.staged:  # two 16-byte shared-memory loads of the values the block computed for this item
-            zero4 = "make_float4(0.0f, 0.0f, 0.0f, 0.0f)"
-            pick = (lambda v: v) if exact else (lambda v: f"kin ? {v} : {zero4}")
-            short = [f"const float4 lo = {pick(f'*reinterpret_cast<const float4*>(act + s * K + {kr})')};",
-                     f"const float4 hi = {pick(f'*reinterpret_cast<const float4*>(act + s * K + {kr} + 4)')};",
-                     "a[0] = lo.x; a[1] = lo.y; a[2] = lo.z; a[3] = lo.w;",
-                     "a[4] = hi.x; a[5] = hi.y; a[6] = hi.z; a[7] = hi.w;"]
-        elif a_src is not None and ld.short_f32:  # float32 activations: two 16-byte loads
-            zero4 = "make_float4(0.0f, 0.0f, 0.0f, 0.0f)"
-            pick = (lambda v: v) if exact else (lambda v: f"kin ? {v} : {zero4}")
-            f4 = (lambda src: f"*reinterpret_cast<const float4*>({src})") if vector else \
-                (lambda src: f"make_float4(({src})[0], ({src})[1], ({src})[2], ({src})[3])")
-            short = [f"const float4 lo = {pick(f4(a_src))};", f"const float4 hi = {pick(f4(f'{a_src} + 4'))};",
-                     "a[0] = lo.x; a[1] = lo.y; a[2] = lo.z; a[3] = lo.w;",
-                     "a[4] = hi.x; a[5] = hi.y; a[6] = hi.z; a[7] = hi.w;"]
-        elif a_src is not None:
-            short = [f"const uint4 av = {keep(aload(a_src))};",
-                     *(f"a[{2 * i}] = __uint_as_float(av.{w} << 16); "
-                       f"a[{2 * i + 1}] = __uint_as_float(av.{w} & 0xffff0000u);" for i, w in enumerate("xyzw"))]
-        else:
-            short = ["#pragma unroll", f"for (int t = 0; t < 8; ++t) a[t] = "
-                     + (f"{_short_of(r, g, '(k0 + t)')};" if exact else f"kin ? {_short_of(r, g, '(kr + t)')} : 0.0f;")]
+        short = short_lines(vector)
         return block(
             f"#pragma unroll {unroll}",
             f"for (int j = 0; j < {g.slice_steps}; ++j) {{",
@@ -368,9 +381,66 @@ def _vector_loop(r: GemmRequest, g: _Stream) -> tuple[str, int]:
             "}")
 
     test = ld.aligned if ld.ptr_short is None else f"({ld.aligned}) && ({ld.aligned_short})"
+    fast = _ring_loop(r, g, exact, short_lines) if g.ring else loop(True)
     return block(f"if ({test}) {{  // 16-byte aligned bases: uint4 loads",
-                 indent(loop(True)), "} else {  // the same bits, two bytes at a time", indent(loop(False)), "}"), \
+                 indent(fast), "} else {  // the same bits, two bytes at a time", indent(loop(False)), "}"), \
         unroll
+
+
+def _ring_loop(r: GemmRequest, g: _Stream, exact: bool, short_lines: Any) -> str:
+    """The 16-byte loop through a ring of ``g.ring`` shared-memory slots per thread (``Options.gemv_ring``):
+    each lane's loads go ``cp.async`` (global -> shared, 16 bytes, L2 only) in the order (step, column); the
+    lane waits for the oldest (``cp.async.wait_group``, one group per load), reads it, adds it in and issues
+    the load ``ring`` places on into the slot it freed. ``ring`` loads stay in flight all the time and hold no
+    register, where the register loop issues ``unroll x cpw`` loads, waits for all of them and adds them in.
+    Every lane reads only the slots it filled, so no block barrier is needed. A step past the slice's end
+    fills zeros (source size 0)."""
+    ld, cpw, d = r.gemv_loads, g.cpw, g.ring
+    assert ld.ptr_long is not None
+    total = g.slice_steps * cpw  # loads per lane
+
+    def issue(t: str) -> list[str]:
+        k0 = f"{g.k_lo} + lane * 8 + ({t} / {cpw}) * 256"
+        kin = "true" if exact else f"({k0}) < {g.k_hi}"
+        src = ld.ptr_long("bat", f"(({kin}) ? ({k0}) : {g.k_lo})", f"min(l0 + ({t}) % {cpw}, {g.long_n - 1})")
+        return [f"if ({t} < {total}) asm volatile(\"cp.async.cg.shared.global [%0], [%1], 16, %2;\" :: "
+                f"\"r\"(ring_s + (unsigned)((({t}) % {d}) * {16 * r.threads})), \"l\"({src}), "
+                f"\"r\"(({kin}) ? 16 : 0) : \"memory\");",
+                'asm volatile("cp.async.commit_group;" ::: "memory");']
+    words = [f"raw.{w}" for w in "xyzw"]
+    fma = block(*(f"sum[c][s] = fmaf(a[{2 * i}], __uint_as_float({w} << 16), sum[c][s]);\n"
+                  f"sum[c][s] = fmaf(a[{2 * i + 1}], __uint_as_float({w} & 0xffff0000u), sum[c][s]);"
+                  for i, w in enumerate(words)))
+    kin = [] if exact else [f"const bool kin = k0 < {g.k_hi};",
+                            f"const int kr = kin ? k0 : {g.k_lo} + lane * 8;"]
+    return block(
+        f"const uint4* ring = reinterpret_cast<const uint4*>(tkx_smem + {g.ring_at}) + threadIdx.x;  "
+        f"// this thread's {d} slots, {r.threads} apart",
+        "const unsigned ring_s = (unsigned)__cvta_generic_to_shared(ring);",
+        "#pragma unroll",
+        f"for (int t = 0; t < {d}; ++t) {{  // the first {d} loads in flight",
+        indent(block(*issue("t"))),
+        "}",
+        f"for (int j = 0; j < {g.slice_steps}; ++j) {{",
+        indent(block(
+            f"const int k0 = {g.k_lo} + lane * 8 + j * 256;",
+            *kin,
+            "#pragma unroll",
+            f"for (int c = 0; c < {cpw}; ++c) {{",
+            indent(block(
+                f"const int t = j * {cpw} + c;",
+                f'asm volatile("cp.async.wait_group {d - 1};" ::: "memory");  // load t has landed',
+                f"const uint4 raw = ring[(t % {d}) * {r.threads}];",
+                "#pragma unroll",
+                f"for (int s = 0; s < {g.s_count}; ++s) {{",
+                indent(block("float a[8];", *short_lines(True), fma)),
+                "}",
+                f"{{  // the slot is read (its value is in raw, used above): load t + {d} into it",
+                indent(block(*issue(f"t + {d}"))),
+                "}")),
+            "}")),
+        "}",
+        'asm volatile("cp.async.wait_group 0;" ::: "memory");  // nothing of this item left in flight')
 
 
 def _chain_loop(r: GemmRequest, g: _Stream) -> tuple[str, int]:
@@ -568,13 +638,14 @@ def gemv_stream(r: GemmRequest) -> GemmCode:
             (f"const int l0 = ({item} % {per_batch}) * {g.per_item} + group * {cpw};" if p.batch > 1
              else f"const int l0 = {item} * {g.per_item} + group * {cpw};"), *ahead]
     red_bytes = 4 * (r.threads // 32) * cpw * s_count if g.ksplit > 1 else 0
-    stage_at = _align(red_bytes, 16)
+    stage_at = g.stage_at
+    ring_bytes = 16 * g.ring * r.threads
     if g.staged:
         head += _stage_short(r, g, stage_at)
     if g.ksplit == 1:
         body = block(*head, f"if (l0 < {long_n}) {{  // the whole warp takes the same branch",
                      indent(block(zero, *fetch, loop, reduce, "if (lane == 0) {", indent(store), "}")), "}")
-        shared = stage_at + 4 * s_count * p.k if g.staged else 0
+        shared = g.ring_at + ring_bytes if g.ring else (stage_at + 4 * s_count * p.k if g.staged else 0)
     else:
         body = block(
             *head,
@@ -585,10 +656,10 @@ def gemv_stream(r: GemmRequest) -> GemmCode:
             "}",
             reduce,
             *_slice_reduction(g, store))
-        shared = stage_at + 4 * s_count * p.k if g.staged else red_bytes
+        shared = g.ring_at + ring_bytes if g.ring else (stage_at + 4 * s_count * p.k if g.staged else red_bytes)
     params = {"mode": "stream", "short": "m" if g.small_m else "n", "short_size": s_count, "per_item": g.per_item,
               "columns_per_warp": cpw, "k_slices": g.ksplit, "unroll": unroll, "vector_loads": g.vec,
               "prefetched": len(ld.prefetch) if not g.vec else 0, "lane_elements": 8 if g.vec or g.lane8 else 1,
-              "l2_ahead": ld.ahead if ahead else 0, "staged_short": g.staged}
+              "l2_ahead": ld.ahead if ahead else 0, "staged_short": g.staged, "ring": g.ring}
     return GemmCode("gemv_stream", "{\n" + indent(body) + "\n}", p.batch * per_batch, shared, r.threads, False,
                     params)

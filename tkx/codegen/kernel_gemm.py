@@ -264,7 +264,7 @@ class GemmGroups(ValueEmitter):
             at_s = self.vector_pointer(short_stored, 1 - fast, coords) if short_stored is not None else None
             return GemvLoads(ptr_long, _aligned(ptr), *self.short_loads(short_stored or short, small_m, at_s),
                              long8=long8, ahead=int(self.s.options.gemv_prefetch), short_f32=f32 and at_s is not None,
-                             stage_short=short.buffer in self.s.inlined)
+                             stage_short=short.buffer in self.s.inlined, ring=int(self.s.options.gemv_ring))
         if prob.batch != 1:
             return GemvLoads(long8=long8)
         at_s = pointer_to(short, 1 - fast) if self.cheap and short.dtype == "bfloat16" else None
